@@ -1,0 +1,44 @@
+"""Shared fixtures. Tests never reach a model hub; real tokenizers come from the asset cache that
+``tools/fetch_assets.py`` fills (``make test`` runs it first)."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+
+@functools.lru_cache(maxsize=None)
+def _load(name: str):
+    from xdistill.tokenization import load_tokenizer
+
+    return load_tokenizer(name)
+
+
+@pytest.fixture(scope="session")
+def get_tokenizer():
+    """``get_tokenizer("gpt2")`` -> cached :class:`xdistill.tokenization.Tokenizer` from the assets."""
+    return _load
+
+
+def has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # pragma: no cover
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if has_cuda():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")
+    for item in items:
+        if "gpu" in item.keywords or "multigpu" in item.keywords:
+            item.add_marker(skip_gpu)

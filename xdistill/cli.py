@@ -1,0 +1,68 @@
+"""The ``xdistill`` console script: dispatches ``xdistill <command> ...`` to its module.
+
+Each command lives in ``xdistill.commands.<name>`` and exposes ``main(argv) -> int``. Commands are
+imported lazily so ``xdistill --help`` is fast. User errors (:class:`XDistillError`) print one line
+``xdistill: error: ...`` and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from xdistill.errors import XDistillError
+
+# command name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "tokenizers": ("xdistill.commands.tokenizers", "inspect and compare tokenizers (bytes, roles, fingerprints)"),
+    "align": ("xdistill.commands.align", "show the chunk alignment of two tokenizations of a text"),
+    "projection": ("xdistill.commands.projection", "build and inspect sparse token-projection matrices"),
+    "data": ("xdistill.commands.data", "prepare arrow shards from jsonl/parquet/text/chat files"),
+    "train": ("xdistill.commands.train", "train a student: `train offpolicy` or `train onpolicy`"),
+    "plot": ("xdistill.commands.plot", "plot metrics.jsonl curves to a PNG"),
+    "config": ("xdistill.commands.config", "show a config with every field documented"),
+    "demo": ("xdistill.commands.demo", "the demo that `make demo` runs"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: xdistill <command> [args...]", "", "commands:"]
+    width = max(len(name) for name in COMMANDS)
+    for name, (_, help_text) in COMMANDS.items():
+        lines.append(f"  {name:<{width}}  {help_text}")
+    lines += ["", "Run `xdistill <command> --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    if argv[0] == "--version":
+        from xdistill import __version__
+
+        print(f"xdistill {__version__}")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"xdistill: error: unknown command {name!r}; choose from {', '.join(COMMANDS)}",
+              file=sys.stderr)
+        return 2
+    try:
+        module = importlib.import_module(COMMANDS[name][0])
+    except ModuleNotFoundError as exc:
+        if exc.name == COMMANDS[name][0]:
+            print(f"xdistill: error: command {name!r} is not available in this version",
+                  file=sys.stderr)
+            return 2
+        raise
+    try:
+        return int(module.main(rest) or 0)
+    except XDistillError as exc:
+        print(f"xdistill: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Thin CLI entry modules: one per ``xdistill`` subcommand, each with ``main(argv) -> int``."""
