@@ -1,0 +1,64 @@
+"""Import rules of CONTRIBUTING.md: each stage imports only what it may (checked on the AST)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "xdistill"
+STDLIB_OK = {"__future__", "dataclasses", "typing", "math", "functools", "itertools", "os", "sys",
+             "time", "warnings", "collections", "enum", "abc", "contextlib", "types", "re"}
+
+# stage -> allowed top-level modules (besides STDLIB_OK); xdistill-internal imports listed fully
+RULES = {
+    "align": {"numpy", "numba", "xdistill.tokenization.table", "xdistill.errors", "xdistill.align"},
+    "losses": {"torch", "xdistill.losses"},
+}
+
+
+def imports_of(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+    return names
+
+
+def allowed(name: str, rule: set[str]) -> bool:
+    top = name.split(".")[0]
+    if top in STDLIB_OK:
+        return True
+    if top == "xdistill":
+        return any(name == r or name.startswith(r + ".") for r in rule if r.startswith("xdistill"))
+    return top in rule
+
+
+@pytest.mark.parametrize("stage", sorted(RULES))
+def test_stage_imports(stage):
+    files = sorted((PKG / stage).rglob("*.py"))
+    bad = [f"{p.relative_to(PKG.parent)}: {name}" for p in files for name in imports_of(p)
+           if not allowed(name, RULES[stage])]
+    assert not bad, "forbidden imports:\n" + "\n".join(bad)
+
+
+def test_losses_have_no_distributed_or_io():
+    for path in (PKG / "losses").rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        for word in ("torch.distributed", "open(", "multiprocessing"):
+            assert word not in text, f"{path.name} uses {word}"
+
+
+def test_fully_shard_only_in_parallelize_student():
+    users = [p for p in PKG.rglob("*.py")
+             if "fully_shard(" in p.read_text(encoding="utf-8")]
+    assert all(p.parent.name == "student" for p in users), users
+
+
+def test_projection_imports_no_torch():
+    for path in (PKG / "projection").rglob("*.py"):
+        assert not any(n.split(".")[0] == "torch" for n in imports_of(path)), path

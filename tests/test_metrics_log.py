@@ -1,0 +1,54 @@
+"""metrics.jsonl writer/reader and logging helpers."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from xdistill.errors import XDistillError
+from xdistill.log import warn_once
+from xdistill.metrics import MetricsWriter, format_metrics, read_metrics
+
+
+def test_metrics_roundtrip(tmp_path):
+    path = tmp_path / "run" / "metrics.jsonl"
+    with MetricsWriter(path, echo=False) as writer:
+        writer.write(1, {"loss": torch.tensor(2.5), "bad": math.nan, "per_teacher": {"a": 0.5}})
+        writer.write(2, {"loss": 2.0})
+    records = read_metrics(path)
+    assert [r["step"] for r in records] == [1, 2]
+    assert records[0]["loss"] == 2.5 and records[0]["bad"] is None
+    assert records[0]["per_teacher"] == {"a": 0.5}
+    for line in path.read_text().splitlines():
+        json.loads(line)
+
+
+def test_disabled_writer_writes_nothing(tmp_path):
+    MetricsWriter(tmp_path / "m.jsonl", enabled=False).write(1, {"loss": 1.0})
+    assert not (tmp_path / "m.jsonl").exists()
+
+
+def test_read_metrics_errors(tmp_path):
+    with pytest.raises(XDistillError, match="does not exist"):
+        read_metrics(tmp_path / "none.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"step": 1}\nnot json\n')
+    with pytest.raises(XDistillError, match="bad.jsonl:2"):
+        read_metrics(bad)
+
+
+def test_format_metrics():
+    line = format_metrics(3, {"loss": 1.23456, "tok/s": 123456.0})
+    assert line == "step 3 | loss 1.235 | tok/s 123456"
+
+
+def test_warn_once(caplog):
+    import logging
+
+    logger = logging.getLogger("xdistill.test_warn_once")
+    logger.propagate = True
+    with caplog.at_level(logging.WARNING, logger="xdistill.test_warn_once"):
+        warn_once("careful", logger)
+        warn_once("careful", logger)
+    assert [r.message for r in caplog.records].count("careful") == 1

@@ -1,0 +1,285 @@
+"""Strict configuration: nested dataclasses loaded from YAML with dotted command-line overrides.
+
+* :func:`load_config` builds a config dataclass from a YAML file and ``key.sub=value`` overrides.
+  An unknown or misspelled key is an error that names the key, where it came from and the allowed
+  keys; a value of the wrong type is an error naming the key, the expected type and the value.
+* Every field is documented by the ``#`` comment lines directly above it in the dataclass body;
+  :func:`field_docs` reads them and :func:`describe` prints a config with its documentation
+  (``xdistill config show``).
+
+Supported field types: ``bool``, ``int``, ``float``, ``str``, ``Literal[...]``, ``X | None``,
+``list[X]``, ``tuple[X, ...]``, ``dict[str, X]`` and nested dataclasses (also inside lists, which
+overrides address by index: ``teachers.0.weight=0.5``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+import yaml
+
+from xdistill.errors import ConfigError
+
+T = TypeVar("T")
+_MISSING = object()
+
+
+# --------------------------------------------------------------------------- documentation
+@functools.lru_cache(maxsize=None)
+def field_docs(cls: type) -> dict[str, str]:
+    """Map each field of dataclass ``cls`` to the ``#`` comment lines directly above it."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    docs: dict[str, str] = {}
+    pending: list[str] = []
+    for line in source.splitlines()[1:]:
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            pending.append(stripped.lstrip("#").strip())
+            continue
+        match = re.match(r"^([A-Za-z_][A-Za-z0-9_]*)\s*:", stripped)
+        if match and pending:
+            docs.setdefault(match.group(1), " ".join(pending))
+        pending = []
+    return docs
+
+
+def undocumented_fields(cls: type) -> list[str]:
+    """Dotted names of fields (recursively) that lack a documentation comment."""
+    missing = []
+    docs = field_docs(cls)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if not docs.get(f.name):
+            missing.append(f"{cls.__name__}.{f.name}")
+        for sub in _dataclasses_in(hints[f.name]):
+            missing.extend(undocumented_fields(sub))
+    return missing
+
+
+def _dataclasses_in(tp: Any) -> list[type]:
+    if dataclasses.is_dataclass(tp):
+        return [tp]
+    return [c for arg in get_args(tp) for c in _dataclasses_in(arg)]
+
+
+# --------------------------------------------------------------------------- type conversion
+def _type_name(tp: Any) -> str:
+    if tp is type(None):
+        return "null"
+    if get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if isinstance(tp, type):
+        return tp.__name__
+    return str(tp).replace("typing.", "")
+
+
+def _convert(value: Any, tp: Any, key: str) -> Any:
+    """Check/convert a YAML value to type ``tp``; ``key`` names it in errors."""
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(value, arg, key)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        if value in get_args(tp):
+            return value
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping for {tp.__name__}, got {value!r}")
+        return from_dict(tp, value, prefix=key)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        args = get_args(tp)
+        item_tp = args[0] if args else Any
+        items = [_convert(v, item_tp, f"{key}.{i}") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        val_tp = get_args(tp)[1] if get_args(tp) else Any
+        return {str(k): _convert(v, val_tp, f"{key}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected bool (true/false), got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected int, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{key}: expected float, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}: expected str, got {value!r}")
+    if isinstance(tp, type) and isinstance(value, tp):
+        return value
+    raise ConfigError(f"{key}: unsupported config type {_type_name(tp)}")
+
+
+def from_dict(cls: type[T], data: dict, prefix: str = "") -> T:
+    """Build dataclass ``cls`` from ``data`` strictly (unknown keys are errors)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in data:
+        if key not in names:
+            where = f"{prefix}.{key}" if prefix else str(key)
+            raise ConfigError(f"unknown config key {where!r}; allowed keys"
+                              f"{' under ' + repr(prefix) if prefix else ''}: {', '.join(names)}")
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            key = f"{prefix}.{f.name}" if prefix else f.name
+            kwargs[f.name] = _convert(data[f.name], hints[f.name], key)
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # a required field without default is missing
+        raise ConfigError(f"{prefix or cls.__name__}: {exc}") from None
+
+
+def to_dict(cfg: Any) -> Any:
+    """Plain-Python (YAML-serialisable) form of a config."""
+    if dataclasses.is_dataclass(cfg):
+        return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, (list, tuple)):
+        return [to_dict(v) for v in cfg]
+    if isinstance(cfg, dict):
+        return {k: to_dict(v) for k, v in cfg.items()}
+    return cfg
+
+
+# --------------------------------------------------------------------------- overrides
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like key.sub=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {text!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_override(data: dict, parts: list[str], value: Any, cls: type) -> None:
+    """Set ``data[parts...] = value``, checking each part against the dataclass ``cls``."""
+    node: Any = data
+    tp: Any = cls
+    for depth, part in enumerate(parts):
+        dotted = ".".join(parts[: depth + 1])
+        last = depth == len(parts) - 1
+        tp = _strip_optional(tp)
+        if dataclasses.is_dataclass(tp):
+            names = [f.name for f in dataclasses.fields(tp)]
+            if part not in names:
+                raise ConfigError(f"unknown config key {dotted!r} in override; allowed: "
+                                  f"{', '.join(names)}")
+            child_tp = typing.get_type_hints(tp)[part]
+        elif get_origin(tp) in (list, tuple):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(f"override {dotted!r}: index {part} is out of range "
+                                  f"(the list has {len(node)} items)")
+            part = int(part)
+            child_tp = get_args(tp)[0]
+        elif get_origin(tp) is dict:
+            child_tp = get_args(tp)[1] if get_args(tp) else Any
+        else:
+            raise ConfigError(f"override {dotted!r}: {'.'.join(parts[:depth])} is not a section")
+        if last:
+            node[part] = value
+            return
+        if isinstance(node, dict) and (part not in node or node[part] is None):
+            node[part] = {}
+        node, tp = node[part], child_tp
+
+
+def _strip_optional(tp: Any) -> Any:
+    if get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
+
+
+def load_config(cls: type[T], path: str | Path | None = None,
+                overrides: list[str] | tuple[str, ...] = ()) -> T:
+    """Load ``cls`` from a YAML file (optional) and apply dotted overrides, strictly."""
+    data: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML ({exc.__class__.__name__}: "
+                              f"{str(exc).splitlines()[0]})") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of config keys")
+        data = loaded or {}
+    base = to_dict(from_dict(cls, data))  # validates the file, fills defaults for overrides
+    for text in overrides:
+        parts, value = _parse_override(text)
+        apply_override(base, parts, value, cls)
+    try:
+        return from_dict(cls, base)
+    except ConfigError as exc:
+        source = f" (from {path})" if path is not None else ""
+        raise ConfigError(f"{exc}{source}") from None
+
+
+def describe(cfg: Any, indent: int = 0) -> str:
+    """YAML-like listing of ``cfg`` with each field's documentation as a comment."""
+    lines: list[str] = []
+    docs = field_docs(type(cfg))
+    pad = "  " * indent
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if docs.get(f.name):
+            lines.append(f"{pad}# {docs[f.name]}")
+        if dataclasses.is_dataclass(value):
+            lines.append(f"{pad}{f.name}:")
+            lines.append(describe(value, indent + 1))
+        elif isinstance(value, (list, tuple)) and value and dataclasses.is_dataclass(value[0]):
+            lines.append(f"{pad}{f.name}:")
+            for item in value:
+                body = describe(item, indent + 2).lstrip()
+                lines.append(f"{pad}  - {body}")
+        else:
+            dumped = yaml.safe_dump(to_dict(value), default_flow_style=True).strip()
+            dumped = dumped.removesuffix("\n...").removesuffix("...").strip()
+            lines.append(f"{pad}{f.name}: {dumped}")
+    return "\n".join(lines)

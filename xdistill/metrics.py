@@ -1,0 +1,101 @@
+"""Per-step metrics: one console line and one JSON object per line in ``metrics.jsonl``.
+
+``MetricsWriter(path)`` appends records ``{"step": ..., "time": ..., **metrics}``; values that are
+tensors or numpy scalars are converted to Python numbers; non-finite floats are written as
+``null`` so the file stays valid JSON. Only rank 0 writes (``enabled=False`` elsewhere).
+``read_metrics(path)`` reads the records back (used by ``xdistill plot`` and tests).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from xdistill.errors import XDistillError
+from xdistill.log import get_logger
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "item") and callable(value.item):
+        try:
+            value = value.item()
+        except (ValueError, RuntimeError):
+            value = value.tolist()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def format_metrics(step: int, metrics: dict[str, Any], keys: list[str] | None = None) -> str:
+    """Compact console line: ``step 12 | loss 2.3456 | tok/s 1234 ...``."""
+    parts = [f"step {step}"]
+    for key in keys or list(metrics):
+        if key not in metrics:
+            continue
+        value = _plain(metrics[key])
+        if isinstance(value, float):
+            text = f"{value:.4g}" if abs(value) < 1e4 else f"{value:.0f}"
+        else:
+            text = str(value)
+        parts.append(f"{key} {text}")
+    return " | ".join(parts)
+
+
+class MetricsWriter:
+    """Append-only ``metrics.jsonl`` writer with an optional console echo."""
+
+    def __init__(self, path: str | Path | None, enabled: bool = True, echo: bool = True,
+                 console_keys: list[str] | None = None):
+        self.path = Path(path) if path is not None else None
+        self.enabled = enabled
+        self.echo = echo
+        self.console_keys = console_keys
+        self._file = None
+        if self.enabled and self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = self.path.open("a", encoding="utf-8")
+
+    def write(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+        record = {"step": int(step), "time": time.time(), **_plain(dict(metrics))}
+        if not self.enabled:
+            return record
+        if self._file is not None:
+            self._file.write(json.dumps(record, sort_keys=False) + "\n")
+            self._file.flush()
+        if self.echo:
+            get_logger("metrics").info(format_metrics(step, metrics, self.console_keys))
+        return record
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> "MetricsWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Records of a ``metrics.jsonl`` file; a malformed line is an error naming its number."""
+    path = Path(path)
+    if not path.is_file():
+        raise XDistillError(f"metrics file {str(path)!r} does not exist")
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise XDistillError(f"{path}:{number}: not a JSON record ({exc.msg})") from None
+    return records
