@@ -1,0 +1,21 @@
+"""Teacher workers and logits transport (DESIGN.md §7).
+
+* :class:`TeacherConfig` (``config.py``): model, dtype, device, placement, output kind, transport.
+* :class:`TeacherWorker` (``worker.py``): a Hugging Face causal LM scoring batches in micro-batches.
+* :class:`TeacherOutput` (``outputs.py``): full logits, top-k + tail mass, or projected log-probs.
+* clients (``client.py``): in-process, subprocess (spawn) and Ray-actor placements, one surface.
+* :class:`TeacherPool` (``pool.py``): several teachers at once.
+* transports (``transport/``): shared memory, CUDA IPC, Ray object store; persistent slots + acks.
+"""
+
+from xdistill.teacher.client import (InProcessClient, RayClient, SubprocessClient, TeacherClient,
+                                     make_client)
+from xdistill.teacher.config import RayPlacement, TeacherConfig
+from xdistill.teacher.outputs import LOG_FLOOR, TeacherOutput
+from xdistill.teacher.pool import TeacherPool, TeacherResults
+from xdistill.teacher.transport import TeacherLease
+from xdistill.teacher.worker import TeacherInfo, TeacherRequest, TeacherWorker
+
+__all__ = ["TeacherConfig", "RayPlacement", "TeacherWorker", "TeacherRequest", "TeacherInfo",
+           "TeacherOutput", "LOG_FLOOR", "TeacherClient", "InProcessClient", "SubprocessClient",
+           "RayClient", "make_client", "TeacherPool", "TeacherResults", "TeacherLease"]

@@ -1,0 +1,125 @@
+"""Ray-actor teachers on a local cluster with a bounded object store: equality with a plain
+forward over shared memory (auto, same node) and over the object store (override), a raising,
+a killed and a hung actor.
+
+Legend: B batch, Tt teacher tokens, V vocabulary, K top-k.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+import teacher_fakes
+from teacher_fakes import SleepEngine, random_batch, reference_logits, shm_files
+from xdistill.errors import TeacherError
+from xdistill.teacher import RayClient, RayPlacement, TeacherConfig, TeacherPool, TeacherRequest
+from xdistill.teacher.outputs import topk_logprobs
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray.cloudpickle.register_pickle_by_value(teacher_fakes)  # test engines travel by value
+    ray.init(num_cpus=2, object_store_memory=1_000_000_000, include_dashboard=False,
+             log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def _cfg(name, **kw):
+    return TeacherConfig(name=name, placement="ray", num_threads=1,
+                         ray=RayPlacement(num_cpus=0.25), **kw)
+
+
+def _req(ids, mask):
+    return TeacherRequest(-1, ids, mask)
+
+
+def test_ray_needs_init():
+    # runs first in this module, before the module's cluster fixture starts Ray
+    if ray.is_initialized():
+        pytest.skip("a cluster is already up in this process")
+    with pytest.raises(TeacherError, match="ray.init"):
+        RayClient(_cfg("x")).start()
+
+
+def test_ray_teachers_match_plain_forward(ray_cluster, tiny_models):
+    ids, mask = random_batch(1000, B=3, Tt=9, seed=7)
+    ref_NV = reference_logits(tiny_models["llama"], ids, mask).reshape(-1, 1000)
+    model = tiny_models["llama"]
+    configs = [_cfg("shm", model=model, micro_batch_size=2),
+               _cfg("store", model=model, output="topk", top_k=4, transport="ray"),
+               _cfg("store_bf16", model=model, dtype="bfloat16", transport="ray")]
+    with TeacherPool(configs) as pool:
+        assert [c.transport for c in pool.clients.values()] == ["shm", "ray", "ray"]
+        assert all(c.pid != os.getpid() for c in pool.clients.values())
+        views = [_view(c.name, ids, mask) for c in configs]
+        for _ in range(2):
+            with pool.forward(views) as outs:
+                torch.testing.assert_close(outs["shm"].logits_BTtV.reshape(-1, 1000), ref_NV,
+                                           rtol=1e-5, atol=1e-5)
+                v, i, tail = topk_logprobs(ref_NV, 4, 1.0)
+                torch.testing.assert_close(outs["store"].topk_logp_BTtK.reshape(-1, 4), v,
+                                           rtol=1e-5, atol=1e-5)
+                assert torch.equal(outs["store"].topk_idx_BTtK.reshape(-1, 4), i)
+                torch.testing.assert_close(outs["store"].tail_logmass_BTt.reshape(-1), tail,
+                                           rtol=1e-4, atol=1e-4)
+                assert outs["store_bf16"].logits_BTtV.dtype == torch.bfloat16
+                real = mask.reshape(-1)
+                torch.testing.assert_close(outs["store_bf16"].logits_BTtV.reshape(-1, 1000)[real]
+                                           .float(), ref_NV[real], rtol=0.1, atol=0.1)
+        shm = pool.clients["shm"]
+        bad = ids.clone()
+        bad[2, 1] = 5000
+        with pytest.raises(TeacherError, match="token id 5000 at row 2, position 1") as err:
+            shm.forward(_req(bad, mask))
+        assert "run_into" in err.value.worker_traceback
+        with shm.forward(_req(ids, mask)) as lease:  # still serving after the error
+            assert lease.output.logits_BTtV.shape == (3, 9, 1000)
+        pid = shm.pid
+    assert shm_files(pid) == []
+
+
+def _view(name, ids, mask):
+    from xdistill.data.batch import TeacherView
+
+    z = torch.zeros_like(ids)
+    return TeacherView(name=name, input_ids_BTt=ids, attention_mask_BTt=mask, loss_mask_BTt=mask,
+                       s_chunk_BTs=z, t_chunk_BTt=z, chunk_valid_BC=mask, chunk_exact_BC=mask)
+
+
+def test_killed_ray_actor_raises_within_timeout(ray_cluster):
+    ids, mask = torch.ones(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.bool)
+    client = RayClient(_cfg("victim", timeout_s=60),
+                       engine_factory=functools.partial(SleepEngine, 2.0))
+    with client:
+        client.forward(_req(ids, mask), timeout=20).release()
+        assert len(shm_files(client.pid)) == 1
+        step = client.submit(_req(ids, mask))
+        time.sleep(0.3)
+        os.kill(client.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(TeacherError, match="died"):
+            client.collect(step)
+        assert time.monotonic() - t0 < 20.0
+        assert shm_files(client.pid) == []
+
+
+def test_hung_ray_actor_times_out(ray_cluster):
+    ids, mask = torch.ones(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.bool)
+    client = RayClient(_cfg("sleepy", timeout_s=1.5),
+                       engine_factory=functools.partial(SleepEngine, 1000.0))
+    with client:
+        t0 = time.monotonic()
+        with pytest.raises(TeacherError, match=r"did not answer step 0 within 1.5 s"):
+            client.forward(_req(ids, mask))
+        assert time.monotonic() - t0 < 10.0
+        with pytest.raises(TeacherError, match="unusable"):
+            client.submit(_req(ids, mask))

@@ -1,0 +1,192 @@
+"""Chat data: rendering with each tokenizer's own template, byte spans of message contents, loss masks.
+
+Legend: M messages, T tokens, K loss spans.
+
+A conversation is a tuple of ``(role, content)`` pairs. Every tokenizer renders it with its own chat
+template (``tok.hf.chat_template``) or, when it has none, with :data:`PLAIN_CHAT_TEMPLATE`
+(``"{role}:\\n{content}\\n\\n"`` per message, no special tokens; the newline keeps
+the first word of a content from merging with template text into one token). Templates differ between tokenizers,
+but the message *contents* are the same bytes in every rendering: :func:`render_chat` locates each
+content in the rendered text and returns its byte span ``spans_M2``.
+
+Loss masks travel between tokenizations through these spans (:func:`token_loss_mask`): a token
+carries loss iff it has bytes and all of them lie inside the content span of a message whose role
+is trained (assistant by default). Tokens straddling a span edge carry no loss. With
+``end_of_turn=True`` the first token at or after the end of a trained span also carries loss when
+it is a special token without bytes (``<|im_end|>``, ``<|eot_id|>``, ``</s>``): the student learns
+where a turn stops, and every tokenizer marks its own end-of-turn token.
+
+Mapping byte offsets between two renderings (:func:`map_offset`): an offset inside a content maps
+to the same offset inside that content in the other rendering; an offset in template text between
+contents (a "gap") maps to the start of the other rendering's gap if it is at the gap's start, else
+to the gap's end. The map is monotone, so consecutive windows of one rendering map to consecutive,
+non-overlapping windows of the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from xdistill.errors import DataError
+from xdistill.tokenization.table import ROLE_TEXT
+
+PLAIN_CHAT_TEMPLATE = "{role}:\n{content}\n\n"
+
+Conversation = tuple  # tuple[tuple[str, str], ...]
+
+
+def as_conversation(messages, where: str = "") -> tuple[tuple[str, str], ...]:
+    """Validate ``[{role, content}, ...]`` (or pairs) into a tuple of ``(role, content)`` pairs."""
+    if not isinstance(messages, (list, tuple)):
+        raise DataError(f"{where}: 'messages' must be a list of {{role, content}}, "
+                        f"got {type(messages).__name__}")
+    out = []
+    for i, msg in enumerate(messages):
+        if isinstance(msg, dict):
+            role, content = msg.get("role"), msg.get("content")
+        elif isinstance(msg, (list, tuple)) and len(msg) == 2:
+            role, content = msg
+        else:
+            raise DataError(f"{where}: message {i} must be an object with 'role' and 'content'")
+        if not isinstance(role, str) or not isinstance(content, str):
+            raise DataError(f"{where}: message {i} needs string 'role' and 'content' "
+                            f"(got role={role!r}, content of type {type(content).__name__})")
+        out.append((role, content))
+    return tuple(out)
+
+
+def is_empty_conversation(conv) -> bool:
+    return all(not content.strip() for _, content in conv)
+
+
+@dataclass(frozen=True)
+class RenderedChat:
+    """A conversation rendered by one tokenizer's template."""
+
+    text: str
+    # byte span [start, end) of each message's content in text.encode("utf-8"), [M, 2]
+    spans_M2: np.ndarray
+    roles: tuple[str, ...]
+    # True when the tokenizer's own template was used (False: the plain template)
+    own_template: bool
+
+    @property
+    def n_bytes(self) -> int:
+        return len(self.text.encode("utf-8"))
+
+    def loss_spans(self, loss_roles: frozenset[str]) -> np.ndarray:
+        """Byte spans ``[K, 2]`` of the contents whose role is trained (non-empty ones only)."""
+        keep = [i for i, r in enumerate(self.roles) if r in loss_roles
+                and self.spans_M2[i, 1] > self.spans_M2[i, 0]]
+        return self.spans_M2[keep].reshape(-1, 2)
+
+
+def _chat_template(tok) -> str | None:
+    hf = getattr(tok, "hf", None)
+    template = getattr(hf, "chat_template", None) if hf is not None else None
+    return template if isinstance(template, str) and template else None
+
+
+def _locate(text: str, conv) -> list[tuple[int, int]] | None:
+    """Char spans of each content in ``text``, searched in order; None if one is missing."""
+    spans, cursor = [], 0
+    for _, content in conv:
+        for probe in (content, content.strip()):
+            pos = text.find(probe, cursor)
+            if pos >= 0:
+                spans.append((pos, pos + len(probe)))
+                cursor = pos + len(probe)
+                break
+        else:
+            return None
+    return spans
+
+
+def _char_to_byte_spans(text: str, char_spans) -> np.ndarray:
+    out = np.zeros((len(char_spans), 2), dtype=np.int64)
+    byte_pos, char_pos = 0, 0
+    for i, (a, b) in enumerate(char_spans):
+        byte_pos += len(text[char_pos:a].encode("utf-8"))
+        out[i, 0] = byte_pos
+        byte_pos += len(text[a:b].encode("utf-8"))
+        out[i, 1] = byte_pos
+        char_pos = b
+    return out
+
+
+def render_plain(conv) -> RenderedChat:
+    parts, char_spans, pos = [], [], 0
+    for role, content in conv:
+        piece = PLAIN_CHAT_TEMPLATE.format(role=role, content=content)
+        start = pos + len(role) + 2
+        char_spans.append((start, start + len(content)))
+        parts.append(piece)
+        pos += len(piece)
+    text = "".join(parts)
+    return RenderedChat(text, _char_to_byte_spans(text, char_spans),
+                        tuple(r for r, _ in conv), own_template=False)
+
+
+def render_chat(tok, conv) -> RenderedChat:
+    """Render ``conv`` with ``tok``'s chat template (or the plain one) and locate the contents.
+
+    Falls back to the plain template when the tokenizer has no template, when its template
+    rejects the conversation (e.g. roles it does not allow) or when it alters a content so that it
+    cannot be found verbatim in the output (a loss mask could not be placed).
+    """
+    template = _chat_template(tok)
+    if template is not None:
+        try:
+            text = tok.hf.apply_chat_template([{"role": r, "content": c} for r, c in conv],
+                                              tokenize=False)
+        except Exception:  # noqa: BLE001 - template rejects the conversation: plain fallback
+            text = None
+        if isinstance(text, str):
+            spans = _locate(text, conv)
+            if spans is not None:
+                return RenderedChat(text, _char_to_byte_spans(text, spans),
+                                    tuple(r for r, _ in conv), own_template=True)
+    return render_plain(conv)
+
+
+def map_offset(pos: int, src_M2: np.ndarray, dst_M2: np.ndarray, src_len: int, dst_len: int) -> int:
+    """Map byte offset ``pos`` of one rendering to the other (see the module docstring)."""
+    if pos <= 0:
+        return 0
+    if pos >= src_len:
+        return dst_len
+    m = len(src_M2)
+    i = int(np.searchsorted(src_M2[:, 0], pos, side="right")) - 1  # last content starting <= pos
+    if i >= 0 and pos < src_M2[i, 1]:
+        return int(dst_M2[i, 0]) + (pos - int(src_M2[i, 0]))
+    gap_start = int(src_M2[i, 1]) if i >= 0 else 0
+    if pos == gap_start:
+        return int(dst_M2[i, 1]) if i >= 0 else 0
+    return int(dst_M2[i + 1, 0]) if i + 1 < m else dst_len
+
+
+def token_loss_mask(ids_T: np.ndarray, starts_T: np.ndarray, ends_T: np.ndarray, roles_V: np.ndarray,
+                    spans_K2: np.ndarray, end_of_turn: bool = True) -> np.ndarray:
+    """Loss mask ``[T]``: tokens whose bytes lie inside one of the (sorted, disjoint) spans.
+
+    ``starts_T/ends_T`` are byte offsets in the same coordinates as ``spans_K2``. With
+    ``end_of_turn``, the first token starting at or after a span's end also carries loss when it is
+    a special token (role other than text) -- the end-of-turn marker.
+    """
+    mask_T = np.zeros(len(ids_T), dtype=bool)
+    if len(spans_K2) == 0 or len(ids_T) == 0:
+        return mask_T
+    span_a, span_b = spans_K2[:, 0], spans_K2[:, 1]
+    k_T = np.searchsorted(span_a, starts_T, side="right") - 1
+    k_safe_T = np.clip(k_T, 0, None)
+    has_bytes_T = ends_T > starts_T
+    mask_T = (k_T >= 0) & has_bytes_T & (ends_T <= span_b[k_safe_T]) & (starts_T >= span_a[k_safe_T])
+    if end_of_turn:
+        first_T = np.searchsorted(starts_T, span_b, side="left")
+        ok = first_T < len(ids_T)
+        cand = first_T[ok]
+        special = roles_V[ids_T[cand]] != ROLE_TEXT
+        mask_T[cand[special]] = True
+    return mask_T

@@ -1,0 +1,51 @@
+"""DataConfig: where the corpus is and how it is packed, sharded, batched and collated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class DataConfig:
+    """The data section of a training config (every field documented for ``xdistill config show``)."""
+
+    # dataset paths: `xdistill data prepare` output directories, arrow/feather/parquet files or
+    # directories of them
+    paths: list[str] = field(default_factory=list)
+    # column (or JSON key) holding a text document
+    text_column: str = "text"
+    # column holding chat documents: a list of {role, content}
+    messages_column: str = "messages"
+    # invalid UTF-8 in a text column: "error" (names the file and row) or "replace" (U+FFFD)
+    invalid_utf8: Literal["error", "replace"] = "error"
+    # student tokens per window (documents are packed and split to fill windows of this length)
+    seq_len: int = 2048
+    # windows per batch on each data-parallel rank
+    batch_size: int = 8
+    # DataLoader worker processes per rank (0: load in the training process)
+    num_workers: int = 2
+    # batches each worker prepares ahead
+    prefetch_factor: int = 2
+    # how workers are started: fork is fast and safe for this CPU-only pipeline; spawn when the
+    # training process holds CUDA state or threads that must not be forked
+    multiprocessing_context: Literal["fork", "spawn", "forkserver"] = "fork"
+    # seed of the per-epoch document permutation
+    seed: int = 0
+    # shuffle documents each epoch (False: file order)
+    shuffle: bool = True
+    # passes over the data per iteration of the loader (null: repeat forever; trainers stop at
+    # their step budget -- use null for multi-rank runs so all ranks get the same step count)
+    epochs: int | None = None
+    # prepend the student's BOS token to each window
+    add_bos: bool = False
+    # chat roles whose message content carries loss
+    loss_roles: list[str] = field(default_factory=lambda: ["assistant"])
+    # also train the end-of-turn special token that follows a trained message
+    end_of_turn_loss: bool = True
+    # chunk granularity passed to the aligner: "minimal" or "space" (merge to whitespace words)
+    chunks: Literal["minimal", "space"] = "minimal"
+    # aligner method: "auto" (exact when the bytes agree, else DP), "exact" or "dp"
+    align_method: Literal["auto", "exact", "dp"] = "auto"
+    # round padded sequence lengths up to a multiple of this (8 or 64 help GPU kernels)
+    pad_to_multiple_of: int = 1

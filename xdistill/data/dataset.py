@@ -1,0 +1,119 @@
+"""A resumable, rank- and worker-sharded IterableDataset of packed windows.
+
+Sharding: in epoch ``e`` the documents are permuted with ``default_rng([seed, e])`` (identity order
+with ``shuffle=False``); the DataLoader worker ``w`` of data-parallel rank ``r`` (``W`` workers per
+rank, ``R`` ranks) takes every ``R*W``-th document of that permutation starting at ``r*W + w``.
+Every document is read exactly once per epoch by exactly one (rank, worker) pair.
+
+Resume: :meth:`PackedDataset.state_dict` returns the packing position *after the last window the
+iterator handed out* (``epoch``, ``pos``, ``off``; see :mod:`xdistill.data.packing`) plus counters.
+torchdata's ``StatefulDataLoader`` stores one such state per worker and hands it back to the same
+worker after ``load_state_dict``, so a resumed loader yields exactly the remaining batches. A state
+saved under another rank/worker layout or seed is refused (the document split would differ).
+
+One iteration of the dataset runs ``epochs`` passes (``None``: forever; trainers stop at their step
+budget). A new iteration starts at epoch 0 unless a state was loaded. With finite epochs, ranks may
+get different numbers of windows; distributed trainers should use ``epochs=None``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+from torch.utils.data import IterableDataset, get_worker_info
+
+from xdistill.data.chat import as_conversation
+from xdistill.data.packing import DEFAULT_LOSS_ROLES, encode_document, pack
+from xdistill.errors import DataError
+
+
+def _fresh_state() -> dict:
+    return {"epoch": 0, "pos": 0, "off": 0, "windows": 0, "skipped_empty": 0}
+
+
+class PackedDataset(IterableDataset):
+    """Windows of ``window_len`` student tokens over a :class:`DocumentSource`.
+
+    Args:
+        source: the documents: a :class:`DocumentSource` or any sequence of str / conversations.
+        student: the student tokenizer (``encode``, ``eos_id``, ``table``, ``hf``).
+        window_len: student tokens per window, including the BOS when ``add_bos``.
+        seed, shuffle: the per-epoch document permutation.
+        rank, world_size: data-parallel position of this process.
+        epochs: passes per iteration (None: forever).
+        add_bos: windows start with the student's BOS (one per window, not per document).
+        loss_roles: chat roles whose content carries loss; end_of_turn: also their end marker.
+    """
+
+    def __init__(self, source, student, window_len: int, *, seed: int = 0, shuffle: bool = True,
+                 rank: int = 0, world_size: int = 1, epochs: int | None = None,
+                 add_bos: bool = False, loss_roles=DEFAULT_LOSS_ROLES, end_of_turn: bool = True):
+        super().__init__()
+        if student.eos_id is None:
+            raise DataError(f"student tokenizer {student.name!r} has no EOS token to separate documents")
+        if add_bos and student.bos_id is None:
+            raise DataError(f"add_bos is set but student tokenizer {student.name!r} has no BOS token")
+        if not 0 <= rank < world_size:
+            raise DataError(f"rank {rank} outside world size {world_size}")
+        if len(source) == 0:
+            raise DataError("the data source has no documents")
+        self.source, self.student = source, student
+        self.window_len, self.seed, self.shuffle = int(window_len), int(seed), bool(shuffle)
+        self.rank, self.world_size, self.epochs = int(rank), int(world_size), epochs
+        self.add_bos, self.loss_roles, self.end_of_turn = add_bos, frozenset(loss_roles), end_of_turn
+        self._state = _fresh_state()
+        self._resume: dict | None = None
+
+    # ------------------------------------------------------------------ sharding
+    def shard(self) -> tuple[int, int]:
+        """(shard id, number of shards) of the calling process/worker."""
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        return self.rank * nw + wid, self.world_size * nw
+
+    def order(self, epoch: int, shard: int, num_shards: int) -> np.ndarray:
+        """Document indices of one shard in epoch ``epoch``."""
+        n = len(self.source)
+        perm = (np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle
+                else np.arange(n))
+        return perm[shard::num_shards]
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        state = copy.deepcopy(self._resume if self._resume is not None else self._state)
+        state["layout"] = list(self.shard()) + [self.seed, len(self.source)]
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        state = dict(state)
+        layout = state.pop("layout", None)
+        expected = list(self.shard()) + [self.seed, len(self.source)]
+        if layout is not None and list(layout) != expected:
+            raise DataError(f"cannot resume data state saved as (shard, shards, seed, documents) = "
+                            f"{tuple(layout)} in layout {tuple(expected)}: keep ranks, "
+                            f"num_workers, seed and data unchanged to resume exactly")
+        self._resume = state
+
+    # ------------------------------------------------------------------ iteration
+    def _fetch(self, i: int):
+        doc = self.source.get(i) if hasattr(self.source, "get") else self.source[i]
+        return doc if isinstance(doc, str) else as_conversation(doc, f"document {i}")
+
+    def _encode(self, doc_index: int, doc):
+        return encode_document(self.student, doc_index, doc, loss_roles=self.loss_roles,
+                               end_of_turn=self.end_of_turn)
+
+    def __iter__(self):
+        shard, num_shards = self.shard()
+        st = self._resume if self._resume is not None else _fresh_state()
+        self._resume = None
+        self._state = st
+        budget = self.window_len - int(self.add_bos)
+        while self.epochs is None or st["epoch"] < self.epochs:
+            order = self.order(st["epoch"], shard, num_shards)
+            yield from pack(order, self._fetch, self._encode, st, budget, self.add_bos,
+                            key=(st["epoch"], shard))
+            st["epoch"], st["pos"], st["off"] = st["epoch"] + 1, 0, 0
+            if len(order) == 0 and self.epochs is None:
+                return  # more shards than documents: this shard never gets any

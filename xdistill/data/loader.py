@@ -1,0 +1,62 @@
+"""Build the resumable, sharded training DataLoader (torchdata's StatefulDataLoader).
+
+``build_loader(cfg, student, teachers)`` wires a :class:`DocumentSource`, a :class:`PackedDataset`
+(rank- and worker-sharded, lazily packed) and a :class:`CrossTokenizerCollator` (run inside the
+workers) into a ``StatefulDataLoader``. Its ``state_dict()`` (one packing position per worker) goes
+into the training checkpoint; ``load_state_dict()`` on a new loader with the same config, rank
+count and worker count resumes with exactly the batches that were not yet consumed.
+"""
+
+from __future__ import annotations
+
+from xdistill.data.collator import CrossTokenizerCollator, TeacherSpec
+from xdistill.data.config import DataConfig
+from xdistill.data.dataset import PackedDataset
+from xdistill.data.source import DocumentSource
+from xdistill.errors import ConfigError
+
+
+def _dist_position(rank, world_size) -> tuple[int, int]:
+    if rank is not None and world_size is not None:
+        return int(rank), int(world_size)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def build_dataset(cfg: DataConfig, student, *, source=None, rank=None, world_size=None) -> PackedDataset:
+    """The packed, sharded dataset of ``cfg`` (``source`` overrides ``cfg.paths``)."""
+    if source is None:
+        if not cfg.paths:
+            raise ConfigError("data.paths is empty: give at least one prepared directory or file")
+        source = DocumentSource(cfg.paths, text_column=cfg.text_column,
+                                messages_column=cfg.messages_column, invalid_utf8=cfg.invalid_utf8)
+    rank, world_size = _dist_position(rank, world_size)
+    return PackedDataset(source, student, cfg.seq_len, seed=cfg.seed, shuffle=cfg.shuffle,
+                         rank=rank, world_size=world_size, epochs=cfg.epochs, add_bos=cfg.add_bos,
+                         loss_roles=cfg.loss_roles, end_of_turn=cfg.end_of_turn_loss)
+
+
+def build_collator(cfg: DataConfig, student, teachers: list[TeacherSpec]) -> CrossTokenizerCollator:
+    return CrossTokenizerCollator(student, teachers, chunks=cfg.chunks, method=cfg.align_method,
+                                  loss_roles=cfg.loss_roles, end_of_turn=cfg.end_of_turn_loss,
+                                  pad_to_multiple_of=cfg.pad_to_multiple_of)
+
+
+def build_loader(cfg: DataConfig, student, teachers=(), *, source=None, rank=None, world_size=None):
+    """A ``StatefulDataLoader`` yielding :class:`DistillBatch` (see the module docstring)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    if cfg.batch_size < 1 or cfg.seq_len < 2:
+        raise ConfigError(f"data.batch_size must be >= 1 and data.seq_len >= 2 "
+                          f"(got {cfg.batch_size}, {cfg.seq_len})")
+    dataset = build_dataset(cfg, student, source=source, rank=rank, world_size=world_size)
+    workers = int(cfg.num_workers)
+    extra = {}
+    if workers > 0:
+        extra = {"prefetch_factor": cfg.prefetch_factor,
+                 "multiprocessing_context": cfg.multiprocessing_context}
+    return StatefulDataLoader(dataset, batch_size=cfg.batch_size, num_workers=workers,
+                              collate_fn=build_collator(cfg, student, list(teachers)), **extra)

@@ -1,0 +1,202 @@
+"""Lazy packing of documents into student-length windows of *text*.
+
+Legend: T student tokens of one document or segment, K loss spans.
+
+The stream of one DataLoader worker is its documents in (seeded, per-epoch) shuffled order, each
+tokenized by the student with no automatic special tokens and followed by the student's EOS as a
+separator. The stream is cut into windows of ``budget`` tokens (``window_len``, minus one when a BOS
+is prepended); a document that does not fit is split at a student token boundary and continues in
+the next window, so nothing is lost. Split points never fall inside a UTF-8 character (the split
+moves back to the previous clean token boundary; the window is then a little shorter).
+
+A window is a tuple of :class:`Segment`: a byte span of one document (or of the student's rendering
+of a chat document) with the student's token ids for exactly those bytes, plus whether the EOS
+separator follows. Teachers re-tokenize the same bytes (the collator), so every tokenization of a
+window covers identical text. An EOS that did not fit at the end of a window opens the next window
+as a segment with no bytes.
+
+The packing position is ``(epoch, pos, off)``: document ``pos`` of this worker's order, token ``off``
+inside it (``off == n_tokens`` means only its EOS is pending). It is all the state needed to resume
+exactly: the current document is simply re-tokenized.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from xdistill.data.chat import render_chat, token_loss_mask
+from xdistill.errors import DataError
+
+DEFAULT_LOSS_ROLES = frozenset({"assistant"})
+
+
+@dataclass(frozen=True)
+class ChatInfo:
+    """What a teacher needs to re-render a chat segment with its own template."""
+
+    # the conversation: tuple of (role, content)
+    conversation: tuple
+    # byte spans of each message content in the student's rendering, [M, 2]
+    spans_M2: np.ndarray
+    # byte length of the student's rendering
+    n_bytes: int
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A piece of one document inside a window (see the module docstring)."""
+
+    # global index of the document in the source
+    doc: int
+    # the segment's text: bytes [byte_start, byte_end) of the document (chat: of the student rendering)
+    text: str
+    byte_start: int
+    byte_end: int
+    # student token ids of exactly these bytes, [T]
+    ids_T: np.ndarray
+    # student token byte offsets relative to byte_start (special tokens: start == end), [T]
+    starts_T: np.ndarray
+    ends_T: np.ndarray
+    # True on student tokens that carry loss, [T]
+    loss_T: np.ndarray
+    # bytes of ids_T[0] that are not in the text (SentencePiece dummy prefix; 0 mid-document)
+    phantom: int
+    # the student's EOS separator follows this segment
+    eos: bool
+    # chat documents: the conversation and the student rendering's content spans; None for text
+    chat: ChatInfo | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.ids_T.size) + int(self.eos)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One student-length window: segments in stream order."""
+
+    segments: tuple[Segment, ...]
+    # prepend the student's BOS token
+    bos: bool = False
+    # (epoch, shard, index of the window in the shard's stream) -- for debugging and tests
+    key: tuple = ()
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(s.n_tokens for s in self.segments) + int(self.bos)
+
+
+@dataclass
+class _DocEnc:
+    doc: int
+    text: str
+    raw_N: np.ndarray  # uint8 bytes of text
+    ids_T: np.ndarray
+    starts_T: np.ndarray
+    ends_T: np.ndarray
+    loss_T: np.ndarray
+    phantom: int
+    chat: ChatInfo | None
+    allowed_T1: np.ndarray  # [T+1]: True where a split before token k keeps characters whole
+
+    def boundary(self, k: int) -> int:
+        """Byte offset of the split before token ``k``."""
+        if k <= 0:
+            return 0
+        if k >= self.ids_T.size:
+            return int(self.raw_N.size)
+        return int(self.starts_T[k])
+
+
+def encode_document(student, doc_index: int, doc, *, loss_roles=DEFAULT_LOSS_ROLES,
+                    end_of_turn: bool = True) -> _DocEnc | None:
+    """Tokenize one document (text or conversation) with the student; None when it is empty."""
+    if isinstance(doc, str):
+        if not doc.strip():
+            return None
+        text, chat = doc, None
+    else:
+        if not doc or all(not c.strip() for _, c in doc):
+            return None
+        rendered = render_chat(student, doc)
+        text = rendered.text
+        chat = (ChatInfo(tuple(doc), rendered.spans_M2, rendered.n_bytes), rendered)
+    enc = student.encode(text, add_special_tokens=False)
+    ids_T = np.asarray(enc.ids, dtype=np.int64)
+    if ids_T.size == 0:
+        return None
+    starts_T = np.asarray(enc.starts, dtype=np.int64)
+    ends_T = np.asarray(enc.ends, dtype=np.int64)
+    raw_N = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    if chat is None:
+        loss_T = np.ones(ids_T.size, dtype=bool)
+    else:
+        loss_T = token_loss_mask(ids_T, starts_T, ends_T, student.table.roles_V,
+                                 chat[1].loss_spans(loss_roles), end_of_turn)
+    allowed_T1 = np.ones(ids_T.size + 1, dtype=bool)
+    if ids_T.size > 1:
+        s = starts_T[1:]
+        clean = (s < raw_N.size) & ((raw_N[np.clip(s, 0, max(raw_N.size - 1, 0))] & 0xC0) != 0x80)
+        allowed_T1[1:-1] = clean & (s >= ends_T[:-1]) & (s > starts_T[:-1])
+    return _DocEnc(doc_index, text, raw_N, ids_T, starts_T, ends_T, loss_T,
+                   int(getattr(enc, "phantom_prefix", 0) or 0),
+                   chat[0] if chat is not None else None, allowed_T1)
+
+
+def _segment(enc: _DocEnc, k0: int, k1: int, eos: bool) -> Segment:
+    b0, b1 = enc.boundary(k0), enc.boundary(k1)
+    text = enc.raw_N[b0:b1].tobytes().decode("utf-8", errors="replace")
+    return Segment(enc.doc, text, b0, b1, enc.ids_T[k0:k1],
+                   np.clip(enc.starts_T[k0:k1] - b0, 0, None), np.clip(enc.ends_T[k0:k1] - b0, 0, None),
+                   enc.loss_T[k0:k1], enc.phantom if k0 == 0 else 0, eos, enc.chat)
+
+
+def pack(order, fetch, encode, st: dict, budget: int, bos: bool, key=()):
+    """Pack documents ``order[st['pos']:]`` into windows; ``st`` is updated before each yield.
+
+    ``fetch(i)`` returns document ``i``; ``encode(i, doc)`` returns its :class:`_DocEnc` or None
+    (empty: skipped and counted in ``st['skipped_empty']``). The final partial window is yielded too.
+    """
+    if budget < 1:
+        raise DataError(f"window too short: {budget} token(s) left for text")
+    segs: list[Segment] = []
+    used, enc = 0, None
+    while st["pos"] < len(order):
+        doc_id = int(order[st["pos"]])
+        if enc is None or enc.doc != doc_id:
+            enc = encode(doc_id, fetch(doc_id))
+            if enc is None:
+                st["skipped_empty"] += 1
+                st["pos"], st["off"] = st["pos"] + 1, 0
+                continue
+        n, off = int(enc.ids_T.size), st["off"]
+        close = False
+        if off < n:
+            stop = min(n, off + budget - used)
+            if stop < n:
+                ok = np.flatnonzero(enc.allowed_T1[off + 1:stop + 1])
+                if ok.size:
+                    stop = off + 1 + int(ok[-1])
+                elif segs:
+                    stop, close = off, True  # no clean split: close this window, retry in a new one
+                # else: one character longer than a window -- split inside it (rare; lossy bytes)
+            if stop > off:
+                segs.append(_segment(enc, off, stop, eos=False))
+                used += stop - off
+                st["off"] = off = stop
+        if off == n and used < budget:
+            if segs and segs[-1].doc == doc_id and segs[-1].byte_end == enc.raw_N.size:
+                segs[-1] = replace(segs[-1], eos=True)
+            else:
+                segs.append(_segment(enc, n, n, eos=True))
+            used += 1
+            st["pos"], st["off"] = st["pos"] + 1, 0
+        if used >= budget or close:
+            st["windows"] += 1
+            yield Window(tuple(segs), bos, key + (st["windows"] - 1,))
+            segs, used = [], 0
+    if segs:
+        st["windows"] += 1
+        yield Window(tuple(segs), bos, key + (st["windows"] - 1,))

@@ -1,0 +1,367 @@
+"""``xdistill data prepare``: jsonl / parquet / arrow / text / chat files -> arrow IPC shards + index.
+
+Output directory layout::
+
+    DIR/shard-00000.arrow ...   arrow IPC *file* format (memory-mappable), at most ``shard_bytes``
+                                of document bytes each (a single larger document gets its own shard)
+    DIR/index.json              documents, bytes, shards, sources, schema, skipped-empty count
+
+Every shard has the schema ``text: large_string, messages: list<struct<role, content>>``; a text
+document fills ``text`` (``messages`` null), a chat document fills ``messages`` (``text`` null).
+
+Input formats (``--format auto`` picks by suffix): ``jsonl`` (``.jsonl``, ``.ndjson``, ``.json``;
+one JSON object per line with the text column or a ``messages`` list), ``parquet``, ``arrow``
+(``.arrow``/``.feather``), ``text`` (one document per file: ``.txt``, ``.md`` and anything else)
+and ``text-lines`` (one document per line). Directories are expanded to their files, sorted.
+
+Empty documents (no non-whitespace character; a conversation whose contents are all blank) are
+skipped and counted. Invalid UTF-8 follows ``invalid_utf8``: ``error`` names the file and
+line/row, ``replace`` substitutes U+FFFD and counts the documents it changed.
+
+Idempotent: the index records a fingerprint of the inputs (path, size, mtime) and options; a rerun
+with the same fingerprint and intact shards does nothing. Otherwise everything is written to a
+temporary directory and moved into place (shards first, ``index.json`` last, each via rename), so
+an interrupted run never leaves a half-written index; the output is byte-identical for identical
+inputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+
+from xdistill.data.chat import as_conversation, is_empty_conversation
+from xdistill.data.source import decode_utf8
+from xdistill.errors import DataError
+
+FORMAT_VERSION = 1
+SCHEMA = pa.schema([
+    ("text", pa.large_string()),
+    ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.large_string())]))),
+])
+JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+FORMATS = ("auto", "jsonl", "parquet", "arrow", "text", "text-lines")
+_BATCH_ROWS = 1024
+
+
+def expand_inputs(inputs) -> list[Path]:
+    files: list[Path] = []
+    for raw in inputs:
+        path = Path(raw)
+        if path.is_dir():
+            files += sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise DataError(f"input {path} does not exist")
+    if not files:
+        raise DataError("no input files")
+    return files
+
+
+def detect_format(path: Path, fmt: str) -> str:
+    if fmt != "auto":
+        return fmt
+    suffix = path.suffix.lower()
+    if suffix in JSONL_SUFFIXES:
+        return "jsonl"
+    if suffix == ".parquet":
+        return "parquet"
+    if suffix in (".arrow", ".feather", ".ipc"):
+        return "arrow"
+    return "text"
+
+
+# ---------------------------------------------------------------------------- readers
+def _decode(raw: bytes, opts, where: str) -> tuple[str, bool]:
+    """(text, whether invalid bytes were replaced) under the invalid_utf8 policy."""
+    try:
+        return raw.decode("utf-8"), False
+    except UnicodeDecodeError:
+        return decode_utf8(raw, opts["invalid_utf8"], where), True
+
+
+def _record_doc(obj, text_column: str, messages_column: str, where: str):
+    if not isinstance(obj, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    if text_column in obj and obj[text_column] is not None:
+        if not isinstance(obj[text_column], str):
+            raise DataError(f"{where}: {text_column!r} must be a string")
+        return obj[text_column]
+    if messages_column in obj and obj[messages_column] is not None:
+        return as_conversation(obj[messages_column], where)
+    raise DataError(f"{where}: no {text_column!r} or {messages_column!r} key; keys found: "
+                    f"{', '.join(map(str, obj)) or 'none'}")
+
+
+def _read_jsonl(path, opts):
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            yield len(raw), None
+            if not raw.strip():
+                continue
+            where = f"{path} line {lineno}"
+            line, replaced = _decode(raw, opts, where)
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})") from None
+            yield 0, (_record_doc(obj, opts["text_column"], opts["messages_column"], where), replaced)
+
+
+def _read_table_batches(path, fmt):
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            pf = pq.ParquetFile(str(path))
+            yield pf.schema_arrow.names
+            yield from pf.iter_batches(batch_size=_BATCH_ROWS)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise DataError(f"corrupt or unreadable parquet file {path}: {exc}") from None
+        return
+    try:
+        with pa.memory_map(str(path), "r") as mm:
+            try:
+                reader = pa.ipc.open_file(mm)
+                batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+            except pa.ArrowInvalid:
+                mm.seek(0)
+                reader = pa.ipc.open_stream(mm)
+                batches = iter(reader)
+            yield reader.schema.names
+            yield from batches
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataError(f"corrupt or unreadable arrow file {path}: {exc}") from None
+
+
+def _read_table(path, opts, fmt):
+    batches = _read_table_batches(path, fmt)
+    names = next(batches)
+    if opts["text_column"] in names:
+        column, chat = opts["text_column"], False
+    elif opts["messages_column"] in names:
+        column, chat = opts["messages_column"], True
+    else:
+        raise DataError(f"{path} has no text column {opts['text_column']!r} (nor a chat column "
+                        f"{opts['messages_column']!r}); columns found: {', '.join(names)}")
+    row = 0
+    for batch in batches:
+        arr = batch.column(batch.schema.get_field_index(column))
+        yield arr.nbytes, None
+        if not chat and pa.types.is_string(arr.type):
+            arr = arr.cast(pa.binary())
+        elif not chat and pa.types.is_large_string(arr.type):
+            arr = arr.cast(pa.large_binary())
+        for value in arr.to_pylist():
+            where = f"{path} row {row}"
+            row += 1
+            if value is None:
+                yield 0, ("", False)
+            elif chat:
+                yield 0, (as_conversation(value, where), False)
+            else:
+                yield 0, _decode(value, opts, where)
+
+
+def _read_text(path, opts, per_line: bool):
+    raw = Path(path).read_bytes()
+    yield len(raw), None
+    pieces = raw.split(b"\n") if per_line else [raw]
+    for lineno, piece in enumerate(pieces, 1):
+        if per_line and piece.endswith(b"\r"):
+            piece = piece[:-1]
+        where = f"{path} line {lineno}" if per_line else str(path)
+        yield 0, _decode(piece, opts, where)
+
+
+def read_documents(path: Path, fmt: str, opts):
+    """Yield ``(bytes_read, None)`` progress ticks and ``(0, (doc, replaced))`` documents."""
+    if fmt == "jsonl":
+        return _read_jsonl(path, opts)
+    if fmt in ("parquet", "arrow"):
+        return _read_table(path, opts, fmt)
+    if fmt in ("text", "text-lines"):
+        return _read_text(path, opts, per_line=fmt == "text-lines")
+    raise DataError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+
+
+# ---------------------------------------------------------------------------- writer
+class _ShardWriter:
+    """Writes rows into ``shard-NNNNN.arrow`` files of at most ``shard_bytes`` document bytes."""
+
+    def __init__(self, out_dir: Path, shard_bytes: int):
+        self.out_dir, self.shard_bytes = out_dir, shard_bytes
+        self.shards: list[dict] = []
+        self._writer = None
+        self._rows: list[tuple] = []
+        self._cur = None
+
+    def add(self, doc, n_bytes: int) -> None:
+        if self._cur is not None and self._cur["bytes"] and self._cur["bytes"] + n_bytes > self.shard_bytes:
+            self._close_shard()
+        if self._cur is None:
+            name = f"shard-{len(self.shards):05d}.arrow"
+            self._cur = {"file": name, "documents": 0, "bytes": 0}
+            self._writer = pa.ipc.new_file(str(self.out_dir / name), SCHEMA)
+        self._rows.append(doc)
+        self._cur["documents"] += 1
+        self._cur["bytes"] += n_bytes
+        if len(self._rows) >= _BATCH_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._rows:
+            return
+        texts = [d if isinstance(d, str) else None for d in self._rows]
+        msgs = [None if isinstance(d, str) else [{"role": r, "content": c} for r, c in d]
+                for d in self._rows]
+        self._writer.write_batch(pa.record_batch([pa.array(texts, SCHEMA.field("text").type),
+                                                  pa.array(msgs, SCHEMA.field("messages").type)],
+                                                 schema=SCHEMA))
+        self._rows = []
+
+    def _close_shard(self) -> None:
+        self._flush()
+        self._writer.close()
+        self._cur["file_bytes"] = (self.out_dir / self._cur["file"]).stat().st_size
+        self.shards.append(self._cur)
+        self._cur, self._writer = None, None
+
+    def close(self) -> list[dict]:
+        if self._cur is not None:
+            self._close_shard()
+        return self.shards
+
+
+def _doc_bytes(doc, where: str, policy: str):
+    """(document with encodable text, its UTF-8 byte count); lone surrogates follow the policy."""
+    texts = [doc] if isinstance(doc, str) else [c for _, c in doc]
+    try:
+        return doc, sum(len(t.encode("utf-8")) for t in texts)
+    except UnicodeEncodeError:
+        if policy != "replace":
+            raise DataError(f"{where}: text is not valid Unicode (lone surrogate); "
+                            f"set invalid_utf8=replace to substitute U+FFFD") from None
+        fix = lambda t: t.encode("utf-8", "replace").decode("utf-8")  # noqa: E731
+        doc = fix(doc) if isinstance(doc, str) else tuple((r, fix(c)) for r, c in doc)
+        return _doc_bytes(doc, where, "error")
+
+
+def fingerprint_inputs(files: list[Path], options: dict) -> str:
+    entries = []
+    for path in files:
+        st = path.stat()
+        entries.append([str(path.resolve()), st.st_size, st.st_mtime_ns])
+    payload = json.dumps({"version": FORMAT_VERSION, "files": entries, "options": options},
+                         sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def _up_to_date(out: Path, fingerprint: str) -> dict | None:
+    try:
+        index = json.loads((out / "index.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if index.get("fingerprint") != fingerprint:
+        return None
+    for shard in index.get("shards", []):
+        path = out / shard["file"]
+        if not path.is_file() or path.stat().st_size != shard.get("file_bytes"):
+            return None
+    return index
+
+
+def _convert(files, fmt, tmp: Path, opts: dict, shard_bytes: int, progress: bool) -> dict:
+    from tqdm import tqdm
+
+    writer = _ShardWriter(tmp, shard_bytes)
+    sources, totals = [], {"documents": 0, "bytes": 0, "text": 0, "chat": 0, "skipped": 0, "replaced": 0}
+    total_size = sum(p.stat().st_size for p in files)
+    with tqdm(total=total_size, unit="B", unit_scale=True, desc="prepare", disable=not progress) as bar:
+        for path in files:
+            file_fmt = detect_format(path, fmt)
+            src = {"path": str(path), "format": file_fmt, "documents": 0, "bytes": 0, "skipped_empty": 0}
+            for ticks, item in read_documents(path, file_fmt, opts):
+                bar.update(ticks)
+                if item is None:
+                    continue
+                doc, replaced = item
+                if (not doc.strip()) if isinstance(doc, str) else is_empty_conversation(doc):
+                    src["skipped_empty"] += 1
+                    continue
+                doc, n_bytes = _doc_bytes(doc, f"{path} document {src['documents'] + 1}",
+                                          opts["invalid_utf8"])
+                writer.add(doc, n_bytes)
+                src["documents"] += 1
+                src["bytes"] += n_bytes
+                totals["text" if isinstance(doc, str) else "chat"] += 1
+                totals["replaced"] += int(replaced)
+            sources.append(src)
+            totals["documents"] += src["documents"]
+            totals["bytes"] += src["bytes"]
+            totals["skipped"] += src["skipped_empty"]
+    return {
+        "format_version": FORMAT_VERSION,
+        "documents": totals["documents"], "bytes": totals["bytes"],
+        "text_documents": totals["text"], "chat_documents": totals["chat"],
+        "skipped_empty": totals["skipped"], "replaced_invalid_utf8": totals["replaced"],
+        "schema": {f.name: str(f.type) for f in SCHEMA},
+        "shards": writer.close(), "sources": sources,
+    }
+
+
+def _install(tmp: Path, out: Path, index: dict) -> None:
+    try:
+        old = json.loads((out / "index.json").read_text()).get("shards", [])
+    except (OSError, ValueError):
+        old = []
+    for shard in index["shards"]:
+        os.replace(tmp / shard["file"], out / shard["file"])
+    keep = {s["file"] for s in index["shards"]}
+    for shard in old:
+        if shard.get("file") not in keep and (out / shard["file"]).is_file():
+            (out / shard["file"]).unlink()
+    tmp_index = tmp / "index.json"
+    tmp_index.write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp_index, out / "index.json")
+
+
+def prepare(inputs, out_dir, *, text_column: str = "text", messages_column: str = "messages",
+            fmt: str = "auto", invalid_utf8: str = "error", shard_bytes: int = 256 << 20,
+            progress: bool = True) -> tuple[dict, bool]:
+    """Convert ``inputs`` into shards under ``out_dir``; returns ``(index, wrote)``.
+
+    ``wrote`` is False when the output was already up to date (nothing was touched).
+    """
+    if fmt not in FORMATS:
+        raise DataError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+    if invalid_utf8 not in ("error", "replace"):
+        raise DataError(f"invalid_utf8 must be 'error' or 'replace', got {invalid_utf8!r}")
+    if shard_bytes <= 0:
+        raise DataError(f"shard_bytes must be positive, got {shard_bytes}")
+    files = expand_inputs(inputs)
+    opts = {"text_column": text_column, "messages_column": messages_column,
+            "invalid_utf8": invalid_utf8}
+    options = dict(opts, format=fmt, shard_bytes=shard_bytes)
+    fingerprint = fingerprint_inputs(files, options)
+    out = Path(out_dir)
+    current = _up_to_date(out, fingerprint)
+    if current is not None:
+        return current, False
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".prepare-", dir=out))
+    try:
+        index = _convert(files, fmt, tmp, opts, shard_bytes, progress)
+        index["fingerprint"] = fingerprint
+        index["options"] = options
+        _install(tmp, out, index)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return index, True

@@ -1,0 +1,103 @@
+"""Teacher configuration: which model, where it runs, what it returns and how it gets back.
+
+One :class:`TeacherConfig` per teacher (several teachers may run at once, each with its own
+placement). Loaded strictly from YAML through :func:`xdistill.config.load_config` like every other
+config; each field is documented by the comment above it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from xdistill.errors import ConfigError
+
+OutputKind = Literal["logits", "topk", "projected"]
+Placement = Literal["inprocess", "subprocess", "ray"]
+TransportKind = Literal["auto", "inprocess", "shm", "cuda_ipc", "ray"]
+DTypeName = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+@dataclass
+class RayPlacement:
+    """Resources and placement of a teacher that runs as a Ray actor."""
+
+    # CPUs reserved for the actor
+    num_cpus: float = 1.0
+    # GPUs reserved for the actor (Ray sets CUDA_VISIBLE_DEVICES inside it)
+    num_gpus: float = 0.0
+    # pin the actor to this Ray node id (NodeAffinitySchedulingStrategy); null = anywhere
+    node_id: str | None = None
+    # extra custom Ray resources the actor needs, e.g. {"teacher_node": 1}
+    resources: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class TeacherConfig:
+    """One teacher model: where it runs, what it computes, how its output travels."""
+
+    # teacher name (matches TeacherView.name)
+    name: str = "teacher"
+    # local folder of a Hugging Face causal LM (AutoModelForCausalLM.from_pretrained)
+    model: str = ""
+    # weights dtype; "auto" keeps the checkpoint's dtype
+    dtype: DTypeName = "float32"
+    # torch device of the teacher inside its worker ("cpu", "cuda", "cuda:1")
+    device: str = "cpu"
+    # where the worker runs: in the training process, a spawned subprocess, or a Ray actor
+    placement: Placement = "inprocess"
+    # what the teacher returns: full logits, top-k log-probs + tail mass, or log-probs projected
+    # into the student vocabulary through a sparse projection
+    output: OutputKind = "logits"
+    # number of top log-probs kept per position when output = "topk"
+    top_k: int = 64
+    # softmax temperature applied to the teacher logits (recorded in every output)
+    temperature: float = 1.0
+    # rows per teacher forward; the batch is split into micro-batches of this size
+    micro_batch_size: int = 8
+    # dtype of full-logits outputs ("auto" = the model's compute dtype)
+    logits_dtype: DTypeName = "auto"
+    # seconds to wait for one teacher forward before raising TeacherError
+    timeout_s: float = 300.0
+    # seconds to wait for the worker to start and load its model
+    startup_timeout_s: float = 600.0
+    # in-process teachers on a GPU: move the weights to CPU between forwards
+    offload: bool = False
+    # how outputs reach the student: "auto" picks CUDA IPC (same node, CUDA), shared memory
+    # (same node, CPU) or the Ray object store (actor on another node)
+    transport: TransportKind = "auto"
+    # number of reusable output slots (ring) per teacher for the shm / CUDA IPC transports
+    slots: int = 2
+    # torch intra-op threads inside a subprocess / Ray worker (0 = torch's default); in-process
+    # teachers share the training process's setting
+    num_threads: int = 0
+    # pass trust_remote_code to from_pretrained (custom architectures)
+    trust_remote_code: bool = False
+    # Ray actor resources and placement (placement = "ray")
+    ray: RayPlacement = field(default_factory=RayPlacement)
+
+    def validate(self) -> "TeacherConfig":
+        """Raise :class:`ConfigError` naming the first inconsistent field."""
+        where = f"teacher {self.name!r}"
+        if self.temperature <= 0:
+            raise ConfigError(f"{where}: temperature must be > 0, got {self.temperature}")
+        if self.micro_batch_size < 1:
+            raise ConfigError(f"{where}: micro_batch_size must be >= 1, "
+                              f"got {self.micro_batch_size}")
+        if self.output == "topk" and self.top_k < 1:
+            raise ConfigError(f"{where}: top_k must be >= 1 for output 'topk', got {self.top_k}")
+        if self.slots < 1:
+            raise ConfigError(f"{where}: slots must be >= 1, got {self.slots}")
+        if self.timeout_s <= 0 or self.startup_timeout_s <= 0:
+            raise ConfigError(f"{where}: timeout_s and startup_timeout_s must be > 0")
+        if self.placement == "inprocess" and self.transport not in ("auto", "inprocess"):
+            raise ConfigError(
+                f"{where}: transport {self.transport!r} needs placement 'subprocess' or 'ray' "
+                f"(an in-process teacher hands tensors over directly)")
+        if self.placement != "inprocess" and self.transport == "inprocess":
+            raise ConfigError(f"{where}: transport 'inprocess' needs placement 'inprocess'")
+        if self.transport == "ray" and self.placement != "ray":
+            raise ConfigError(f"{where}: transport 'ray' needs placement 'ray'")
+        if self.offload and self.placement != "inprocess":
+            raise ConfigError(f"{where}: offload applies to in-process teachers only")
+        return self

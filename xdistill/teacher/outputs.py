@@ -1,0 +1,181 @@
+"""What a teacher returns, and the math that turns logits into it.
+
+Legend: B batch, Tt teacher tokens, V teacher vocabulary (the model's logit width, which may exceed
+the tokenizer's), Vs student vocabulary, K top-k, N flattened positions (B*Tt or a chunk of them).
+
+Three output kinds (``TeacherConfig.output``), all at temperature ``T`` (recorded in the output):
+
+* ``logits``: ``logits_BTtV = z / T`` in the configured logits dtype; ``softmax`` of it is the
+  teacher distribution at temperature T.
+* ``topk``: with ``logp = log_softmax(z / T)`` (float32), the K largest ``topk_logp_BTtK`` (sorted,
+  descending) and their token ids ``topk_idx_BTtK`` (int64), plus ``tail_logmass_BTt =
+  log(1 - sum_k exp(topk_logp))``, the log-mass of every token outside the top K, computed as
+  ``logsumexp`` of the log-probs outside the top K (not from ``1 - sum``, which loses all
+  precision in float32 once the tail is below ~1e-6).
+* ``projected``: the teacher distribution mapped into student space through the sparse,
+  non-negative projection ``proj_VsVt`` (rows = student tokens, columns = teacher tokens):
+  ``q = softmax(z / T)`` over teacher tokens, ``m = proj_VsVt @ q`` (mass each student token
+  receives), ``q_s = m / sum(m)`` (renormalised, so the result is a distribution even when the
+  projection drops mass), ``proj_logp_BTtVs = log(q_s)``. Teacher logit columns beyond the
+  projection's Vt (padded embedding rows) carry no mapping and are dropped before renormalising.
+
+Zero probabilities (an empty tail, a student token that receives no mass, a position whose mass is
+all dropped) are floored at :data:`LOG_FLOOR` = log(float32 tiny) ~ -87.3 instead of ``-inf``, so
+no ``-inf`` reaches a reverse KL. Values at padding positions are computed like any other and
+carry no meaning; mask them with the view's attention mask.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, replace
+
+import torch
+
+LOG_FLOOR = math.log(torch.finfo(torch.float32).tiny)
+# bytes of float32 temporaries the post-processing allows itself per chunk of positions
+_CHUNK_BYTES = 1 << 28
+
+TENSOR_FIELDS = ("logits_BTtV", "topk_logp_BTtK", "topk_idx_BTtK", "tail_logmass_BTt",
+                 "proj_logp_BTtVs")
+
+
+@dataclass(frozen=True)
+class TeacherOutput:
+    """One teacher's output for one batch (only the fields of its ``kind`` are set)."""
+
+    # teacher name
+    name: str
+    # "logits" | "topk" | "projected"
+    kind: str
+    # softmax temperature the outputs are taken at
+    temperature: float
+    # z / T, [B, Tt, V] (kind "logits")
+    logits_BTtV: torch.Tensor | None = None
+    # top-K log-probs at temperature T, descending, float32 [B, Tt, K] (kind "topk")
+    topk_logp_BTtK: torch.Tensor | None = None
+    # teacher token ids of the top-K entries, int64 [B, Tt, K] (kind "topk")
+    topk_idx_BTtK: torch.Tensor | None = None
+    # log(1 - sum exp(topk_logp)), float32 [B, Tt] (kind "topk")
+    tail_logmass_BTt: torch.Tensor | None = None
+    # log of the teacher distribution projected into student space, float32 [B, Tt, Vs]
+    proj_logp_BTtVs: torch.Tensor | None = None
+    # request number this output answers (increases by one per forward of this teacher)
+    step: int = -1
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The tensor fields that are set, by name."""
+        return {n: getattr(self, n) for n in TENSOR_FIELDS if getattr(self, n) is not None}
+
+    def clone(self) -> "TeacherOutput":
+        """A copy that owns its memory (outlives the transport slot it was read from)."""
+        return replace(self, **{n: t.clone() for n, t in self.tensors().items()})
+
+    def to(self, device, non_blocking: bool = False) -> "TeacherOutput":
+        return replace(self, **{n: t.to(device, non_blocking=non_blocking)
+                                for n, t in self.tensors().items()})
+
+
+def output_spec(kind: str, B: int, Tt: int, V: int, *, top_k: int = 0, Vs: int = 0,
+                logits_dtype: torch.dtype = torch.float32) -> dict[str, tuple[tuple, torch.dtype]]:
+    """Shapes and dtypes of the tensor fields of a ``kind`` output for a [B, Tt] batch."""
+    if kind == "logits":
+        return {"logits_BTtV": ((B, Tt, V), logits_dtype)}
+    if kind == "topk":
+        K = min(top_k, V)
+        return {"topk_logp_BTtK": ((B, Tt, K), torch.float32),
+                "topk_idx_BTtK": ((B, Tt, K), torch.int64),
+                "tail_logmass_BTt": ((B, Tt), torch.float32)}
+    if kind == "projected":
+        return {"proj_logp_BTtVs": ((B, Tt, Vs), torch.float32)}
+    raise ValueError(f"unknown teacher output kind {kind!r}")
+
+
+def _chunk_rows(width: int) -> int:
+    return max(1, _CHUNK_BYTES // (4 * max(width, 1)))
+
+
+def topk_logprobs(logits_NV: torch.Tensor, k: int, temperature: float):
+    """Top-k log-probs, ids and tail log-mass of ``log_softmax(logits / T)`` (see module doc)."""
+    N, V = logits_NV.shape
+    k = min(k, V)
+    vals_NK = torch.empty(N, k, dtype=torch.float32, device=logits_NV.device)
+    idx_NK = torch.empty(N, k, dtype=torch.int64, device=logits_NV.device)
+    tail_N = torch.empty(N, dtype=torch.float32, device=logits_NV.device)
+    step = _chunk_rows(V)
+    for a in range(0, N, step):
+        logp = torch.log_softmax(logits_NV[a:a + step].float() / temperature, dim=-1)
+        v, i = torch.topk(logp, k, dim=-1, sorted=True)
+        vals_NK[a:a + step] = v
+        idx_NK[a:a + step] = i
+        rest = logp.scatter_(-1, i, float("-inf"))
+        tail_N[a:a + step] = torch.logsumexp(rest, dim=-1).clamp(min=LOG_FLOOR)
+    return vals_NK, idx_NK, tail_N
+
+
+def projected_logprobs(logits_NV: torch.Tensor, proj_VsVt: torch.Tensor,
+                       temperature: float) -> torch.Tensor:
+    """``log(normalise(proj_VsVt @ softmax(logits / T)))`` per position (see module doc)."""
+    N, V = logits_NV.shape
+    Vs, Vt = proj_VsVt.shape
+    if Vt > V:
+        raise ValueError(f"projection has {Vt} teacher columns but the teacher model emits only "
+                         f"{V} logits; it was built for another teacher vocabulary")
+    out_NVs = torch.empty(N, Vs, dtype=torch.float32, device=logits_NV.device)
+    step = _chunk_rows(max(V, Vs))
+    for a in range(0, N, step):
+        q_nV = torch.softmax(logits_NV[a:a + step].float() / temperature, dim=-1)[:, :Vt]
+        m_Vsn = torch.sparse.mm(proj_VsVt, q_nV.T.contiguous())
+        m_nVs = m_Vsn.T
+        total_n1 = m_nVs.sum(dim=-1, keepdim=True)
+        q_s = m_nVs / total_n1.clamp(min=torch.finfo(torch.float32).tiny)
+        out_NVs[a:a + step] = torch.log(q_s).clamp(min=LOG_FLOOR)
+    return out_NVs
+
+
+def prepare_projection(proj_VsVt: torch.Tensor, device) -> torch.Tensor:
+    """Check a projection (2-D, non-negative) and return it as float32 CSR on ``device``."""
+    if proj_VsVt.dim() != 2:
+        raise ValueError(f"projection must be 2-D [Vs, Vt], got shape {tuple(proj_VsVt.shape)}")
+    coo = proj_VsVt.to_sparse_coo() if proj_VsVt.layout != torch.sparse_coo else proj_VsVt
+    coo = coo.coalesce().to(torch.float32)
+    if coo._nnz() and float(coo.values().min()) < 0:
+        raise ValueError("projection has negative entries; it must map probability mass")
+    with warnings.catch_warnings():  # "sparse CSR support is in beta"
+        warnings.simplefilter("ignore", UserWarning)
+        return coo.to_sparse_csr().to(device)
+
+
+def fill_output(kind: str, logits_nTV: torch.Tensor, out: dict[str, torch.Tensor], rows: slice,
+                *, temperature: float, top_k: int = 0, proj_VsVt=None) -> None:
+    """Write the ``kind`` output for rows ``rows`` of the batch from their logits into ``out``."""
+    n, T, V = logits_nTV.shape
+    flat_NV = logits_nTV.reshape(n * T, V)
+    if kind == "logits":
+        dst = out["logits_BTtV"][rows]
+        dst.copy_(logits_nTV if temperature == 1.0 else logits_nTV.float() / temperature)
+    elif kind == "topk":
+        v, i, tail = topk_logprobs(flat_NV, top_k, temperature)
+        K = v.shape[-1]
+        out["topk_logp_BTtK"][rows].copy_(v.view(n, T, K))
+        out["topk_idx_BTtK"][rows].copy_(i.view(n, T, K))
+        out["tail_logmass_BTt"][rows].copy_(tail.view(n, T))
+    elif kind == "projected":
+        lp = projected_logprobs(flat_NV, proj_VsVt, temperature)
+        out["proj_logp_BTtVs"][rows].copy_(lp.view(n, T, -1))
+    else:
+        raise ValueError(f"unknown teacher output kind {kind!r}")
+
+
+def check_fields(output: TeacherOutput) -> None:
+    """Raise ValueError when an output lacks the fields of its kind (a worker bug)."""
+    need = {"logits": ("logits_BTtV",), "projected": ("proj_logp_BTtVs",),
+            "topk": ("topk_logp_BTtK", "topk_idx_BTtK", "tail_logmass_BTt")}[output.kind]
+    missing = [n for n in need if getattr(output, n) is None]
+    if missing:
+        raise ValueError(f"teacher {output.name!r} output of kind {output.kind!r} lacks {missing}")
+
+
+__all__ = ["TeacherOutput", "LOG_FLOOR", "output_spec", "topk_logprobs", "projected_logprobs",
+           "prepare_projection", "fill_output", "check_fields", "TENSOR_FIELDS"]

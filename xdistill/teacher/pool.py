@@ -1,0 +1,142 @@
+"""Several teachers at once, each with its own placement and transport.
+
+    with TeacherPool(configs, projections={"qwen": proj_VsVt}) as pool:
+        with pool.forward(batch) as outs:          # DistillBatch or a sequence of TeacherViews
+            logp = outs["qwen"].proj_logp_BTtVs     # TeacherOutput per teacher name
+
+``forward`` submits the batch to every remote teacher first, then runs the in-process ones
+(colocated teachers are time-sliced in the training process while remote ones compute), then
+collects. If any teacher fails, the outputs already collected are released and the first
+TeacherError is raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from xdistill.errors import TeacherError
+from xdistill.teacher.client import TeacherClient, make_client
+from xdistill.teacher.config import TeacherConfig
+from xdistill.teacher.outputs import TeacherOutput
+
+
+class TeacherResults(Mapping):
+    """Outputs of one pool step by teacher name; releases every slot on ``release``/exit."""
+
+    def __init__(self, leases: dict):
+        self._leases = leases
+
+    def __getitem__(self, name: str) -> TeacherOutput:
+        return self._leases[name].output
+
+    def __iter__(self):
+        return iter(self._leases)
+
+    def __len__(self) -> int:
+        return len(self._leases)
+
+    def release(self) -> None:
+        for lease in self._leases.values():
+            lease.release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+class TeacherPool:
+    """Start, feed and stop a set of teachers (see module doc)."""
+
+    def __init__(self, configs: Sequence[TeacherConfig], projections: dict | None = None,
+                 engine_factories: dict | None = None, scheduling: dict | None = None):
+        names = [c.name for c in configs]
+        if len(set(names)) != len(names):
+            raise TeacherError(f"teacher names must be unique, got {names}")
+        projections, engine_factories = projections or {}, engine_factories or {}
+        scheduling = scheduling or {}
+        self.clients: dict[str, TeacherClient] = {}
+        for cfg in configs:
+            extra = {"scheduling_strategy": scheduling[cfg.name]} if cfg.name in scheduling else {}
+            self.clients[cfg.name] = make_client(cfg, projections.get(cfg.name),
+                                                 engine_factories.get(cfg.name), **extra)
+
+    def start(self) -> None:
+        """Launch every teacher, then wait until all are ready (loading overlaps)."""
+        try:
+            for client in self._ordered():
+                client.start()
+            for client in self.clients.values():
+                client.wait_ready()
+        except BaseException:
+            self.close()
+            raise
+
+    def _ordered(self):
+        remote = [c for c in self.clients.values() if c.placement != "inprocess"]
+        return remote + [c for c in self.clients.values() if c.placement == "inprocess"]
+
+    def _views(self, batch) -> dict:
+        views = getattr(batch, "teachers", batch)
+        by_name = {v.name: v for v in views}
+        unknown = sorted(set(by_name) - set(self.clients))
+        if unknown:
+            raise TeacherError(f"views for unknown teachers {unknown}; pool has "
+                               f"{sorted(self.clients)}")
+        return by_name
+
+    def submit(self, batch) -> dict[str, int]:
+        """Send each teacher its view (remote first); returns the step per teacher."""
+        views = self._views(batch)
+        steps = {}
+        try:
+            for client in self._ordered():
+                if client.name in views:
+                    steps[client.name] = client.submit(views[client.name])
+        except BaseException:
+            self._drain(steps)
+            raise
+        return steps
+
+    def _drain(self, steps: dict[str, int]) -> None:
+        """Collect and release already submitted steps after a failed submit (errors ignored)."""
+        for name, step in steps.items():
+            try:
+                self.clients[name].collect(step).release()
+            except TeacherError:
+                pass
+
+    def collect(self, steps: dict[str, int]) -> TeacherResults:
+        leases, error = {}, None
+        for name, step in steps.items():
+            try:
+                leases[name] = self.clients[name].collect(step)
+            except TeacherError as exc:
+                error = error or exc
+        if error is not None:
+            for lease in leases.values():
+                lease.release()
+            raise error
+        return TeacherResults(leases)
+
+    def forward(self, batch) -> TeacherResults:
+        """Every teacher's output for ``batch`` (DistillBatch or sequence of TeacherViews)."""
+        return self.collect(self.submit(batch))
+
+    def close(self) -> None:
+        errors = []
+        for client in self.clients.values():
+            try:
+                client.close()
+            except Exception as exc:  # keep closing the others
+                errors.append(f"{client.name}: {exc}")
+        if errors:
+            raise TeacherError("closing teachers failed: " + "; ".join(errors))
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,159 @@
+"""The teacher engine: a Hugging Face causal LM that scores batches in micro-batches.
+
+Legend: B batch, Tt teacher tokens, V teacher logit width, Vs student vocabulary, K top-k.
+
+:class:`TeacherWorker` is placement-agnostic: the same object runs in the training process, in a
+spawned subprocess or inside a Ray actor (see ``placement.py``). Its contract, which test engines
+also implement, is three members:
+
+* ``info`` -> :class:`TeacherInfo` (what it produces),
+* ``output_spec(B, Tt)`` -> ``{field: (shape, dtype)}`` of the output tensors,
+* ``run_into(request, out)``: fill the preallocated tensors ``out`` (possibly views into a shared
+  memory or CUDA IPC slot) for one :class:`TeacherRequest`, micro-batch by micro-batch, so no
+  extra full-size copy is made in the worker.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from xdistill.errors import TeacherError
+from xdistill.teacher.config import TeacherConfig
+from xdistill.teacher.outputs import (TeacherOutput, fill_output, output_spec,
+                                      prepare_projection)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class TeacherRequest:
+    """What travels to a worker per batch: the teacher's token ids and mask (small)."""
+
+    # request number (echoed in the output)
+    step: int
+    # teacher token ids, right-padded, int64 [B, Tt]
+    input_ids_BTt: torch.Tensor
+    # True on real tokens, [B, Tt]
+    attention_mask_BTt: torch.Tensor
+
+    @classmethod
+    def from_view(cls, step: int, view) -> "TeacherRequest":
+        return cls(step, view.input_ids_BTt.detach().cpu().long(),
+                   view.attention_mask_BTt.detach().cpu())
+
+
+@dataclass(frozen=True)
+class TeacherInfo:
+    """What a started teacher produces and where it runs."""
+
+    name: str
+    kind: str
+    # width of the teacher's logits (>= its tokenizer's vocabulary when embeddings are padded)
+    vocab_size: int
+    # student vocabulary of projected outputs (0 otherwise)
+    student_vocab_size: int
+    top_k: int
+    temperature: float
+    # the worker's torch device, e.g. "cpu" or "cuda:0"
+    device: str
+    logits_dtype: torch.dtype
+    # process id of the worker
+    pid: int
+
+
+def resolve_dtype(name: str, default: torch.dtype | None = None) -> torch.dtype | str:
+    if name == "auto":
+        return default if default is not None else "auto"
+    return _DTYPES[name]
+
+
+class TeacherWorker:
+    """Loads ``config.model`` and computes :class:`TeacherOutput` s (see module doc)."""
+
+    def __init__(self, config: TeacherConfig, projection_VsVt: torch.Tensor | None = None):
+        from transformers import AutoModelForCausalLM
+
+        self.config = config.validate()
+        if not config.model or not os.path.isdir(config.model):
+            raise TeacherError(f"teacher {config.name!r}: model folder {config.model!r} does not "
+                               "exist (a local Hugging Face checkpoint folder is expected)")
+        if config.output == "projected" and projection_VsVt is None:
+            raise TeacherError(f"teacher {config.name!r}: output 'projected' needs a projection")
+        self.device = torch.device(config.device)
+        self._home = torch.device("cpu") if config.offload else self.device
+        self.model = AutoModelForCausalLM.from_pretrained(
+            config.model, dtype=resolve_dtype(config.dtype), local_files_only=True,
+            trust_remote_code=config.trust_remote_code)
+        self.model.eval().requires_grad_(False).to(self._home)
+        head = self.model.get_output_embeddings()
+        V = int(head.weight.shape[0]) if head is not None else \
+            int(self.model.config.get_text_config().vocab_size)
+        self.vocab_size = V
+        self.proj_VsVt = None
+        Vs = 0
+        if config.output == "projected":
+            self.proj_VsVt = prepare_projection(projection_VsVt, self.device)
+            Vs = int(self.proj_VsVt.shape[0])
+        compute = next(self.model.parameters()).dtype
+        self.info = TeacherInfo(
+            name=config.name, kind=config.output, vocab_size=V, student_vocab_size=Vs,
+            top_k=min(config.top_k, V) if config.output == "topk" else 0,
+            temperature=float(config.temperature), device=str(self.device),
+            logits_dtype=resolve_dtype(config.logits_dtype, compute), pid=os.getpid())
+
+    def output_spec(self, B: int, Tt: int) -> dict:
+        i = self.info
+        return output_spec(i.kind, B, Tt, i.vocab_size, top_k=i.top_k, Vs=i.student_vocab_size,
+                           logits_dtype=i.logits_dtype)
+
+    def _check_ids(self, ids_BTt: torch.Tensor, mask_BTt: torch.Tensor) -> None:
+        if ids_BTt.dim() != 2 or ids_BTt.shape != mask_BTt.shape:
+            raise TeacherError(f"teacher {self.info.name!r}: input_ids {tuple(ids_BTt.shape)} and "
+                               f"attention_mask {tuple(mask_BTt.shape)} must both be [B, Tt]")
+        bad = (ids_BTt < 0) | (ids_BTt >= self.vocab_size)
+        if bool(bad.any()):
+            b, t = (int(x) for x in bad.nonzero()[0])
+            raise TeacherError(
+                f"teacher {self.info.name!r}: token id {int(ids_BTt[b, t])} at row {b}, position "
+                f"{t} is outside the teacher vocabulary [0, {self.vocab_size})")
+
+    def run_into(self, request: TeacherRequest, out: dict[str, torch.Tensor]) -> None:
+        """Forward ``request`` micro-batch by micro-batch, writing the outputs into ``out``."""
+        ids_BTt, mask_BTt = request.input_ids_BTt, request.attention_mask_BTt
+        self._check_ids(ids_BTt, mask_BTt)
+        cfg, B = self.config, ids_BTt.shape[0]
+        if cfg.offload:
+            self.model.to(self.device)
+        try:
+            with torch.inference_mode():
+                for a in range(0, B, cfg.micro_batch_size):
+                    rows = slice(a, min(a + cfg.micro_batch_size, B))
+                    ids = ids_BTt[rows].to(self.device, non_blocking=True)
+                    mask = mask_BTt[rows].to(self.device, non_blocking=True).long()
+                    logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+                    fill_output(self.info.kind, logits, out, rows, temperature=cfg.temperature,
+                                top_k=self.info.top_k, proj_VsVt=self.proj_VsVt)
+                    del logits
+        finally:
+            if cfg.offload:
+                self.model.to(self._home)
+
+    def forward(self, request: TeacherRequest, device=None) -> TeacherOutput:
+        """Run ``request`` into freshly allocated tensors (in-process use)."""
+        B, Tt = request.input_ids_BTt.shape
+        dev = self.device if device is None else device
+        out = {n: torch.empty(shape, dtype=dt, device=dev)
+               for n, (shape, dt) in self.output_spec(B, Tt).items()}
+        self.run_into(request, out)
+        return make_output(self.info, request.step, out)
+
+    def close(self) -> None:
+        self.model = None
+
+
+def make_output(info: TeacherInfo, step: int, tensors: dict[str, torch.Tensor]) -> TeacherOutput:
+    return TeacherOutput(name=info.name, kind=info.kind, temperature=info.temperature, step=step,
+                         **tensors)
