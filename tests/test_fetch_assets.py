@@ -1,0 +1,97 @@
+"""``tools/fetch_assets.py`` / :mod:`xdistill.assets`: cache location, instant reruns, atomic
+staging, clear download errors, the corpus."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from xdistill import assets
+from xdistill.assets import AssetError, asset_dir, assets_complete, ensure_assets
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_asset_dir_honours_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDISTILL_ASSETS", str(tmp_path / "a"))
+    assert asset_dir() == tmp_path / "a"
+    assert asset_dir(tmp_path / "b") == tmp_path / "b"
+    monkeypatch.delenv("XDISTILL_ASSETS")
+    assert asset_dir() == Path.home() / ".cache" / "xdistill" / "assets"
+
+
+def test_rerun_is_instant_and_complete():
+    root = asset_dir()
+    assert assets_complete(root), "run `python tools/fetch_assets.py` first"
+    t0 = time.perf_counter()
+    assert ensure_assets() == root
+    assert time.perf_counter() - t0 < 1.0
+    for name in assets.TOKENIZER_NAMES:
+        assert (root / "tokenizers" / name / "tokenizer.json").is_file()
+    for vocab in assets.GGUF_VOCABS:
+        assert (root / "gguf" / f"ggml-vocab-{vocab}.gguf").is_file()
+        assert (root / "vectors" / f"ggml-vocab-{vocab}.gguf.out").is_file()
+
+
+def test_cli_rerun(tmp_path):
+    out = subprocess.run([sys.executable, str(REPO / "tools" / "fetch_assets.py"), "-q"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == str(asset_dir())
+
+
+def test_corpus_has_six_plays_without_gutenberg_headers():
+    files = sorted((asset_dir() / "corpus" / "shakespeare").glob("*.txt"))
+    assert len(files) == 6
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        assert len(text) > 50_000 and "gutenberg" not in text.lower()
+
+
+def test_strip_gutenberg():
+    raw = ("Header junk\r\n*** START OF THIS PROJECT GUTENBERG EBOOK HAMLET ***\r\nTo be, or not"
+           "\r\n*** END OF THIS PROJECT GUTENBERG EBOOK HAMLET ***\r\nlicence")
+    assert assets.strip_gutenberg(raw) == "To be, or not\n"
+
+
+def test_staging_is_atomic(tmp_path):
+    final = tmp_path / "tokenizers" / "x"
+    with pytest.raises(RuntimeError):
+        with assets._Staging(final, force=False) as tmp:
+            (tmp / "tokenizer.json").write_text("{half")
+            raise RuntimeError("interrupted")
+    assert not final.exists() and list((tmp_path / "tokenizers").iterdir()) == []
+    with assets._Staging(final, force=False) as tmp:
+        (tmp / "tokenizer.json").write_text("{}")
+    assert (final / "tokenizer.json").read_text() == "{}"
+    with assets._Staging(final, force=True) as tmp:          # replacing keeps one folder
+        (tmp / "tokenizer.json").write_text("[]")
+    assert (final / "tokenizer.json").read_text() == "[]"
+    assert [p.name for p in (tmp_path / "tokenizers").iterdir()] == ["x"]
+
+
+def test_failed_download_names_the_package(tmp_path, monkeypatch):
+    def fake_run(cmd, **kwargs):
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found")
+
+    monkeypatch.setattr(assets.subprocess, "run", fake_run)
+    pkg = assets.Package("openai-whisper", "20250625", sdist=True)
+    with pytest.raises(AssetError, match=r"openai-whisper==20250625.*No matching distribution"):
+        assets._pip_download(tmp_path, pkg)
+    assert list(tmp_path.iterdir()) == []                     # no partial download left
+
+
+def test_corrupt_archive(tmp_path):
+    bad = tmp_path / "x-1.0.tar.gz"
+    bad.write_bytes(b"not a tarball")
+    with pytest.raises(AssetError, match="corrupt archive"):
+        assets.Archive(bad).read("whatever")
+
+
+def test_incomplete_cache_is_not_complete(tmp_path):
+    assert not assets_complete(tmp_path)
+    (tmp_path / "MANIFEST.json").write_text('{"version": 1}')
+    assert not assets_complete(tmp_path)                      # tokenizer folders missing

@@ -1,0 +1,57 @@
+"""Stable tokenizer fingerprints.
+
+``sha256`` over a canonical description of everything that decides how text becomes ids and how
+ids become bytes:
+
+1. the family, vocabulary size and lossy flag;
+2. the token-bytes table (``offsets_V1`` and ``data``, little-endian) and the roles (int8);
+3. ``tokenizer.json`` minus the vocabulary (which 2. already covers): the model type, merges and
+   model options, normaliser, pre-tokeniser, post-processor, decoder and the added tokens,
+   serialised as JSON with sorted keys.
+
+Each part is length-prefixed so that no two different inputs hash alike by concatenation. The
+result does not depend on the process, the path the tokenizer was loaded from or dict order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+
+from xdistill.tokenization.table import TokenByteTable
+
+FINGERPRINT_VERSION = 1
+
+
+def canonical_config(spec: dict) -> dict:
+    """``tokenizer.json`` without the vocabulary and without fields that do not change ids."""
+    model = {k: v for k, v in (spec.get("model") or {}).items() if k != "vocab"}
+    added = sorted(
+        ({"id": t.get("id"), "content": t.get("content"), "special": bool(t.get("special")),
+          "normalized": bool(t.get("normalized")), "lstrip": bool(t.get("lstrip")),
+          "rstrip": bool(t.get("rstrip")), "single_word": bool(t.get("single_word"))}
+         for t in spec.get("added_tokens") or []), key=lambda t: (t["id"], t["content"]))
+    return {"model": model, "normalizer": spec.get("normalizer"),
+            "pre_tokenizer": spec.get("pre_tokenizer"), "post_processor": spec.get("post_processor"),
+            "decoder": spec.get("decoder"), "added_tokens": added}
+
+
+def fingerprint(family: str, table: TokenByteTable, spec: dict) -> str:
+    """Hex sha256 fingerprint (see the module docstring)."""
+    h = hashlib.sha256()
+
+    def part(blob: bytes) -> None:
+        h.update(len(blob).to_bytes(8, "little"))
+        h.update(blob)
+
+    header = {"v": FINGERPRINT_VERSION, "family": family, "vocab_size": table.vocab_size,
+              "lossy": bool(table.lossy)}
+    part(json.dumps(header, sort_keys=True).encode())
+    part(table.offsets_V1.astype("<i8", copy=False).tobytes())
+    part(np.ascontiguousarray(table.data).tobytes())
+    part(table.roles_V.astype(np.int8, copy=False).tobytes())
+    part(json.dumps(canonical_config(spec), sort_keys=True, ensure_ascii=False,
+                    separators=(",", ":")).encode("utf-8"))
+    return h.hexdigest()

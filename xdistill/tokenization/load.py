@@ -1,0 +1,152 @@
+"""``load_tokenizer(spec)``: one entry point for every way a tokenizer arrives.
+
+``spec`` may be
+
+* an asset name (``gpt2``, ``qwen2``, ``llama3``, ``mistral``, ``bert``, ``llama-spm``, ``phi3``):
+  the folder ``$XDISTILL_ASSETS/tokenizers/<name>`` that ``tools/fetch_assets.py`` writes;
+* a local Hugging Face folder (``tokenizer.json`` / ``tokenizer.model`` + config), or a folder
+  holding a single ``.gguf``;
+* a ``tokenizer.json`` file;
+* a ``.tiktoken`` rank file (or a tiktoken-format ``tokenizer.model`` such as Llama-3's): GPT-2
+  pattern and ``<|endoftext|>`` for 50,256 ranks, Llama-3 pattern and its 256 special tokens for
+  128,000 ranks, otherwise the Llama-3 (cl100k-style) pattern without special tokens;
+* a SentencePiece ``.model`` (BPE; loaded with ``LlamaTokenizer.from_pretrained``);
+* a ``.gguf`` file (``AutoTokenizer.from_pretrained(dir, gguf_file=...)``);
+* a hub name (``org/name``), only when ``HF_HUB_OFFLINE`` is not set.
+
+Every failure is a :class:`~xdistill.errors.TokenizerError` naming the spec or file.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from xdistill.errors import TokenizerError
+from xdistill.tokenization.tokenizer import Tokenizer
+
+ASSET_NAMES = ("gpt2", "qwen2", "llama3", "mistral", "bert", "llama-spm", "phi3")
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _short(exc: BaseException) -> str:
+    msg = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {msg[0][:300] if msg else ''}"
+
+
+def _is_tiktoken_file(path: Path) -> bool:
+    """tiktoken files are text lines ``<base64> <rank>``; SentencePiece files are protobuf."""
+    with open(path, "rb") as fh:
+        head = fh.read(256)
+    line = head.split(b"\n", 1)[0].split()
+    return len(line) == 2 and line[1].isdigit() and all(c < 128 for c in head)
+
+
+def _load_tiktoken(path: Path):
+    from xdistill.assets import GPT2_PATTERN, LLAMA3_PATTERN, LLAMA3_SPECIALS, _from_tiktoken
+
+    with open(path, "rb") as fh:
+        n_ranks = sum(1 for line in fh if line.strip())
+    if n_ranks == 50256:
+        return _from_tiktoken(path, GPT2_PATTERN, ["<|endoftext|>"], bos_token="<|endoftext|>",
+                              eos_token="<|endoftext|>", unk_token="<|endoftext|>")
+    if n_ranks == 128000:
+        return _from_tiktoken(path, LLAMA3_PATTERN, LLAMA3_SPECIALS, bos_token="<|begin_of_text|>",
+                              eos_token="<|end_of_text|>", pad_token="<|finetune_right_pad_id|>")
+    return _from_tiktoken(path, LLAMA3_PATTERN, [])
+
+
+def _load_spm(path: Path):
+    import sentencepiece as spm  # noqa: F401  (validates the protobuf before transformers does)
+    from transformers import LlamaTokenizer
+
+    proc = spm.SentencePieceProcessor()
+    proc.LoadFromFile(str(path))
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(path, Path(tmp) / "tokenizer.model")
+        # transformers 5: LlamaTokenizer(vocab_file=...) silently builds a 3-token vocabulary.
+        hf = LlamaTokenizer.from_pretrained(tmp)
+    if len(hf) != proc.GetPieceSize():
+        raise TokenizerError(f"{path}: converted vocabulary has {len(hf)} entries, the "
+                             f"SentencePiece model {proc.GetPieceSize()} (unsupported model type?)")
+    return hf
+
+
+def _load_path(path: Path):
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        has_hf = any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model",
+                                                    "tokenizer_config.json", "vocab.txt"))
+        if not has_hf and len(ggufs) == 1:
+            return AutoTokenizer.from_pretrained(str(path), gguf_file=ggufs[0].name)
+        if not has_hf:
+            raise TokenizerError(f"{path}: folder has no tokenizer.json, tokenizer.model, "
+                                 "tokenizer_config.json or single .gguf file")
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    suffix = path.suffix.lower()
+    if suffix == ".gguf":
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    if suffix == ".json":
+        return PreTrainedTokenizerFast(tokenizer_file=str(path))
+    if suffix == ".tiktoken" or (suffix == ".model" and _is_tiktoken_file(path)):
+        return _load_tiktoken(path)
+    if suffix == ".model":
+        return _load_spm(path)
+    raise TokenizerError(f"{path}: unknown tokenizer file type {suffix!r} (expected a folder, "
+                         ".json, .tiktoken, .model or .gguf)")
+
+
+def resolve(spec: str | os.PathLike) -> tuple[str, Path | None]:
+    """``(name, local path or None for a hub name)``; raises for unknown local names."""
+    text = os.fspath(spec)
+    if text in ASSET_NAMES:
+        from xdistill.assets import tokenizer_dir
+
+        folder = tokenizer_dir(text)
+        if not (folder / "tokenizer.json").is_file():
+            raise TokenizerError(f"tokenizer asset {text!r} not found at {folder}; run "
+                                 "`python tools/fetch_assets.py` (or set XDISTILL_ASSETS)")
+        return text, folder
+    path = Path(text).expanduser()
+    if path.exists():
+        return (path.stem if path.is_file() else path.name), path
+    looks_local = text.startswith((".", "/", "~")) or os.sep in text.strip("/").replace("/", "", 1) \
+        or Path(text).suffix.lower() in (".json", ".model", ".tiktoken", ".gguf")
+    if looks_local:
+        raise TokenizerError(f"tokenizer path {text!r} does not exist")
+    if _offline():
+        raise TokenizerError(f"unknown tokenizer {text!r}: not an asset name ({', '.join(ASSET_NAMES)}) "
+                             "or local path, and HF_HUB_OFFLINE=1 forbids the model hub")
+    return text, None
+
+
+def load_tokenizer(spec: str | os.PathLike) -> Tokenizer:
+    """Load a tokenizer from an asset name, local folder/file or hub name (see module docstring)."""
+    name, path = resolve(spec)
+    try:
+        if path is None:
+            from transformers import AutoTokenizer
+
+            hf = AutoTokenizer.from_pretrained(name)
+            source = f"hub:{name}"
+        else:
+            hf = _load_path(path)
+            source = str(path)
+    except TokenizerError:
+        raise
+    except Exception as exc:  # transformers/tokenizers/sentencepiece raise many types
+        where = f"hub model {name!r}" if path is None else str(path)
+        raise TokenizerError(f"cannot load tokenizer from {where}: {_short(exc)}") from exc
+    try:
+        return Tokenizer(hf, name, source)
+    except TokenizerError:
+        raise
+    except Exception as exc:
+        raise TokenizerError(f"cannot build token tables for {source}: {_short(exc)}") from exc

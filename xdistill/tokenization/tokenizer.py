@@ -1,0 +1,165 @@
+"""The :class:`Tokenizer` wrapper: an HF fast tokenizer plus its token-bytes table, roles,
+lossy flag and fingerprint, and encoding with byte offsets.
+
+Legend: ``V`` vocabulary size (covers every id the tokenizer can produce), ``T`` tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import unicodedata
+
+import numpy as np
+
+from xdistill.errors import TokenizerError
+from xdistill.tokenization.bytes import build_table_arrays, detect_family, walk_types
+from xdistill.tokenization.encode import Encoding, char_to_byte_map, hf_byte_offsets, place_tokens
+from xdistill.tokenization.fingerprint import fingerprint
+from xdistill.tokenization.roles import role_tokens, roles_array
+from xdistill.tokenization.table import ROLE_NAMES, ROLE_TEXT, TokenByteTable
+
+_LOSSY_NORMALIZERS = ("Lowercase", "StripAccents", "NFKC", "NFKD", "NFD", "Precompiled", "Strip",
+                      "BertNormalizer")
+
+
+def _id_to_token(spec: dict) -> dict[int, str]:
+    """id -> token string from ``tokenizer.json`` (model vocabulary, then added tokens)."""
+    vocab = (spec.get("model") or {}).get("vocab")
+    if isinstance(vocab, dict):
+        out = {int(i): tok for tok, i in vocab.items()}
+    elif isinstance(vocab, list):                       # Unigram: [[piece, score], ...]
+        out = {i: entry[0] for i, entry in enumerate(vocab)}
+    else:
+        out = {}
+    for tok in spec.get("added_tokens") or []:
+        out[int(tok["id"])] = tok["content"]
+    return out
+
+
+def is_lossy(spec: dict, family: str) -> bool:
+    """True when encoded text cannot be recovered byte-for-byte from the token bytes.
+
+    WordPiece always (whitespace is dropped); any normaliser that lowercases, strips accents,
+    applies NFKC/NFKD/NFD or a SentencePiece precompiled charsmap, or strips; and SentencePiece /
+    Unigram models without byte fallback (unknown characters become ``<unk>``). NFC is *not*
+    counted as lossy: such tokenizers are exact on NFC text.
+    """
+    if family == "wordpiece":
+        return True
+    norm = spec.get("normalizer")
+    if any(True for name in _LOSSY_NORMALIZERS for _ in walk_types(norm, name)):
+        return True
+    if family in ("spm", "unigram") and not (spec.get("model") or {}).get("byte_fallback"):
+        return True
+    return False
+
+
+class Tokenizer:
+    """A loaded tokenizer (use :func:`xdistill.tokenization.load_tokenizer`)."""
+
+    def __init__(self, hf, name: str, source: str):
+        backend = getattr(hf, "backend_tokenizer", None)
+        if backend is None:
+            raise TokenizerError(f"{source}: not a fast (tokenizers-backed) tokenizer")
+        self.hf, self.name, self.source = hf, name, source
+        if backend.padding is not None or backend.truncation is not None:
+            # encode() must never pad or truncate (BERT's tokenizer.json ships with both on)
+            from tokenizers import Tokenizer as RustTokenizer
+
+            backend = RustTokenizer.from_str(backend.to_str())
+            backend.no_padding()
+            backend.no_truncation()
+        self._backend = backend
+        self._spec = json.loads(backend.to_str())
+        self.family = detect_family(self._spec, source)
+        self.lossy = is_lossy(self._spec, self.family)
+        #: the normaliser applies NFC: exact on NFC text (nearly all text); on other text the
+        #: token bytes are those of the NFC form, and encode() falls back to HF's offsets.
+        self.nfc = any(True for _ in walk_types(self._spec.get("normalizer"), "NFC"))
+        self.table = self._build_table()
+        self.vocab_size = self.table.vocab_size
+        self.bos_id = hf.bos_token_id
+        self.eos_id = hf.eos_token_id
+        self.pad_id = hf.pad_token_id
+        self.unk_id = hf.unk_token_id
+
+    def _build_table(self) -> TokenByteTable:
+        id2tok = _id_to_token(self._spec)
+        V = max(max(id2tok, default=-1) + 1, len(self.hf))
+        tokens: list[str | None] = [None] * V
+        for i, tok in id2tok.items():
+            tokens[i] = tok
+        holes = np.fromiter((t is None for t in tokens), dtype=bool, count=V)
+        added = {int(t["id"]): (t["content"], bool(t.get("special")))
+                 for t in self._spec.get("added_tokens") or []}
+        declared = {a: getattr(self.hf, f"{a}_token", None) for a in ("bos", "eos", "pad", "unk")}
+        special_ids = {i for i in self.hf.all_special_ids if i is not None and 0 <= i < V}
+        roles = role_tokens(added, special_ids, declared, id2tok.get)
+        roles_V = roles_array(V, roles, holes)
+        byte_fallback = bool((self._spec.get("model") or {}).get("byte_fallback"))
+        offsets_V1, data = build_table_arrays(tokens, self.family, holes | (roles_V != ROLE_TEXT),
+                                              byte_fallback)
+        return TokenByteTable(offsets_V1, data, roles_V, self.lossy)
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """Stable sha256 hex digest (see :mod:`xdistill.tokenization.fingerprint`)."""
+        return fingerprint(self.family, self.table, self._spec)
+
+    @functools.cached_property
+    def _len_V(self) -> np.ndarray:
+        return self.table.lengths_V
+
+    def _wrap(self, text: str, enc) -> Encoding:
+        ids_T = np.asarray(enc.ids, dtype=np.int64)
+        hs_T, he_T = hf_byte_offsets(enc.offsets, char_to_byte_map(text))
+        lossless = self.is_exact_on(text)
+        starts_T, ends_T, phantom = place_tokens(ids_T, hs_T, he_T, self._len_V, self.table.roles_V,
+                                                 lossless=lossless)
+        return Encoding(ids_T, starts_T, ends_T, phantom)
+
+    def is_exact_on(self, text: str) -> bool:
+        """True when this text's token bytes will reproduce it exactly (barring in-text special
+        tokens): the tokenizer is not lossy, the text is NFC if the tokenizer applies NFC, and
+        for SentencePiece the text holds no literal ``▁`` (U+2581), which SentencePiece cannot
+        tell apart from a space."""
+        if self.lossy:
+            return False
+        if self.nfc and not unicodedata.is_normalized("NFC", text):
+            return False
+        return not (self.family in ("spm", "unigram") and "\u2581" in text)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> Encoding:
+        """Token ids with byte offsets into ``text.encode("utf-8")`` (see :mod:`.encode`)."""
+        if not isinstance(text, str):
+            raise TokenizerError(f"{self.name}: encode() needs a str, got {type(text).__name__}")
+        return self._wrap(text, self._backend.encode(text, add_special_tokens=add_special_tokens))
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = False) -> list[Encoding]:
+        """:meth:`encode` for many texts (one call into the Rust tokenizer)."""
+        texts = list(texts)
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TokenizerError(f"{self.name}: encode_batch() item {i} is "
+                                     f"{type(text).__name__}, expected str")
+        encs = self._backend.encode_batch(texts, add_special_tokens=add_special_tokens)
+        return [self._wrap(t, e) for t, e in zip(texts, encs)]
+
+    def decode(self, ids) -> str:
+        return self.hf.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.table.token_bytes(token_id)
+
+    def role_table(self) -> dict[str, list[tuple[int, str]]]:
+        """``{role name: [(id, token string), ...]}`` for every role token."""
+        out: dict[str, list[tuple[int, str]]] = {}
+        for tid in np.flatnonzero(self.table.roles_V != ROLE_TEXT).tolist():
+            role = ROLE_NAMES[int(self.table.roles_V[tid])]
+            out.setdefault(role, []).append((tid, self.hf.convert_ids_to_tokens(tid)))
+        return out
+
+    def __repr__(self) -> str:
+        return (f"Tokenizer(name={self.name!r}, family={self.family!r}, vocab_size={self.vocab_size}, "
+                f"lossy={self.lossy})")
