@@ -1,0 +1,79 @@
+"""`xdistill projection build|inspect` end to end, the audit categories and the plot."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from xdistill.cli import main as cli_main
+from xdistill.commands.projection import main
+from xdistill.projection import load_projection
+from xdistill.projection.audit import (
+    CATEGORIES, categorize, coverage_table, entropy_histogram, row_entropy_bits, show_bytes)
+from xdistill.tokenization.table import ROLE_EOS
+
+
+@pytest.mark.parametrize("data,expect", [
+    (b" 123", "numeral"), (b"\xe4\xb8", "byte"), (b"\x00", "byte"), (b"  ", "whitespace"),
+    (b"\n", "whitespace"), (b"),", "punct"), (b" hello", "word"), ("中".encode(), "non-ascii"),
+    (b"__init__", "code"), (b"    return", "code"), (b"==", "code"), (b"", "special")])
+def test_categories(data, expect):
+    assert categorize(data, 0) == expect
+    assert categorize(b"", ROLE_EOS) == "special"
+
+
+def test_show_bytes_escapes():
+    assert show_bytes(b" hi\n") == "' hi\\n'"
+    assert show_bytes(b"\xe4\xb8") == "'\\xe4\\xb8'"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("proj") / "m2b.npz"
+    rc = main(["build", "--student", "mistral", "--teacher", "bert", "--method", "multitoken,exact",
+               "--top-k", "3", "--multitoken-decay", "0.2", "-o", str(out), "-q"])
+    assert rc == 0
+    return out
+
+
+def test_build_writes_artifact_and_sidecar(built, capsys, get_tokenizer):
+    meta = json.loads(built.with_suffix(".json").read_text())
+    assert meta["methods"] == ["multitoken", "exact"] and meta["top_k"] == 3
+    assert meta["params"]["multitoken_decay"] == 0.2
+    assert meta["student"]["name"] == "mistral" and meta["teacher"]["vocab_size"] == 30522
+    proj = load_projection(built, get_tokenizer("mistral"), get_tokenizer("bert"))
+    assert np.diff(proj.proj_VsVt.indptr).max() <= 3
+
+
+def test_inspect_report_and_plot(built, capsys, tmp_path, get_tokenizer):
+    png = tmp_path / "m2b.png"
+    assert main(["inspect", str(built), "--student", "mistral", "--teacher", "bert",
+                 "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    for word in ("coverage by student-token category", "numeral", "byte", "example rows:",
+                 "row entropy (bits", "0 (one-hot)", "[multitoken]", "[exact]", "[role]"):
+        assert word in out, word
+    assert png.stat().st_size > 20_000 and png.read_bytes()[:4] == b"\x89PNG"
+    proj = load_projection(built)
+    cov = coverage_table(proj, np.zeros(proj.shape[0], np.int8))
+    assert cov[CATEGORIES[0]]["total"] == proj.shape[0]
+    ent = row_entropy_bits(proj)
+    assert np.nanmax(ent) <= np.log2(3) + 1e-6 and np.isnan(ent[proj.row_source_Vs == 0]).all()
+    assert len(entropy_histogram(ent, 3)) >= 3
+
+
+def test_inspect_with_wrong_tokenizers_is_a_one_line_error(built, capsys):
+    rc = cli_main(["projection", "inspect", str(built), "--student", "gpt2", "--teacher", "bert"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1
+    assert "'mistral'" in err and "'gpt2'" in err and "rebuild" in err
+
+
+def test_bad_method_and_output(capsys, tmp_path):
+    rc = cli_main(["projection", "build", "--student", "gpt2", "--teacher", "bert",
+                   "--method", "exact,magic", "-o", str(tmp_path / "x.npz")])
+    assert rc == 2 and "unknown projection method 'magic'" in capsys.readouterr().err
+    rc = cli_main(["projection", "build", "--student", "gpt2", "--teacher", "bert", "-o", "x.bin"])
+    assert rc == 2 and "must end in .npz" in capsys.readouterr().err

@@ -1,0 +1,178 @@
+"""The corpus method: co-occurrence of student and teacher tokens that start the same aligned chunk.
+
+Each text of the corpus is tokenized by both tokenizers (no special tokens) and aligned by
+:func:`xdistill.align.align_batch` into chunks of identical bytes. For every valid chunk ``k`` the
+first student token ``s`` and the first teacher token ``t`` of the chunk form one observation; the
+counts ``n(s, t)`` are accumulated as int64 keys ``s * Vt + t`` (merged with ``np.unique`` every few
+million observations, so memory follows the number of *distinct* pairs) and normalised to
+``P(t | s) = n(s, t) / sum_t' n(s, t')``. Pairs seen fewer than ``min_count`` times are dropped.
+
+Corpus files: ``.arrow`` (Arrow IPC file or stream, e.g. a ``datasets`` shard), ``.parquet``,
+``.jsonl`` (one JSON object per line), with a string column/field ``text``; any other extension is
+read as UTF-8 plain text split into paragraphs at blank lines (long paragraphs cut at line
+boundaries near 4,000 characters). pyarrow is imported only for arrow/parquet files.
+
+Legend: ``B`` batch, ``Ts``/``Tt`` tokens, ``C`` chunks, ``N`` observations.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+from tqdm import tqdm
+
+from xdistill.errors import ProjectionError
+
+_PARAGRAPH_CHARS = 4000
+_COMPACT_AT = 4_000_000
+
+
+def _text_paragraphs(path: Path) -> Iterator[str]:
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProjectionError(f"corpus file {path}: not UTF-8 text ({exc})") from exc
+    for para in raw.split("\n\n"):
+        while len(para) > _PARAGRAPH_CHARS:
+            cut = para.rfind("\n", 0, _PARAGRAPH_CHARS)
+            cut = cut if cut > 0 else _PARAGRAPH_CHARS
+            yield para[:cut]
+            para = para[cut:]
+        if para.strip():
+            yield para
+
+
+def _jsonl_texts(path: Path) -> Iterator[str]:
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ProjectionError(f"corpus file {path} line {lineno}: invalid JSON ({exc})") from exc
+            text = obj.get("text") if isinstance(obj, dict) else None
+            if not isinstance(text, str):
+                raise ProjectionError(f"corpus file {path} line {lineno}: no string field 'text'")
+            yield text
+
+
+def _arrow_texts(path: Path) -> Iterator[str]:
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+    import pyarrow.parquet as pq
+
+    try:
+        if path.suffix == ".parquet":
+            batches = pq.ParquetFile(path).iter_batches(columns=["text"])
+        else:
+            try:
+                reader = ipc.open_file(pa.memory_map(str(path)))
+                batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+            except pa.ArrowInvalid:
+                batches = iter(ipc.open_stream(pa.memory_map(str(path))))
+        for batch in batches:
+            if "text" not in batch.schema.names:
+                raise ProjectionError(f"corpus file {path}: no column 'text' (columns: {batch.schema.names})")
+            for text in batch.column("text").to_pylist():
+                if isinstance(text, str):
+                    yield text
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise ProjectionError(f"corpus file {path}: cannot read as arrow/parquet ({exc})") from exc
+
+
+def iter_corpus_texts(files, max_texts: int = 0) -> Iterator[str]:
+    """Texts of the corpus files in order (at most ``max_texts`` when > 0)."""
+    n = 0
+    for name in files:
+        path = Path(name)
+        if not path.is_file():
+            raise ProjectionError(f"corpus file {path} does not exist")
+        if path.suffix in (".arrow", ".parquet"):
+            texts = _arrow_texts(path)
+        elif path.suffix == ".jsonl":
+            texts = _jsonl_texts(path)
+        else:
+            texts = _text_paragraphs(path)
+        for text in texts:
+            yield text
+            n += 1
+            if max_texts and n >= max_texts:
+                return
+
+
+def _pad(encs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    len_B = np.array([len(e.ids) for e in encs], dtype=np.int64)
+    ids_BT = np.zeros((len(encs), max(1, int(len_B.max(initial=0)))), dtype=np.int64)
+    for b, e in enumerate(encs):
+        ids_BT[b, :len_B[b]] = e.ids
+    phantom_B = np.array([int(getattr(e, "phantom_prefix", 0) or 0) for e in encs], dtype=np.int64)
+    return ids_BT, len_B, phantom_B
+
+
+def chunk_start_pairs(student, teacher, texts: list[str]) -> np.ndarray:
+    """Keys ``s * Vt + t`` of the first student/teacher token of every valid aligned chunk."""
+    from xdistill.align import align_batch
+
+    s_ids, s_len, s_ph = _pad(student.encode_batch(texts, add_special_tokens=False))
+    t_ids, t_len, t_ph = _pad(teacher.encode_batch(texts, add_special_tokens=False))
+    res = align_batch(s_ids, s_len, t_ids, t_len, student.table, teacher.table,
+                      s_phantom_B=s_ph, t_phantom_B=t_ph)
+    b_N, c_N = np.nonzero(res.chunk_valid_BC)
+    s_first = s_ids[b_N, res.chunk_s_start_BC[b_N, c_N]]
+    t_first = t_ids[b_N, res.chunk_t_start_BC[b_N, c_N]]
+    return s_first.astype(np.int64) * int(teacher.vocab_size) + t_first.astype(np.int64)
+
+
+def _merge(keys: np.ndarray, counts: np.ndarray, new: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    all_keys = np.concatenate([keys] + new)
+    all_counts = np.concatenate([counts] + [np.ones(x.size, np.int64) for x in new])
+    uniq, inv = np.unique(all_keys, return_inverse=True)
+    return uniq, np.bincount(inv.ravel(), weights=all_counts, minlength=uniq.size).astype(np.int64)
+
+
+def corpus_counts(student, teacher, files, *, max_texts: int = 0, batch_size: int = 256,
+                  progress: bool = False) -> tuple[np.ndarray, np.ndarray, int]:
+    """Distinct keys ``s * Vt + t``, their counts, and the number of texts read."""
+    keys = np.zeros(0, np.int64)
+    counts = np.zeros(0, np.int64)
+    pending: list[np.ndarray] = []
+    n_pending = n_texts = 0
+    batch: list[str] = []
+    bar = tqdm(desc="corpus", unit="text", disable=not progress, leave=False)
+    for text in iter_corpus_texts(files, max_texts):
+        batch.append(text)
+        if len(batch) == batch_size:
+            pending.append(chunk_start_pairs(student, teacher, batch))
+            n_pending += pending[-1].size
+            n_texts += len(batch)
+            bar.update(len(batch))
+            batch = []
+            if n_pending >= _COMPACT_AT:
+                keys, counts = _merge(keys, counts, pending)
+                pending, n_pending = [], 0
+    if batch:
+        pending.append(chunk_start_pairs(student, teacher, batch))
+        n_texts += len(batch)
+        bar.update(len(batch))
+    bar.close()
+    keys, counts = _merge(keys, counts, pending)
+    return keys, counts, n_texts
+
+
+def corpus_triplets(student, teacher, files, *, max_texts: int = 0, min_count: int = 1,
+                    batch_size: int = 256, progress: bool = False):
+    """``(s_N, t_N, P(t|s)_N)`` from chunk-start co-occurrence counts over ``files``."""
+    keys, counts, n_texts = corpus_counts(student, teacher, files, max_texts=max_texts,
+                                          batch_size=batch_size, progress=progress)
+    if n_texts == 0:
+        raise ProjectionError(f"corpus {list(map(str, files))} holds no text")
+    keep = counts >= max(1, min_count)
+    keys, counts = keys[keep], counts[keep]
+    vt = int(teacher.vocab_size)
+    rows, cols = keys // vt, keys % vt
+    sums = np.bincount(rows, weights=counts, minlength=int(student.vocab_size))
+    return rows, cols, counts / sums[rows]

@@ -1,0 +1,86 @@
+"""Student configuration: which causal LM, in what dtype, and how FSDP2 shards it.
+
+Loaded strictly from YAML through :func:`xdistill.config.load_config` like every other config;
+each field is documented by the comment above it. :meth:`StudentConfig.validate` checks the
+cross-field rules and raises :class:`~xdistill.errors.ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from xdistill.errors import ConfigError
+
+DTypeName = Literal["float32", "bfloat16", "float16"]
+OptDTypeName = Literal["", "float32", "bfloat16", "float16"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(name: str, key: str = "dtype") -> torch.dtype | None:
+    """``"float32"``/``"bfloat16"``/``"float16"`` -> torch dtype; ``""`` -> None (= unset)."""
+    if name == "":
+        return None
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ConfigError(f"{key}: unknown dtype {name!r}; allowed: {', '.join(_DTYPES)}") from None
+
+
+@dataclass
+class StudentConfig:
+    """The student model and its data-parallel sharding (FSDP2)."""
+
+    # local folder of a Hugging Face causal LM (config.json + weights); "" = build a fresh
+    # random-init model from model_type + model_config
+    path: str = ""
+    # transformers model type of a fresh model ("llama", "qwen2", "gpt2", ...); used when path is ""
+    model_type: str = "llama"
+    # config fields of a fresh model (vocab_size, hidden_size, num_hidden_layers, ...); each key
+    # must be a field of that model type's config
+    model_config: dict[str, Any] = field(default_factory=dict)
+    # seed of the random initialisation of a fresh model (the global RNG is left untouched)
+    init_seed: int = 0
+    # dtype of the master weights (and of the optimizer state); float32 is the safe choice
+    dtype: DTypeName = "float32"
+    # attention implementation passed to transformers ("sdpa", "eager", ...); "" = its default
+    attn_implementation: str = ""
+    # FSDP2 compute dtype of parameters in forward/backward ("" = the master dtype, no casting)
+    param_dtype: OptDTypeName = ""
+    # FSDP2 dtype of the gradient reduce-scatter ("" = same as param_dtype)
+    reduce_dtype: OptDTypeName = ""
+    # how gradients combine over data-parallel ranks: "sum" (use with a loss normalised by the
+    # global valid-token count, see xdistill.distributed) or "mean" (FSDP's default average)
+    grad_reduce: Literal["sum", "mean"] = "sum"
+    # recompute each decoder layer's activations in backward (saves memory, costs ~1 forward)
+    activation_checkpointing: bool = False
+    # keep sharded parameters, gradients and optimizer state in CPU memory (FSDP2 CPUOffloadPolicy)
+    cpu_offload: bool = False
+    # free gathered layer parameters after forward (re-gathered in backward); false keeps them
+    # (faster, more memory). The last layer is never resharded: backward needs it right away
+    reshard_after_forward: bool = True
+    # HSDP replication degree: 1 = plain FSDP over all ranks; n > 1 = shard within groups of
+    # world/n ranks and replicate across the n groups (usually n = number of nodes)
+    dp_replicate: int = 1
+
+    def validate(self) -> StudentConfig:
+        """Check cross-field rules; returns self. Raises ConfigError naming the key."""
+        if self.path == "" and self.model_type == "":
+            raise ConfigError("student: set either student.path (a local model folder) or "
+                              "student.model_type (a fresh model)")
+        resolve_dtype(self.dtype, "student.dtype")
+        resolve_dtype(self.param_dtype, "student.param_dtype")
+        resolve_dtype(self.reduce_dtype, "student.reduce_dtype")
+        if self.grad_reduce not in ("sum", "mean"):
+            raise ConfigError(f"student.grad_reduce: expected 'sum' or 'mean', got {self.grad_reduce!r}")
+        if self.dp_replicate < 1:
+            raise ConfigError(f"student.dp_replicate: must be >= 1, got {self.dp_replicate}")
+        return self
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """Master-weight dtype as a torch dtype."""
+        return resolve_dtype(self.dtype, "student.dtype")  # type: ignore[return-value]

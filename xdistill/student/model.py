@@ -1,0 +1,202 @@
+"""Build or load the student causal LM, and export it in Hugging Face format.
+
+* :func:`load_student` -- from a :class:`StudentConfig`: a local transformers folder
+  (``AutoModelForCausalLM.from_pretrained``, never the hub) or a fresh random-init model from a
+  model type and config fields (``AutoConfig.for_model`` + ``AutoModelForCausalLM.from_config``).
+  Fresh initialisation is seeded and does not touch the global RNG.
+* :func:`export_hf` -- write ``config.json`` + safetensors weights (+ the tokenizer) so that
+  ``AutoModelForCausalLM.from_pretrained`` and vLLM load the folder directly. Works on a plain
+  model and on an FSDP2-sharded one (every rank must call it; the full state dict is gathered to
+  rank 0 on CPU, and only rank 0 writes). The folder appears atomically: it is written as
+  ``<out>.tmp`` and renamed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from xdistill import distributed as xdist
+from xdistill.errors import ConfigError, XDistillError
+from xdistill.student.config import StudentConfig, resolve_dtype
+
+
+def load_student(cfg: StudentConfig) -> nn.Module:
+    """The student described by ``cfg`` (on CPU, in ``cfg.dtype``, train mode)."""
+    cfg.validate()
+    if cfg.path:
+        model = load_causal_lm(cfg.path, dtype=cfg.torch_dtype, attn_implementation=cfg.attn_implementation)
+    else:
+        model = build_causal_lm(cfg.model_type, cfg.model_config, seed=cfg.init_seed,
+                                dtype=cfg.torch_dtype, attn_implementation=cfg.attn_implementation)
+    model.train()
+    return model
+
+
+def make_config(model_type: str, config_kwargs: dict[str, Any]):
+    """``AutoConfig.for_model(model_type, **config_kwargs)`` with strict key checking.
+
+    transformers silently stores unknown keyword arguments as attributes, so a typo
+    (``hiden_size``) would be ignored; here any key that is not a field of the model type's default
+    config is a :class:`ConfigError` naming it.
+    """
+    from transformers import AutoConfig
+
+    try:
+        default = AutoConfig.for_model(model_type)
+    except (ValueError, KeyError):
+        raise ConfigError(f"student.model_type: unknown transformers model type {model_type!r}") from None
+    allowed = set(default.to_dict())
+    unknown = sorted(k for k in config_kwargs if k not in allowed)
+    if unknown:
+        raise ConfigError(f"student.model_config: unknown key(s) {', '.join(map(repr, unknown))} for "
+                          f"model type {model_type!r} ({type(default).__name__})")
+    return AutoConfig.for_model(model_type, **config_kwargs)
+
+
+def build_causal_lm(model_type: str, config_kwargs: dict[str, Any], *, seed: int = 0,
+                    dtype: torch.dtype = torch.float32, attn_implementation: str = "") -> nn.Module:
+    """A fresh random-init causal LM; identical weights for identical (config, seed).
+
+    Weights are initialised in float32 under a forked RNG seeded with ``seed`` (so the caller's
+    global RNG stream is unchanged) and then cast to ``dtype``.
+    """
+    from transformers import AutoModelForCausalLM
+
+    config = make_config(model_type, config_kwargs)
+    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            model = AutoModelForCausalLM.from_config(config, **kwargs)
+        except ValueError as exc:
+            raise ConfigError(f"student: cannot build a causal LM of type {model_type!r}: {exc}") from None
+    return model.to(dtype)
+
+
+def load_causal_lm(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32,
+                   attn_implementation: str = "") -> nn.Module:
+    """``AutoModelForCausalLM.from_pretrained`` on a local folder (never the hub)."""
+    from transformers import AutoModelForCausalLM
+
+    folder = Path(path)
+    if not folder.is_dir():
+        raise XDistillError(f"student model folder {str(folder)!r} does not exist")
+    if not (folder / "config.json").is_file():
+        raise XDistillError(f"student model folder {str(folder)!r} has no config.json "
+                            "(expected a Hugging Face save_pretrained folder)")
+    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    try:
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True, **kwargs)
+    except (OSError, ValueError) as exc:
+        raise XDistillError(f"cannot load the student from {str(folder)!r}: {exc}") from None
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """True when any parameter is a DTensor (the model went through ``fully_shard``)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Unsharded CPU state dict of ``model``. Collective for a sharded model (every rank must
+    call it); rank 0 gets the tensors, other ranks an empty dict."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    if is_sharded(model):
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(model, options=opts)
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
+def _base_model_class(model: nn.Module) -> type:
+    """The transformers class under FSDP2's dynamic ``FSDP<Name>`` subclass."""
+    from torch.distributed.fsdp import FSDPModule
+
+    cls = type(model)
+    if issubclass(cls, FSDPModule):
+        for base in cls.__mro__[1:]:
+            if not issubclass(base, FSDPModule) and issubclass(base, nn.Module):
+                return base
+    return cls
+
+
+def _save_tokenizer(tokenizer: Any, folder: Path) -> None:
+    hf_tok = getattr(tokenizer, "hf", tokenizer)  # xdistill Tokenizer wrapper or a transformers one
+    if not hasattr(hf_tok, "save_pretrained"):
+        raise XDistillError(f"cannot export the tokenizer: {type(tokenizer).__name__} has no "
+                            "save_pretrained (pass a transformers tokenizer or an xdistill Tokenizer)")
+    hf_tok.save_pretrained(str(folder))
+
+
+def export_hf(model: nn.Module, out_dir: str | os.PathLike, tokenizer: Any = None, *,
+              dtype: str = "", overwrite: bool = False) -> Path | None:
+    """Write ``model`` (+ ``tokenizer``) to ``out_dir`` in Hugging Face format.
+
+    ``dtype``: "" keeps the training dtype; "bfloat16" etc. casts floating tensors (and records it
+    in config.json). Every rank must call this for a sharded model; rank 0 writes and returns the
+    folder, other ranks return None. ``config.json``'s ``architectures`` names the transformers
+    class (never FSDP's wrapper), so vLLM resolves it.
+    """
+    out = Path(out_dir)
+    problem = None
+    if xdist.is_main_process() and out.exists() and any(out.iterdir()) and not overwrite:
+        problem = f"export folder {str(out)!r} exists and is not empty (pass overwrite=True)"
+    problem = xdist.broadcast_object(problem)  # every rank raises, none waits in a collective
+    if problem:
+        raise XDistillError(problem)
+    cast = resolve_dtype(dtype, "export dtype")
+    state = full_state_dict(model)  # collective when sharded
+    if not xdist.is_main_process():
+        xdist.barrier()
+        return None
+    if cast is not None:
+        state = {k: v.to(cast) if v.is_floating_point() else v for k, v in state.items()}
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    cls = _base_model_class(model)
+    with _quiet_transformers():
+        model.save_pretrained(str(tmp), state_dict=state, is_main_process=True)
+    _fix_config(tmp / "config.json", cls.__name__, cast)
+    if tokenizer is not None:
+        _save_tokenizer(tokenizer, tmp)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    xdist.barrier()
+    return out
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """No tqdm bars from transformers while exporting (trainers print no progress bars)."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _fix_config(path: Path, arch: str, cast: torch.dtype | None) -> None:
+    """Point ``architectures`` at the transformers class; record an export dtype."""
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["architectures"] = [arch]
+    if cast is not None:
+        name = str(cast).removeprefix("torch.")
+        config["dtype"] = name
+        if "torch_dtype" in config:
+            config["torch_dtype"] = name
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
