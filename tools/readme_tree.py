@@ -1,0 +1,68 @@
+"""Print the one-line-per-file tree of the package for the README (first docstring line per file).
+
+    python tools/readme_tree.py            # print the tree
+    python tools/readme_tree.py --check    # exit 1 if README.md's tree differs (tests call this)
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TOP_LEVEL = {
+    "tools/": "offline helpers: fetch_assets.py (test assets from PyPI archives), check_env.py, ...",
+    "configs/": "run configs (YAML), loaded strictly; `xdistill config show offpolicy`",
+    "examples/": "one runnable script per config",
+    "tests/": "mirrors the package; plain `pytest` is CPU-only (gpu/multigpu/slow markers)",
+    "benchmarks/": "speed figures vs same-process references; RESULTS.md",
+}
+BEGIN, END = "<!-- tree:begin -->", "<!-- tree:end -->"
+
+
+def first_line(path: Path) -> str:
+    try:
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    except SyntaxError:
+        doc = ""
+    line = doc.strip().splitlines()[0] if doc.strip() else ""
+    return line.rstrip(".")
+
+
+def tree() -> str:
+    lines = ["```"]
+    pkg = ROOT / "xdistill"
+    files = sorted(p for p in pkg.rglob("*.py") if "__pycache__" not in p.parts)
+    width = max(len(str(p.relative_to(ROOT))) for p in files) + 2
+    for path in files:
+        rel = str(path.relative_to(ROOT))
+        lines.append(f"{rel:<{width}}# {first_line(path)}")
+    for name, text in TOP_LEVEL.items():
+        if (ROOT / name).exists():
+            lines.append(f"{name:<{width}}# {text}")
+    lines.append("```")
+    return "\n".join(lines)
+
+
+def block() -> str:
+    return f"{BEGIN}\n{tree()}\n{END}"
+
+
+def main(argv: list[str]) -> int:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    if "--check" in argv:
+        if block() not in readme:
+            print("README.md tree is out of date: run `python tools/readme_tree.py --write`")
+            return 1
+        return 0
+    if "--write" in argv:
+        start, end = readme.index(BEGIN), readme.index(END) + len(END)
+        (ROOT / "README.md").write_text(readme[:start] + block() + readme[end:], encoding="utf-8")
+        return 0
+    print(block())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

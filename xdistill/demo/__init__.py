@@ -1,0 +1,1 @@
+"""Demos run by ``make demo`` / ``xdistill demo``."""
