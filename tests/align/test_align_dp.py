@@ -1,0 +1,157 @@
+"""DP path on synthetic tokenizations: Numba == pure-Python banded DP reference, invariants,
+optimality of the band, and the scenarios of the issue (BOS on one side, chat templates,
+lowercased WordPiece-like text, truncation mid-character, different text in the middle)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from align_helpers import (SPICY, Vocab, check_invariants, compare_with_reference, pad,
+                           random_cuts, segment)
+from xdistill.align import align_batch, align_pair
+from xdistill.align.reference import (banded_edit_path, effective_lengths, full_edit_distance,
+                                      symbols)
+from xdistill.tokenization.table import ROLE_BOS, ROLE_CHAT, ROLE_EOS
+
+TEXT = st.text(st.one_of(st.sampled_from(SPICY), st.characters(exclude_categories=("Cs",))),
+               max_size=25)
+SETTINGS = settings(max_examples=50, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@st.composite
+def edited_pair(draw):
+    """A text and an edited copy (insert/delete/replace a region, prefix/suffix, lowercase)."""
+    a = draw(TEXT)
+    edit = draw(st.sampled_from(["replace", "insert", "delete", "prefix", "suffix", "lower",
+                                 "nospace"]))
+    i = draw(st.integers(0, len(a)))
+    j = draw(st.integers(i, len(a)))
+    other = draw(TEXT)
+    b = {"replace": a[:i] + other + a[j:], "insert": a[:i] + other + a[i:],
+         "delete": a[:i] + a[j:], "prefix": other + a, "suffix": a + other,
+         "lower": a.lower(), "nospace": a.replace(" ", "").lower()}[edit]
+    seed = draw(st.integers(0, 2**31))
+    return a.encode(), b.encode(), seed, edit in ("lower", "nospace")
+
+
+@SETTINGS
+@given(st.lists(edited_pair(), min_size=1, max_size=3), st.sampled_from(["minimal", "space"]),
+       st.sampled_from([1, 4, 32]))
+def test_dp_matches_reference_and_invariants(pairs, chunks, band):
+    lossy = any(p[3] for p in pairs)
+    vocab = Vocab(lossy=lossy)
+    s_rows, t_rows = [], []
+    for a, b, seed, _ in pairs:
+        rng = np.random.default_rng(seed)
+        roles = {0: [ROLE_BOS]} if rng.random() < 0.5 else {}
+        s_rows.append(segment(vocab, a, random_cuts(rng, len(a), 0.4) + list(roles), roles))
+        t_rows.append(segment(vocab, b, random_cuts(rng, len(b), 0.3)))
+    table = vocab.table()
+    s_ids, s_len = pad(s_rows)
+    t_ids, t_len = pad(t_rows)
+    res = align_batch(s_ids, s_len, t_ids, t_len, table, table, chunks=chunks, method="dp",
+                      dp_band=band)
+    assert res.used_dp_B.all()
+    compare_with_reference(res, s_rows, t_rows, table, table, chunks=chunks, method="dp",
+                           dp_band=band)
+    auto = align_batch(s_ids, s_len, t_ids, t_len, table, table, chunks=chunks, dp_band=band)
+    compare_with_reference(auto, s_rows, t_rows, table, table, chunks=chunks, dp_band=band)
+    for b, (s, t) in enumerate(zip(s_rows, t_rows)):
+        check_invariants(res, b, s, t, table, table, chunks=chunks)
+        check_invariants(auto, b, s, t, table, table, chunks=chunks)
+
+
+@SETTINGS
+@given(edited_pair(), st.sampled_from([1, 2, 8]))
+def test_band_widening_finds_the_optimal_edit_distance(pair, band):
+    a, b, seed, lossy = pair
+    vocab = Vocab(lossy=lossy)
+    rng = np.random.default_rng(seed)
+    s = segment(vocab, a, random_cuts(rng, len(a), 0.5))
+    t = segment(vocab, b, random_cuts(rng, len(b), 0.5))
+    table = vocab.table()
+    sym_s = symbols(s, effective_lengths(s, table, 0), table, lossy)[0]
+    sym_t = symbols(t, effective_lengths(t, table, 0), table, lossy)[0]
+    path = banded_edit_path(sym_s, sym_t, band)
+    assert sum(mv != 0 for mv in path) == full_edit_distance(sym_s, sym_t)
+
+
+def _unaligned_bytes(res, ids, table, side: str) -> bytes:
+    chunk = (res.s_chunk_BTs if side == "s" else res.t_chunk_BTt)[0]
+    return b"".join(table.token_bytes(int(i)) for i, c in zip(ids, chunk) if c < 0)
+
+
+def test_different_region_in_the_middle_is_unaligned_and_the_rest_exact():
+    vocab = Vocab()
+    a = b"The quick brown fox | jumps over | the lazy dog"
+    b = b"The quick brown fox | LEAPS ACROSS | the lazy dog"
+    words = lambda d: [k for k in range(1, len(d)) if d[k:k + 1] == b" "]  # noqa: E731
+    s = segment(vocab, a, words(a))
+    t = segment(vocab, b, words(b))
+    table = vocab.table()
+    res = align_pair(s, t, table, table)
+    assert res.used_dp_B[0]
+    compare_with_reference(res, [s], [t], table, table)
+    check_invariants(res, 0, s, t, table, table)
+    assert _unaligned_bytes(res, s, table, "s") == b" jumps over"
+    assert _unaligned_bytes(res, t, table, "t") == b" LEAPS ACROSS"
+    assert res.chunk_exact_BC[0].all() and res.n_chunks_B[0] == 9
+
+
+def test_truncated_mid_character_leaves_only_the_tail_unaligned():
+    vocab = Vocab()
+    a = "abc 中文".encode()
+    s = segment(vocab, a[:-1], [3, 4, 7])          # "abc" " " "中" "\xe6\x96" (cut mid-char)
+    t = segment(vocab, a, [3, 4, 7])               # "abc" " " "中" "文"
+    table = vocab.table()
+    res = align_pair(s, t, table, table)
+    assert res.used_dp_B[0]
+    compare_with_reference(res, [s], [t], table, table)
+    assert res.s_chunk_BTs[0].tolist() == [0, 1, 2, -1]
+    assert res.t_chunk_BTt[0].tolist() == [0, 1, 2, -1]
+
+
+def test_chat_templates_pair_roles_and_text():
+    """Two templates around the same messages: different role markers and separators."""
+    vocab = Vocab()
+    chat, eos, bos = (vocab.role_id(r) for r in (ROLE_CHAT, ROLE_EOS, ROLE_BOS))
+    w = lambda d: segment(vocab, d, [k for k in range(1, len(d)) if d[k:k + 1] in b" \n"])  # noqa
+    # student: <chat>user\nHi there<eos>\n<chat>assistant\nHello you<eos>
+    s = ([chat] + w(b"user\nHi there") + [eos] + w(b"\n") + [chat] + w(b"assistant\nHello you")
+         + [eos])
+    # teacher: <bos><chat>user<chat>\n\nHi there<eos><chat>assistant<chat>\n\nHello you<eos>
+    t = ([bos, chat] + w(b"user") + [chat] + w(b"\n\nHi there") + [eos, chat] + w(b"assistant")
+         + [chat] + w(b"\n\nHello you") + [eos])
+    table = vocab.table()
+    res = align_pair(s, t, table, table)
+    assert res.used_dp_B[0]
+    compare_with_reference(res, [s], [t], table, table)
+    check_invariants(res, 0, s, t, table, table)
+    assigned = {table.token_bytes(int(s[i])) for i, c in enumerate(res.s_chunk_BTs[0]) if c >= 0}
+    assert {b"user", b"\nHi", b" there", b"assistant", b"\nHello", b" you"} <= assigned
+    roles_paired = sum(1 for i, c in enumerate(res.s_chunk_BTs[0])
+                       if c >= 0 and table.roles_V[s[i]] != 0)
+    assert roles_paired == 4           # both <chat> openers and both <eos>
+    assert res.t_chunk_BTt[0][0] == -1  # the teacher's BOS has no partner
+
+
+def test_lowercased_wordpiece_like_teacher():
+    """A lossy teacher (lowercased, no spaces) aligns up to ASCII case; spaces are gaps."""
+    vocab = Vocab(lossy=True)
+    a = b"Hello World, it is Fine"
+    s = segment(vocab, a, [5, 6, 11, 12, 15, 18, 19])          # Hello| World|,| it| is| Fine
+    b = a.lower().replace(b" ", b"")
+    t = segment(vocab, b, [5, 10, 11, 13, 15])                  # hello|world|,|it|is|fine
+    table = vocab.table()
+    res = align_pair(s, t, table, table)
+    assert res.used_dp_B[0]
+    compare_with_reference(res, [s], [t], table, table)
+    check_invariants(res, 0, s, t, table, table)
+    # Hello| |World|,| it| is| |Fine  vs  hello|world|,|it|is|fine: " it"/" is" start with a
+    # space the teacher lacks, so no cut starts them; "," is the only exact pair
+    assert res.s_chunk_BTs[0].tolist() == [0, -1, 1, 2, -1, -1, -1, 3]
+    assert res.t_chunk_BTt[0].tolist() == [0, 1, 2, -1, -1, 3]
+    assert res.chunk_exact_BC[0].tolist() == [False, False, True, False]

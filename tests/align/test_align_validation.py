@@ -1,0 +1,127 @@
+"""Bad input gives a clear AlignmentError (never a crash or silent garbage); compile cache."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from align_helpers import Vocab, segment
+from xdistill.align import align_batch, align_pair
+from xdistill.errors import AlignmentError
+
+
+@pytest.fixture(scope="module")
+def setup():
+    vocab = Vocab()
+    s = segment(vocab, b"hello world", [5])
+    t = segment(vocab, b"hello world", [2, 6])
+    return vocab.table(), s, t
+
+
+def _batch(s, t):
+    return np.array([s]), np.array([len(s)]), np.array([t]), np.array([len(t)])
+
+
+@pytest.mark.parametrize("change,match", [
+    (lambda a: a.__setitem__(0, a[0] * 0 + [[0, 10**6]]),
+     r"student row 0, token 1: id 1000000 outside"),
+    (lambda a: a.__setitem__(0, a[0] * 0 - 1), r"student row 0, token 0: id -1 outside"),
+    (lambda a: a.__setitem__(1, np.array([-1])), r"student row 0: length -1 outside \[0, 2\]"),
+    (lambda a: a.__setitem__(3, np.array([9])), r"teacher row 0: length 9 outside \[0, 3\]"),
+    (lambda a: a.__setitem__(0, a[0].astype(np.float32)), r"s_ids_BTs must be an integer array"),
+    (lambda a: a.__setitem__(2, a[2][0]), r"t_ids_BTt must be 2-D"),
+    (lambda a: a.__setitem__(3, np.array([3, 3])), r"t_len_B has 2 entries for 1 teacher rows"),
+    (lambda a: a.__setitem__(2, np.concatenate([a[2], a[2]])), r"t_len_B has 1 entries for 2"),
+])
+def test_bad_arrays(setup, change, match):
+    table, s, t = setup
+    args = list(_batch(s, t))
+    change(args)
+    with pytest.raises(AlignmentError, match=match):
+        align_batch(*args, table, table)
+
+
+def test_bad_options_tables_and_phantoms(setup):
+    table, s, t = setup
+    with pytest.raises(AlignmentError, match="chunks must be one of"):
+        align_pair(s, t, table, table, chunks="words")
+    with pytest.raises(AlignmentError, match="method must be one of"):
+        align_pair(s, t, table, table, method="fast")
+    with pytest.raises(AlignmentError, match="t_table must be a TokenByteTable"):
+        align_pair(s, t, table, {"not": "a table"})
+    with pytest.raises(AlignmentError, match="s_phantom_B\\[0\\] = -2 is negative"):
+        align_pair(s, t, table, table, s_phantom=-2)
+    with pytest.raises(AlignmentError, match="teacher row 0: phantom prefix of 99 bytes"):
+        align_pair(s, t, table, table, t_phantom=99)
+    with pytest.raises(AlignmentError, match="s_ids_BTs must be 2-D"):
+        align_batch(np.array(s), np.array([2]), np.array([t]), np.array([3]), table, table)
+
+
+def test_ids_from_another_tokenizer_are_caught(setup):
+    table, s, t = setup
+    small = Vocab()
+    segment(small, b"ab", [])
+    with pytest.raises(AlignmentError, match="different tokenizers"):
+        align_pair(s, t, small.table(), table)
+
+
+def test_method_exact_on_different_texts_names_the_row_and_byte(setup):
+    table, s, t = setup
+    vocab = Vocab()
+    s2 = segment(vocab, b"hello world", [5])
+    t2 = segment(vocab, b"hello there", [5])
+    tab = vocab.table()
+    with pytest.raises(AlignmentError, match=r"row 0: method='exact'.*byte 6"):
+        align_pair(s2, t2, tab, tab, method="exact")
+
+
+def test_padding_values_are_never_read(setup):
+    table, s, t = setup
+    s_ids = np.array([s + [-7, 10**9]])
+    t_ids = np.array([t + [2**40]])
+    res = align_batch(s_ids, np.array([len(s)]), t_ids, np.array([len(t)]), table, table,
+                      s_phantom_B=[0], t_phantom_B=np.array([0], np.uint8))
+    assert res.s_chunk_BTs[0].tolist()[-2:] == [-1, -1] and res.t_chunk_BTt[0][-1] == -1
+    assert res.s_coverage_B[0] == 1.0
+
+
+def test_empty_rows_and_empty_batch(setup):
+    table, s, t = setup
+    res = align_batch(np.zeros((2, 0), np.int64), np.zeros(2, np.int64), np.zeros((2, 0), int),
+                      np.zeros(2, np.int32), table, table)
+    assert res.n_chunks_B.tolist() == [0, 0] and res.chunk_valid_BC.shape == (2, 0)
+    assert res.s_coverage_B.tolist() == [1.0, 1.0]
+    res = align_pair([], t, table, table)
+    assert res.t_coverage_B[0] == 0.0 and res.n_chunks_B[0] == 0
+    empty = align_batch(np.zeros((0, 4), int), np.zeros(0, int), np.zeros((0, 4), int),
+                        np.zeros(0, int), table, table)
+    assert empty.n_chunks_B.shape == (0,)
+
+
+def test_dp_too_big_row_is_left_unaligned_with_a_warning(setup):
+    table, s, t = setup
+    with pytest.warns(RuntimeWarning, match=r"rows \[0\] left unaligned"):
+        res = align_pair(s, t, table, table, method="dp", dp_max_cells=4)
+    assert res.n_chunks_B[0] == 0 and res.used_dp_B[0]
+
+
+def test_fresh_process_loads_the_compiled_kernel_from_the_cache(setup):
+    """The numba cache is keyed on all kernel sources and a new process does not recompile."""
+    from xdistill.align import _batch
+
+    table, s, t = setup
+    align_pair(s, t, table, table)                     # compiles or loads, and writes the cache
+    stamp = _batch.align_kernel._cache._cache_file._source_stamp
+    assert stamp[1] == _batch.kernel_sources_stamp()
+    code = ("from xdistill.align import align_pair, _batch\n"
+            "from xdistill.tokenization.table import TokenByteTable as T\n"
+            "tab = T.from_bytes_list([b'a', b'b'])\n"
+            "align_pair([0, 1], [0, 1], tab, tab)\n"
+            "st = _batch.align_kernel.stats\n"
+            "print(len(st.cache_hits), len(st.cache_misses))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, check=True).stdout.split()
+    assert out == ["1", "0"], out

@@ -1,0 +1,220 @@
+"""Numba building blocks shared by the exact and the DP path (per row, no batch axis).
+
+Legend: n / m student / teacher tokens of one row, C chunks of one row, L text bytes (or symbols).
+
+Per-token *effective length* ``elen`` (int64): the number of text bytes a token contributes after
+the row's phantom prefix is removed; ``-1`` marks a role token (``roles_V != ROLE_TEXT``, aligned by
+role, never by bytes). A text token with ``elen == 0`` is *transparent*: it has no text (an empty
+vocabulary entry, or a token eaten entirely by the phantom prefix); the walks skip it and
+:func:`attach_transparent` gives it the chunk of its neighbouring text token afterwards.
+
+A chunk under construction is described by per-chunk arrays ``cs0/cs1`` (student token span of its
+non-transparent tokens, end exclusive), ``ct0/ct1`` (teacher), ``c_role`` (a role pair) and
+``c_adj`` (it starts exactly where the previous chunk ended on both sides, nothing in between).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+ROLE_SYMBOL_BASE = 256  # DP symbol of a role token = ROLE_SYMBOL_BASE + role
+
+
+@njit
+def effective_lengths(ids_T, n, off_V1, roles_V, phantom):
+    """Per-token effective text lengths (``-1`` = role) and the row's total text bytes.
+
+    The phantom prefix removes the first ``phantom`` bytes of the row's text (normally all from the
+    first text token). Returns ``(elen_n, total)``; ``total == -1`` when the phantom is longer
+    than the row's text (the caller reports it; nothing is read out of bounds).
+    """
+    elen_n = np.empty(n, np.int64)
+    total = 0
+    for i in range(n):
+        tid = ids_T[i]
+        if roles_V[tid] != 0:
+            elen_n[i] = -1
+        else:
+            ln = off_V1[tid + 1] - off_V1[tid]
+            elen_n[i] = ln
+            total += ln
+    if phantom > total:
+        return elen_n, -1
+    rem = phantom
+    for i in range(n):
+        if rem == 0:
+            break
+        if elen_n[i] > 0:
+            d = min(rem, elen_n[i])
+            elen_n[i] -= d
+            rem -= d
+    return elen_n, total - phantom
+
+
+@njit
+def text_bytes(ids_T, n, off_V1, data, elen_n, total):
+    """The row's text: concatenated effective bytes of its text tokens (uint8 ``[L]``)."""
+    out_L = np.empty(total, np.uint8)
+    p = 0
+    for i in range(n):
+        e = elen_n[i]
+        if e > 0:
+            end = off_V1[ids_T[i] + 1]
+            for q in range(end - e, end):
+                out_L[p] = data[q]
+                p += 1
+    return out_L
+
+
+@njit(inline="always")
+def fold_ascii(x):
+    """ASCII upper case -> lower case (used when a table is lossy, e.g. uncased WordPiece)."""
+    if 65 <= x <= 90:
+        return x + 32
+    return x
+
+
+@njit
+def bytes_equal(a_L, b_L, fold):
+    """Whether two byte strings are equal (up to ASCII case when ``fold``)."""
+    if a_L.size != b_L.size:
+        return False
+    for q in range(a_L.size):
+        x = a_L[q]
+        y = b_L[q]
+        if x != y:
+            if not fold or fold_ascii(x) != fold_ascii(y):
+                return False
+    return True
+
+
+@njit(inline="always")
+def emit_chunk(nc, i0, i1, j0, j1, is_role, adj, elen_s, elen_t, s_chunk, t_chunk,
+               cs0, cs1, ct0, ct1, c_role, c_adj):
+    """Record chunk ``nc`` over tokens ``[i0,i1) x [j0,j1)``; ids go to non-transparent tokens."""
+    cs0[nc] = i0
+    cs1[nc] = i1
+    ct0[nc] = j0
+    ct1[nc] = j1
+    c_role[nc] = is_role
+    c_adj[nc] = adj
+    for i in range(i0, i1):
+        if elen_s[i] != 0:
+            s_chunk[i] = nc
+    for j in range(j0, j1):
+        if elen_t[j] != 0:
+            t_chunk[j] = nc
+    return nc + 1
+
+
+@njit(inline="always")
+def is_space_byte(x):
+    """ASCII whitespace: space, \\t, \\n, \\v, \\f, \\r."""
+    return x == 32 or (9 <= x <= 13)
+
+
+@njit
+def merge_space(nc, ids_s, off_s, data_s, elen_s, s_chunk, t_chunk, cs0, cs1, ct0, ct1,
+                c_role, c_adj):
+    """tokenkit's "space" chunks: merge adjacent minimal text chunks unless the next one starts
+    with ASCII whitespace (the chunk's first byte, equal on both sides). Role chunks and chunks
+    separated by unaligned tokens are never merged. Returns the new chunk count."""
+    if nc == 0:
+        return 0
+    new_id = np.empty(nc, np.int32)
+    g = 0
+    new_id[0] = 0
+    for k in range(1, nc):
+        first = data_s[off_s[ids_s[cs0[k]] + 1] - elen_s[cs0[k]]] if not c_role[k] else 0
+        merge = c_adj[k] and not c_role[k] and not c_role[k - 1] and not is_space_byte(first)
+        if merge:
+            cs1[g] = cs1[k]
+            ct1[g] = ct1[k]
+        else:
+            g += 1
+            cs0[g] = cs0[k]
+            cs1[g] = cs1[k]
+            ct0[g] = ct0[k]
+            ct1[g] = ct1[k]
+            c_role[g] = c_role[k]
+        new_id[k] = g
+    for i in range(s_chunk.size):
+        if s_chunk[i] >= 0:
+            s_chunk[i] = new_id[s_chunk[i]]
+    for j in range(t_chunk.size):
+        if t_chunk[j] >= 0:
+            t_chunk[j] = new_id[t_chunk[j]]
+    return g + 1
+
+
+@njit
+def attach_transparent(elen_n, chunk_n):
+    """Give each transparent token (text, 0 effective bytes) the chunk of the next non-transparent
+    token when that is an aligned text token, else the chunk of the previous one when that is an
+    aligned text token, else leave it unaligned. Keeps chunks contiguous in token order."""
+    n = elen_n.size
+    nxt = -1
+    for i in range(n - 1, -1, -1):      # backward: remember the next text token's chunk
+        if elen_n[i] != 0:
+            nxt = chunk_n[i] if elen_n[i] > 0 else -1
+        else:
+            chunk_n[i] = nxt
+    prev = -1
+    for i in range(n):                  # forward: fall back to the previous text token's chunk
+        if elen_n[i] != 0:
+            prev = chunk_n[i] if elen_n[i] > 0 else -1
+        elif chunk_n[i] < 0:
+            chunk_n[i] = prev
+
+
+@njit
+def pair_roles(i, i_end, j, j_end, ids_s, roles_s, elen_s, ids_t, roles_t, elen_t, nc,
+               s_chunk, t_chunk, cs0, cs1, ct0, ct1, c_role, c_adj):
+    """Pair the role tokens of two role runs (tokens ``[i,i_end)`` and ``[j,j_end)``, which hold
+    no text bytes) by a longest common subsequence of their roles; each pair becomes a 1:1 role
+    chunk, the rest stay unaligned. Traceback from the end: take the diagonal on equal roles, else
+    drop the student token when ``LCS[a-1][b] >= LCS[a][b-1]``, else the teacher token."""
+    ps = np.empty(i_end - i, np.int64)
+    a = 0
+    for k in range(i, i_end):
+        if elen_s[k] < 0:
+            ps[a] = k
+            a += 1
+    pt = np.empty(j_end - j, np.int64)
+    b = 0
+    for k in range(j, j_end):
+        if elen_t[k] < 0:
+            pt[b] = k
+            b += 1
+    if a == 0 or b == 0:
+        return nc
+    lcs = np.zeros((a + 1, b + 1), np.int32)
+    for x in range(1, a + 1):
+        rx = roles_s[ids_s[ps[x - 1]]]
+        for y in range(1, b + 1):
+            if rx == roles_t[ids_t[pt[y - 1]]]:
+                lcs[x, y] = lcs[x - 1, y - 1] + 1
+            else:
+                lcs[x, y] = max(lcs[x - 1, y], lcs[x, y - 1])
+    pairs_s = np.empty(min(a, b), np.int64)
+    pairs_t = np.empty(min(a, b), np.int64)
+    npair = 0
+    x, y = a, b
+    while x > 0 and y > 0:
+        if roles_s[ids_s[ps[x - 1]]] == roles_t[ids_t[pt[y - 1]]]:
+            pairs_s[npair] = ps[x - 1]
+            pairs_t[npair] = pt[y - 1]
+            npair += 1
+            x -= 1
+            y -= 1
+        elif lcs[x - 1, y] >= lcs[x, y - 1]:
+            x -= 1
+        else:
+            y -= 1
+    for q in range(npair - 1, -1, -1):
+        si = pairs_s[q]
+        tj = pairs_t[q]
+        nc = emit_chunk(nc, si, si + 1, tj, tj + 1, True, False, elen_s, elen_t, s_chunk, t_chunk,
+                        cs0, cs1, ct0, ct1, c_role, c_adj)
+    return nc

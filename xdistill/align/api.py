@@ -1,0 +1,237 @@
+"""Public aligner API: :func:`align_batch`, :func:`align_pair`, :class:`AlignmentResult`.
+
+Legend: B rows, Ts / Tt padded student / teacher tokens, C chunks (padded per batch), V vocab.
+
+Definitions (DESIGN.md §4). Each side's *text* is the concatenation of its text tokens' bytes
+(``TokenByteTable``) minus the row's phantom prefix (e.g. SentencePiece's dummy-prefix space that
+token 0 carries but the text does not). A *chunk* is a pair of contiguous token spans whose bytes
+are identical; chunks are minimal (no common token boundary strictly inside), disjoint, ordered,
+and only valid chunks get ids ``0..n-1``. Tokens outside chunks (padding, role tokens without a
+partner, regions where the texts differ) have chunk id -1.
+
+* ``method="auto"``: the exact O(n+m) path when the two texts are byte-identical, otherwise the
+  banded edit-distance DP (``used_dp_B``). ``"exact"`` raises when a row's texts differ; ``"dp"``
+  always runs the DP.
+* Role tokens (``roles_V != ROLE_TEXT``) pair with a role token of the same role at the
+  corresponding place (1:1 chunk, never exact); unpaired ones stay unaligned.
+* Lossy tables (``table.lossy``, e.g. uncased WordPiece): bytes are compared up to ASCII case on
+  both paths, so chunk bytes are identical *up to ASCII case*; whitespace the lossy side dropped is
+  an unmatched gap. Non-ASCII case/accents are not folded (such bytes stay unaligned).
+* ``chunks="space"``: adjacent minimal text chunks are merged unless the next chunk starts with
+  ASCII whitespace (tokenkit's "space" variant); role chunks are never merged.
+* ``chunk_exact_BC``: 1:1 text chunk whose two tokens have identical table bytes (so a
+  SentencePiece first token ``"▁Hi"`` with a phantom space is not exact against ``"Hi"``).
+* Coverage: fraction of a row's non-padding tokens inside valid chunks (1.0 for an empty row).
+* Zero-length text tokens join the chunk of the next (else previous) aligned text token.
+
+Compiled with ``numba.njit(cache=True)``: the cache lives in ``xdistill/align/__pycache__`` or, if
+that is not writable, in ``$NUMBA_CACHE_DIR`` (set it to a writable folder in read-only installs,
+otherwise every new process recompiles for several seconds).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from xdistill.errors import AlignmentError
+from xdistill.tokenization.table import TokenByteTable
+
+_METHODS = {"auto": 0, "exact": 1, "dp": 2}
+_CHUNKS = ("minimal", "space")
+
+
+@dataclass(frozen=True, eq=False)
+class AlignmentResult:
+    """Alignment of a batch (numpy arrays; see the module docstring for the definitions)."""
+
+    # chunk id of each student token (-1 = unaligned or padding), int32 [B, Ts]
+    s_chunk_BTs: np.ndarray
+    # chunk id of each teacher token (-1 = unaligned or padding), int32 [B, Tt]
+    t_chunk_BTt: np.ndarray
+    # student token span of each chunk, end exclusive (0 on chunk padding), int32 [B, C]
+    chunk_s_start_BC: np.ndarray
+    chunk_s_end_BC: np.ndarray
+    # teacher token span of each chunk, end exclusive (0 on chunk padding), int32 [B, C]
+    chunk_t_start_BC: np.ndarray
+    chunk_t_end_BC: np.ndarray
+    # True on real chunks, False on per-row padding of the chunk axis, bool [B, C]
+    chunk_valid_BC: np.ndarray
+    # True on 1:1 text chunks whose two tokens have identical bytes, bool [B, C]
+    chunk_exact_BC: np.ndarray
+    # number of chunks per row, int32 [B]
+    n_chunks_B: np.ndarray
+    # fraction of non-padding student / teacher tokens inside valid chunks, float64 [B]
+    s_coverage_B: np.ndarray
+    t_coverage_B: np.ndarray
+    # True where the row went through the DP path, bool [B]
+    used_dp_B: np.ndarray
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.n_chunks_B.shape[0])
+
+    def chunks(self, b: int) -> list[tuple[int, int, int, int, bool]]:
+        """Row ``b``'s chunks as ``(s_start, s_end, t_start, t_end, exact)`` tuples."""
+        return [(int(self.chunk_s_start_BC[b, k]), int(self.chunk_s_end_BC[b, k]),
+                 int(self.chunk_t_start_BC[b, k]), int(self.chunk_t_end_BC[b, k]),
+                 bool(self.chunk_exact_BC[b, k])) for k in range(int(self.n_chunks_B[b]))]
+
+
+def align_batch(s_ids_BTs, s_len_B, t_ids_BTt, t_len_B, s_table: TokenByteTable,
+                t_table: TokenByteTable, *, s_phantom_B=None, t_phantom_B=None,
+                chunks: str = "minimal", method: str = "auto", dp_band: int = 32,
+                dp_max_cells: int = 1 << 26) -> AlignmentResult:
+    """Align student and teacher tokenizations of the same texts, row by row (see module doc).
+
+    ``s_ids_BTs``/``t_ids_BTt``: right-padded integer ids; ``s_len_B``/``t_len_B``: real lengths
+    (tokens beyond are padding, never read). ``*_phantom_B``: per-row phantom-prefix byte counts
+    (default 0). ``dp_band``: initial DP band half-width; ``dp_max_cells``: most traceback cells
+    (bytes of memory per row in flight) the DP may use before settling for the banded result.
+    """
+    from xdistill.align._batch import align_kernel
+
+    if chunks not in _CHUNKS:
+        raise AlignmentError(f"chunks must be one of {_CHUNKS}, got {chunks!r}")
+    if method not in _METHODS:
+        raise AlignmentError(f"method must be one of {tuple(_METHODS)}, got {method!r}")
+    _check_table(s_table, "s_table")
+    _check_table(t_table, "t_table")
+    s_ids, s_len = _check_side(s_ids_BTs, s_len_B, s_table, "student", "s")
+    t_ids, t_len = _check_side(t_ids_BTt, t_len_B, t_table, "teacher", "t")
+    B = s_ids.shape[0]
+    if t_ids.shape[0] != B:
+        raise AlignmentError(f"batch sizes differ: student ids have {B} rows, teacher ids "
+                             f"{t_ids.shape[0]}")
+    s_ph = _check_phantom(s_phantom_B, B, "s_phantom_B")
+    t_ph = _check_phantom(t_phantom_B, B, "t_phantom_B")
+    C = max(1, int(np.minimum(s_len, t_len).max(initial=0)))
+    out = _allocate(B, s_ids.shape[1], t_ids.shape[1], C)
+    status_B = np.zeros(B, np.int8)
+    fold = bool(s_table.lossy or t_table.lossy)
+    align_kernel(s_ids, s_len, t_ids, t_len, s_table.offsets_V1, s_table.data, s_table.roles_V,
+                 t_table.offsets_V1, t_table.data, t_table.roles_V, s_ph, t_ph, fold,
+                 _METHODS[method], chunks == "space", int(max(1, dp_band)), int(dp_max_cells),
+                 *out, status_B)
+    _report_status(status_B, s_ids, s_len, t_ids, t_len, s_table, t_table, s_ph, t_ph)
+    s_chunk, t_chunk, cs0, cs1, ct0, ct1, cvalid, cexact, n_chunks, s_cov, t_cov, used_dp = out
+    Cn = int(n_chunks.max(initial=0))
+    return AlignmentResult(s_chunk, t_chunk, cs0[:, :Cn], cs1[:, :Cn], ct0[:, :Cn], ct1[:, :Cn],
+                           cvalid[:, :Cn], cexact[:, :Cn], n_chunks, s_cov, t_cov, used_dp)
+
+
+def align_pair(s_ids, t_ids, s_table: TokenByteTable, t_table: TokenByteTable, *,
+               s_phantom: int = 0, t_phantom: int = 0, chunks: str = "minimal",
+               method: str = "auto", **kwargs) -> AlignmentResult:
+    """:func:`align_batch` for one unpadded pair of id sequences (a result with ``B = 1``)."""
+    s = _as_int_array(s_ids, "s_ids", 1)
+    t = _as_int_array(t_ids, "t_ids", 1)
+    return align_batch(s[None], np.array([s.size]), t[None], np.array([t.size]), s_table,
+                       t_table, s_phantom_B=np.array([s_phantom]),
+                       t_phantom_B=np.array([t_phantom]), chunks=chunks, method=method, **kwargs)
+
+
+def _allocate(B: int, Ts: int, Tt: int, C: int) -> tuple:
+    return (np.empty((B, Ts), np.int32), np.empty((B, Tt), np.int32),
+            np.zeros((B, C), np.int32), np.zeros((B, C), np.int32), np.zeros((B, C), np.int32),
+            np.zeros((B, C), np.int32), np.zeros((B, C), np.bool_), np.zeros((B, C), np.bool_),
+            np.zeros(B, np.int32), np.zeros(B, np.float64), np.zeros(B, np.float64),
+            np.zeros(B, np.bool_))
+
+
+def _check_table(table, name: str) -> None:
+    if not isinstance(table, TokenByteTable):
+        raise AlignmentError(f"{name} must be a TokenByteTable, got {type(table).__name__}")
+
+
+def _as_int_array(x, name: str, ndim: int) -> np.ndarray:
+    arr = np.asarray(x)
+    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+        if arr.size == 0 and ndim == 1 and arr.dtype == np.float64:   # np.array([]) is float
+            arr = arr.astype(np.int64)
+        else:
+            raise AlignmentError(f"{name} must be an integer array, got dtype {arr.dtype}")
+    if arr.ndim != ndim:
+        raise AlignmentError(f"{name} must be {ndim}-D, got shape {arr.shape}")
+    if arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:
+        raise AlignmentError(f"{name} has values beyond int64")
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def _check_side(ids, lens, table: TokenByteTable, who: str, p: str):
+    ids = _as_int_array(ids, f"{p}_ids_BT{p}", 2)
+    lens = _as_int_array(lens, f"{p}_len_B", 1)
+    B, T = ids.shape
+    if lens.shape[0] != B:
+        raise AlignmentError(f"{p}_len_B has {lens.shape[0]} entries for {B} {who} rows")
+    bad = np.flatnonzero((lens < 0) | (lens > T))
+    if bad.size:
+        b = int(bad[0])
+        raise AlignmentError(f"{who} row {b}: length {int(lens[b])} outside [0, {T}] "
+                             f"(the padded width)")
+    V = table.vocab_size
+    real = np.arange(T)[None, :] < lens[:, None]
+    oob = real & ((ids < 0) | (ids >= V))
+    if oob.any():
+        b, i = (int(v) for v in np.argwhere(oob)[0])
+        raise AlignmentError(
+            f"{who} row {b}, token {i}: id {int(ids[b, i])} outside the table's vocabulary "
+            f"[0, {V}) (ids and table from different tokenizers?)")
+    return ids, lens
+
+
+def _check_phantom(ph, B: int, name: str) -> np.ndarray:
+    if ph is None:
+        return np.zeros(B, np.int64)
+    arr = _as_int_array(ph, name, 1)
+    if arr.shape[0] != B:
+        raise AlignmentError(f"{name} has {arr.shape[0]} entries for {B} rows")
+    neg = np.flatnonzero(arr < 0)
+    if neg.size:
+        raise AlignmentError(f"{name}[{int(neg[0])}] = {int(arr[neg[0]])} is negative")
+    return arr
+
+
+def _report_status(status_B, s_ids, s_len, t_ids, t_len, s_table, t_table, s_ph, t_ph) -> None:
+    """Turn per-row kernel statuses into errors (bad input) or warnings (DP limits)."""
+    from xdistill.align._batch import (ROW_DP_CAPPED, ROW_DP_TOO_BIG, ROW_PHANTOM_S,
+                                       ROW_PHANTOM_T, ROW_TEXT_DIFFERS)
+
+    if not status_B.any():
+        return
+    for code, side, ids, lens, table, ph in ((ROW_PHANTOM_S, "student", s_ids, s_len, s_table,
+                                              s_ph),
+                                             (ROW_PHANTOM_T, "teacher", t_ids, t_len, t_table,
+                                              t_ph)):
+        rows = np.flatnonzero(status_B == code)
+        if rows.size:
+            b = int(rows[0])
+            raise AlignmentError(f"{side} row {b}: phantom prefix of {int(ph[b])} bytes is longer "
+                                 f"than the row's text")
+    rows = np.flatnonzero(status_B == ROW_TEXT_DIFFERS)
+    if rows.size:
+        b = int(rows[0])
+        where = _first_difference(s_ids[b, :s_len[b]], t_ids[b, :t_len[b]], s_table, t_table,
+                                  int(s_ph[b]), int(t_ph[b]))
+        raise AlignmentError(f"row {b}: method='exact' but the student and teacher texts differ "
+                             f"({where}); use method='auto' or 'dp'")
+    for code, what in ((ROW_DP_TOO_BIG, "left unaligned: the DP needs more than dp_max_cells"),
+                       (ROW_DP_CAPPED, "aligned with a DP band limited by dp_max_cells "
+                                       "(valid chunks, possibly fewer than optimal)")):
+        rows = np.flatnonzero(status_B == code)
+        if rows.size:
+            warnings.warn(f"align: rows {rows[:10].tolist()} {what}", RuntimeWarning,
+                          stacklevel=3)
+
+
+def _first_difference(s_ids, t_ids, s_table, t_table, s_ph, t_ph) -> str:
+    def text(ids, table, ph):
+        roles = table.roles_V[ids]
+        return table.concat(i for i, r in zip(ids, roles) if r == 0)[ph:]
+
+    a, c = text(s_ids, s_table, s_ph), text(t_ids, t_table, t_ph)
+    q = next((k for k in range(min(len(a), len(c))) if a[k] != c[k]), min(len(a), len(c)))
+    return (f"first difference at text byte {q}: student {a[q:q + 12]!r} vs teacher "
+            f"{c[q:q + 12]!r}; lengths {len(a)} and {len(c)}")
