@@ -1,0 +1,24 @@
+"""Distillation losses: pure torch functions over logits, masks and alignment tensors.
+
+Same tokenizer (``divergences``): :func:`forward_kl`, :func:`reverse_kl`, :func:`jsd`,
+:func:`topk_forward_kl` (tail bucket), :func:`cross_entropy`. Cross tokenizer over aligned chunks
+(``cross``, ``uld``, ``alm``): :func:`exact_kl`, :func:`projected_kl`, :func:`student_space_kl`,
+:func:`uld`, :func:`gold_hybrid`, :func:`alm`; :func:`projection_from_csr` builds ``proj_VsVt``.
+Several teachers: :class:`MultiTeacherLoss` with :class:`TeacherSpec` and
+:class:`TeacherLossInput`. Everything is computed in float32, in blocks of ``chunk_size`` rows
+(forward and backward), normalised by a given global count ``num_valid``.
+"""
+
+from xdistill.losses.alm import alm
+from xdistill.losses.chunks import ChunkAlignment, loss_chunks
+from xdistill.losses.cross import (count_loss_chunks, exact_kl, projected_kl, projection_from_csr,
+                                   student_space_kl)
+from xdistill.losses.divergences import (count_valid_tokens, cross_entropy, forward_kl, jsd,
+                                         reverse_kl, topk_forward_kl)
+from xdistill.losses.multi_teacher import MultiTeacherLoss, TeacherLossInput, TeacherSpec
+from xdistill.losses.uld import gold_hybrid, uld
+
+__all__ = ["ChunkAlignment", "MultiTeacherLoss", "TeacherLossInput", "TeacherSpec", "alm",
+           "count_loss_chunks", "count_valid_tokens", "cross_entropy", "exact_kl", "forward_kl",
+           "gold_hybrid", "jsd", "loss_chunks", "projected_kl", "projection_from_csr",
+           "reverse_kl", "student_space_kl", "topk_forward_kl", "uld"]
