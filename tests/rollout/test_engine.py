@@ -1,0 +1,106 @@
+"""HF generate backend: behaviour log-probs, reproducibility, stop handling; config and vLLM gate."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from rollout_helpers import tiny_llama
+from xdistill.errors import ConfigError
+from xdistill.losses.onpolicy import input_token_logprobs
+from xdistill.rollout import (HFGenerateEngine, RolloutConfig, RolloutScorer, SamplingParams,
+                              build_engine, nucleus_logprobs, sampling_for_step)
+
+PROMPTS = ("The cat sat on", (("user", "Name a colour."),), "One two three four five six")
+
+
+@pytest.fixture(scope="module")
+def setup(get_tokenizer):
+    tok = get_tokenizer("gpt2")
+    return tok, tiny_llama(tok.vocab_size, seed=0, logit_scale=30.0)
+
+
+def _recomputed(tok, model, ro, temperature, top_p=1.0):
+    """Forward on the right-padded prompt+response rows; sampled-token log-probs [B, Tr]."""
+    batch = RolloutScorer(tok)(ro).batch
+    with torch.no_grad():
+        z = model(input_ids=batch.input_ids_BTs, attention_mask=batch.attention_mask_BTs.long()).logits
+    if top_p == 1.0:
+        lp_BTs = input_token_logprobs(z, batch.input_ids_BTs, temperature=temperature)
+    else:
+        lp = nucleus_logprobs(z.reshape(-1, z.shape[-1]), temperature, top_p).view_as(z)
+        nxt = batch.input_ids_BTs[:, 1:, None]
+        lp_BTs = torch.cat([torch.zeros_like(z[:, :1, 0]), lp[:, :-1].gather(2, nxt).squeeze(2)], 1)
+    out = torch.zeros_like(ro.behaviour_logp_BTr)
+    for b in range(ro.batch_size):
+        p, r = int(ro.prompt_len_B[b]), int(ro.response_len_B[b])
+        out[b, :r] = lp_BTs[b, p:p + r]
+    return out
+
+
+@pytest.mark.parametrize("temperature,top_p", [(0.7, 1.0), (1.0, 1.0), (1.3, 0.8)])
+def test_behaviour_logprobs_equal_recomputed_forward(setup, temperature, top_p):
+    tok, model = setup
+    eng = HFGenerateEngine(model, tok, max_prompt_len=64)
+    ro = eng.generate(PROMPTS, SamplingParams(temperature, top_p, 10, seed=5))
+    ref = _recomputed(tok, model, ro, temperature, top_p)
+    m = ro.response_mask_BTr
+    assert m.sum() > 0 and ro.temperature == temperature and ro.top_p == top_p
+    assert torch.allclose(ro.behaviour_logp_BTr[m], ref[m], atol=2e-4), \
+        (ro.behaviour_logp_BTr[m] - ref[m]).abs().max()
+    assert torch.all(ro.behaviour_logp_BTr[~m] == 0)
+    assert bool(torch.isfinite(ro.behaviour_logp_BTr).all())
+
+
+def test_seeded_reproducible_and_global_rng_untouched(setup):
+    tok, model = setup
+    eng = HFGenerateEngine(model, tok, max_prompt_len=64)
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    a = eng.generate(PROMPTS, SamplingParams(1.0, 1.0, 8, seed=9))
+    assert torch.equal(torch.random.get_rng_state(), before)
+    b = eng.generate(PROMPTS, SamplingParams(1.0, 1.0, 8, seed=9))
+    c = eng.generate(PROMPTS, SamplingParams(1.0, 1.0, 8, seed=10))
+    assert torch.equal(a.response_ids_BTr, b.response_ids_BTr)
+    assert not torch.equal(a.response_ids_BTr, c.response_ids_BTr)
+    cfg = RolloutConfig(seed=3)
+    assert sampling_for_step(cfg, 4).seed == sampling_for_step(cfg, 4).seed
+    assert len({sampling_for_step(cfg, s, r).seed for s in range(3) for r in range(3)}) == 9
+
+
+def test_stop_tokens_end_responses(setup):
+    tok, model = setup
+    stops = tuple(range(0, tok.vocab_size, 2))            # half the vocabulary stops
+    eng = HFGenerateEngine(model, tok, max_prompt_len=64, stop_ids=stops)
+    ro = eng.generate(PROMPTS * 2, SamplingParams(1.0, 1.0, 12, seed=1))
+    for b in range(ro.batch_size):
+        r = int(ro.response_len_B[b])
+        ids = ro.response_ids_BTr[b]
+        if ro.finish_reasons[b] == "stop":
+            assert int(ids[r - 1]) in stops and not any(int(i) in stops for i in ids[:r - 1])
+        else:
+            assert r == 12
+        assert ro.response_mask_BTr[b, :r].all() and not ro.response_mask_BTr[b, r:].any()
+    assert "stop" in ro.finish_reasons
+
+
+def test_prompt_truncation_keeps_generation_prompt(setup):
+    tok, model = setup
+    eng = HFGenerateEngine(model, tok, max_prompt_len=5)
+    ro = eng.generate(("a b c d e f g h i j k",), SamplingParams(1.0, 1.0, 2, seed=1))
+    assert int(ro.prompt_len_B[0]) == 5
+    assert tok.decode(ro.prompt_ids_BTp[0, :5].numpy()).endswith("k")
+
+
+def test_config_validation_and_vllm_gate(setup):
+    tok, model = setup
+    with pytest.raises(ConfigError, match="temperature"):
+        RolloutConfig(temperature=0.0)
+    with pytest.raises(ConfigError, match="top_p"):
+        RolloutConfig(top_p=1.5)
+    assert isinstance(build_engine(RolloutConfig(), model, tok), HFGenerateEngine)
+    if importlib.util.find_spec("vllm") is None:
+        with pytest.raises(ConfigError, match="vllm is not installed"):
+            build_engine(RolloutConfig(backend="vllm"), model, tok)

@@ -1,0 +1,169 @@
+"""Scoring rollouts for teachers of other tokenizers: identity path, a byte-identical teacher with
+a renamed vocabulary (near-zero chunk losses), and multi-turn tool masks that survive
+re-tokenization by two tokenizer families.
+
+Legend: B samples, Ts/Tt student/teacher tokens, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rollout_helpers import PermutedModel, PermutedTokenizer, tiny_llama
+from xdistill.data import TeacherSpec
+from xdistill.losses import ChunkAlignment, projection_from_csr
+from xdistill.losses.chunks import loss_chunks
+from xdistill.losses.onpolicy import (ONPOLICY_LOSSES, Clamps, OnPolicyLossSpec, onpolicy_loss)
+from xdistill.rollout import (HFGenerateEngine, RolloutScorer, SamplingParams,
+                              rollouts_from_segments)
+
+TEXTS = [
+    ("Tell me about the sea.", [("The sea is large and deep, and it is full of salt water.", True)]),
+    ((("system", "You are terse."), ("user", "Count to five, please.")),
+     [("One, two, three, four, five. Done!", True)]),
+]
+TOOL_TEXTS = [
+    ((("user", "What is the weather in Paris?"),),
+     [("Let me check. <call>weather(Paris)</call>", True),
+      ("\n[tool] 18°C, cloudy; humidity 70%\n", False),
+      ("It is 18 degrees and cloudy in Paris.", True)]),
+    ("Compute 12*7 with the calculator:",
+     [(" calc(12*7)", True), (" => 84 ", False), ("So the answer is 84.", True),
+      (" [env] episode over ", False)]),
+]
+
+
+def _loss_kwargs(kind, view, t_logits, perm, V):
+    kw = {}
+    if view.identity:
+        kw["teacher_logits_BTtV"] = t_logits
+        if kind == "topk_kl":
+            lp = torch.log_softmax(t_logits, -1)
+            kw = dict(topk_logp_BTtK=lp.topk(8, -1).values, topk_idx_BTtK=lp.topk(8, -1).indices)
+        return kw, None
+    align = ChunkAlignment.from_view(view)
+    kw = dict(teacher_logits_BTtV=t_logits, teacher_ids_BTt=view.input_ids_BTt,
+              t_loss_mask_BTt=view.loss_mask_BTt)
+    if kind in ("reverse_kl", "jsd"):
+        kw["projection"] = projection_from_csr(np.arange(V + 1), perm, np.ones(V), (V, V))
+        kw["shared_s_idx_N"], kw["shared_t_idx_N"] = torch.arange(V), torch.from_numpy(perm)
+    return kw, align
+
+
+@pytest.fixture(scope="module")
+def student(get_tokenizer):
+    tok = get_tokenizer("gpt2")
+    return tok, tiny_llama(tok.vocab_size, seed=1, logit_scale=20.0)
+
+
+@pytest.mark.parametrize("cross", ["projection", "exact"])
+def test_byte_identical_teachers_give_zero_loss(student, cross):
+    """Teacher = student (identity path) and teacher = student with renamed ids (cross path).
+
+    Rollouts come from text (the student's canonical tokenization), so the renamed teacher
+    tokenizes the response exactly like the student and every chunk is 1:1; all losses vanish.
+    (Sampled rollouts may be non-canonical: then chunk likelihoods compare different
+    segmentations and are not zero even between byte-identical models.)
+    """
+    tok, model = student
+    ptok = PermutedTokenizer(tok, seed=3)
+    teacher = PermutedModel(model, ptok.perm)
+    ro = rollouts_from_segments(tok, [p for p, _ in TEXTS], [s for _, s in TEXTS])
+    scored = RolloutScorer(tok, [TeacherSpec("same", tok), TeacherSpec("perm", ptok)])(ro)
+    b = scored.batch
+    perm_view = b.teacher("perm")
+    assert not perm_view.identity and perm_view.coverage_s == 1.0
+    # every chunk is 1:1 with identical bytes except the final end-of-response role-token pair
+    assert int((perm_view.chunk_valid_BC & ~perm_view.chunk_exact_BC).sum()) == len(TEXTS)
+    z = model(input_ids=b.input_ids_BTs, attention_mask=b.attention_mask_BTs.long()).logits
+    with torch.no_grad():
+        zt_same = z.detach().clone()
+        zt_perm = teacher(perm_view.input_ids_BTt, perm_view.attention_mask_BTt.long())
+    for kind in ONPOLICY_LOSSES:
+        for view, zt in ((b.teacher("same"), zt_same), (perm_view, zt_perm)):
+            if kind == "topk_kl" and not view.identity:
+                continue
+            kw, align = _loss_kwargs(kind, view, zt, ptok.perm, tok.vocab_size)
+            spec = OnPolicyLossSpec(kind, cross=cross, clamps=Clamps(None, None, None))
+            out = onpolicy_loss(spec, z, b.input_ids_BTs, b.loss_mask_BTs, align=align, **kw)
+            (g,) = torch.autograd.grad(out.loss, z)
+            assert out.units > 10, (kind, view.name)
+            assert abs(float(out.loss.detach())) < 1e-5, (kind, view.name, float(out.loss))
+            assert float(g.abs().max()) < 1e-5, (kind, view.name)
+
+
+def test_sampled_rollouts_identity_teacher_zero(student):
+    tok, model = student
+    ro = HFGenerateEngine(model, tok, max_prompt_len=32).generate(
+        [p for p, _ in TEXTS], SamplingParams(1.0, 1.0, 10, seed=2))
+    b = RolloutScorer(tok, [TeacherSpec("same", tok)])(ro).batch
+    z = model(input_ids=b.input_ids_BTs, attention_mask=b.attention_mask_BTs.long()).logits
+    for kind in ("k1", "k3", "reverse_kl"):
+        out = onpolicy_loss(OnPolicyLossSpec(kind), z, b.input_ids_BTs, b.loss_mask_BTs,
+                            teacher_logits_BTtV=z.detach())
+        (g,) = torch.autograd.grad(out.loss, z)
+        assert out.units == int(ro.response_mask_BTr.sum())
+        assert abs(float(out.loss.detach())) < 1e-6 and float(g.abs().max()) < 1e-6
+
+
+def _runs(mask):
+    """Maximal runs [a, b) of True in a 1-D bool array."""
+    m = np.r_[False, np.asarray(mask, bool), False].astype(np.int8)
+    d = np.diff(m)
+    return list(zip(np.flatnonzero(d == 1), np.flatnonzero(d == -1)))
+
+
+@pytest.mark.parametrize("teacher_name", ["qwen2", "mistral"])
+def test_tool_spans_get_no_loss_on_any_side(get_tokenizer, student, teacher_name):
+    tok, _ = student
+    ttok = get_tokenizer(teacher_name)
+    ro = rollouts_from_segments(tok, [p for p, _ in TOOL_TEXTS], [s for _, s in TOOL_TEXTS])
+    scored = RolloutScorer(tok, [TeacherSpec("t", ttok)])(ro)
+    b, view = scored.batch, scored.batch.teacher("t")
+    llm_texts = [t for _, segs in TOOL_TEXTS for t, llm in segs if llm]
+    tool_texts = [t for _, segs in TOOL_TEXTS for t, llm in segs if not llm]
+    assert 0.2 < scored.stats.tool_token_ratio < 0.6
+    assert scored.stats.teacher_tool_ratio["t"] > 0.15
+    # teacher side: every run of loss tokens spells a piece of an LLM segment, never tool text
+    for row in range(2):
+        ids = view.input_ids_BTt[row].numpy()
+        for a, e in _runs(view.loss_mask_BTt[row].numpy()):
+            text = ttok.table.concat(ids[a:e]).decode("utf-8", "replace")
+            core = text.replace("\u2581", " ").strip()
+            if not text:   # the teacher's end-of-turn token after the student's stop token
+                assert e - a == 1 and ttok.table.roles_V[ids[a]] != 0
+                continue
+            assert core and any(core in t for t in llm_texts), (teacher_name, text)
+            assert not any(core in t for t in tool_texts if len(core) > 3), text
+    # chunks that carry loss contain only LLM tokens on both sides
+    align = ChunkAlignment.from_view(view)
+    ok = loss_chunks(align, b.loss_mask_BTs, view.loss_mask_BTt)
+    assert int(ok.sum()) > 20
+    for side, chunk, mask in (("s", align.s_chunk_BTs, b.loss_mask_BTs),
+                              ("t", align.t_chunk_BTt, view.loss_mask_BTt)):
+        in_loss = (chunk >= 0) & ok.gather(1, chunk.clamp_min(0))
+        assert bool(mask[in_loss].all()), side
+    # losses: tool positions get no gradient and teacher logits there do not matter
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(*b.input_ids_BTs.shape, tok.vocab_size, generator=g).requires_grad_(True)
+    zt = torch.randn(*view.input_ids_BTt.shape, ttok.vocab_size, generator=g)
+    tool_s = b.attention_mask_BTs & ~b.loss_mask_BTs
+    tool_s[:, :int(ro.prompt_len_B.min())] = False
+    tool_t = view.attention_mask_BTt & ~view.loss_mask_BTt
+    zt2 = zt.clone()
+    zt2[torch.roll(tool_t, -1, 1)] += 5 * torch.randn(int(tool_t.sum()), ttok.vocab_size,
+                                                      generator=g)
+    for kind in ("k1", "k3"):
+        outs = []
+        for teacher_logits in (zt, zt2):
+            out = onpolicy_loss(OnPolicyLossSpec(kind), z, b.input_ids_BTs, b.loss_mask_BTs,
+                                align=align, t_loss_mask_BTt=view.loss_mask_BTt,
+                                teacher_logits_BTtV=teacher_logits, teacher_ids_BTt=view.input_ids_BTt)
+            outs.append(out)
+        (grad,) = torch.autograd.grad(outs[0].loss, z)
+        rows = torch.roll(tool_s, -1, 1)
+        assert float(grad[rows].abs().max()) == 0.0
+        assert float(outs[0].loss.detach()) == pytest.approx(float(outs[1].loss.detach()), rel=1e-6)
+        assert float(grad.abs().sum()) > 0

@@ -1,0 +1,307 @@
+"""On-policy losses: the student's own samples scored by a teacher of any tokenizer.
+
+Legend: B batch, Ts/Tt student/teacher tokens, Vs/Vt vocabularies, K top-k, C chunks, N loss units
+(tokens for a same-tokenizer teacher, aligned chunks for a cross-tokenizer one), n rows of a block.
+
+Notation (DESIGN.md §6): student ``p`` (the sampling policy), teacher ``q``; ``y`` the sampled
+tokens. For a loss unit ``u`` (a student token with its identical teacher token, or an aligned
+chunk covering identical bytes on both sides) the log-ratio is
+
+    r_u = sum_{teacher tokens j in u} log q(t_j | t_<j)  -  sum_{student tokens i in u} log p(y_i | y_<i)
+
+so for a same-tokenizer teacher ``r_t = log q(y_t) - log p(y_t)`` and for a cross-tokenizer chunk
+``r`` compares the two sides' likelihoods of the chunk's bytes (each side's own segmentation).
+
+Sampled estimators of ``KL(p || q)`` (samples from ``p``):
+
+* ``k1``: ``-r``. Its gradient ignores the teacher when backpropagated, so it is used only as a
+  policy-gradient advantage with stop-gradient: ``loss_u = -sg(A_u) * log p(u)``, ``A_u = r_u``
+  (``log p(u)`` = the summed student log-probs of the unit). Minimising raises the likelihood of
+  units the teacher likes more than the student does.
+* ``k3``: ``e^r - 1 - r`` (>= 0, unbiased since ``E_p[e^r] = 1``), backpropagated directly:
+  ``d k3 / d log p = 1 - e^r``.
+
+Full-distribution losses reuse :mod:`xdistill.losses.divergences` / :mod:`xdistill.losses.cross`:
+``reverse_kl`` (``KL(p || q)``: same tokenizer over the full vocabulary, cross tokenizer through
+the projection (P-KL, chunk starts) or over exact 1:1 chunks on the shared vocabulary),
+``topk_kl`` (forward KL on the teacher's top-k with a tail bucket; same tokenizer only) and
+``jsd`` (JSD(beta), TRL convention: beta=1 reverse-like, 0 forward-like).
+
+Clamps (sampled estimators; verl's defaults) with counters of how often each fires:
+``logp_min`` floors every sampled-token log-prob on both sides before forming ``r`` (-10),
+``exp_clip`` clips ``r`` into ``[-20, 20]`` before ``e^r`` (k3), ``loss_max`` clamps the per-unit
+loss value (k3) or the advantage (k1) symmetrically into ``[-10, 10]``. A clamp that fires blocks
+the gradient through that value (``torch.clamp``), as in verl.
+
+Reward weighting: an optional per-sample weight ``w_b`` multiplies every unit of sample ``b``
+(:func:`reward_weights` gives HJSang's ``B * softmax(reward / beta)``). Normalisation: the weighted
+sum over units divided by ``num_valid`` (the trainer's global count of units, from
+:func:`count_onpolicy_units` summed over ranks and micro-batches) or the local count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from xdistill.losses import cross as _cross
+from xdistill.losses import divergences as _div
+from xdistill.losses.chunks import ChunkAlignment, chunk_sum, loss_chunks, resolve_count
+from xdistill.losses.engine import DEFAULT_CHUNK_SIZE, shift_targets, token_logprobs
+
+ONPOLICY_LOSSES = ("reverse_kl", "topk_kl", "jsd", "k1", "k3")
+SAMPLED_LOSSES = ("k1", "k3")
+CROSS_ROUTES = ("projection", "exact")
+COUNTERS = ("logp_floor_student", "logp_floor_teacher", "exp_clip", "loss_clamp")
+
+
+@dataclass(frozen=True)
+class Clamps:
+    """Clamps of the sampled estimators (None disables one)."""
+
+    # floor of every sampled-token log-prob (student and teacher) before forming r
+    logp_min: float | None = -10.0
+    # symmetric clamp of the per-unit loss value (k3) or of the advantage (k1)
+    loss_max: float | None = 10.0
+    # clip of the log-ratio r inside e^r (k3)
+    exp_clip: float | None = 20.0
+
+
+@dataclass(frozen=True)
+class OnPolicyLossSpec:
+    """Which on-policy loss, and its knobs."""
+
+    # one of ONPOLICY_LOSSES: "reverse_kl" | "topk_kl" | "jsd" | "k1" | "k3"
+    kind: str = "k3"
+    # JSD beta (kind "jsd")
+    beta: float = 0.5
+    # softmax temperature of the full-distribution losses and of the sampled log-probs
+    temperature: float = 1.0
+    # cross-tokenizer route of reverse_kl/jsd: "projection" (P-KL at chunk starts) | "exact"
+    cross: str = "projection"
+    # clamps of the sampled estimators
+    clamps: Clamps = field(default_factory=Clamps)
+
+    def __post_init__(self):
+        if self.kind not in ONPOLICY_LOSSES:
+            raise ValueError(f"unknown on-policy loss {self.kind!r}; allowed: {ONPOLICY_LOSSES}")
+        if self.cross not in CROSS_ROUTES:
+            raise ValueError(f"unknown cross route {self.cross!r}; allowed: {CROSS_ROUTES}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+
+
+@dataclass(frozen=True)
+class OnPolicyLossOutput:
+    """The loss plus diagnostics (python numbers)."""
+
+    # scalar loss (differentiable in the student logits)
+    loss: torch.Tensor
+    # local number of loss units (tokens or chunks) that carried loss
+    units: int
+    # how often each clamp fired, over the loss units (keys: COUNTERS); empty for full losses
+    counters: dict
+    # mean log-ratio r over the units (sampled estimators), else nan
+    mean_logratio: float = float("nan")
+
+
+def reward_weights(rewards_B: torch.Tensor, beta: float) -> torch.Tensor:
+    """Per-sample weights ``B * softmax(rewards / beta)`` (mean 1; HJSang's reward-weighted OPD)."""
+    if beta <= 0:
+        raise ValueError(f"reward weighting beta must be > 0, got {beta}")
+    r = rewards_B.detach().double()
+    return (r.numel() * torch.softmax(r / beta, dim=0)).float()
+
+
+def input_token_logprobs(logits_BTV: torch.Tensor, ids_BT: torch.Tensor, mask_BT=None, *,
+                         temperature: float = 1.0, chunk_size=DEFAULT_CHUNK_SIZE) -> torch.Tensor:
+    """``out[b, i] = log softmax(logits[b, i-1] / tau)[ids[b, i]]`` at *input* positions.
+
+    0 at ``i = 0`` and where ``mask_BT`` is False. Differentiable in ``logits_BTV`` (chunked).
+    """
+    out_BT = token_logprobs(logits_BTV, shift_targets(ids_BT, mask_BT), temperature, chunk_size)
+    return torch.cat([torch.zeros_like(out_BT[:, :1]), out_BT[:, :-1]], dim=1)
+
+
+def count_onpolicy_units(spec: OnPolicyLossSpec, s_loss_mask_BTs: torch.Tensor,
+                         align: ChunkAlignment | None = None, t_loss_mask_BTt=None) -> int:
+    """Local loss units of one teacher: tokens (same tokenizer) or loss chunks (cross)."""
+    if align is None:
+        return _div.count_valid_tokens(s_loss_mask_BTs)
+    exact = spec.kind in ("reverse_kl", "jsd") and spec.cross == "exact"
+    return _cross.count_loss_chunks(align, s_loss_mask_BTs, t_loss_mask_BTt, exact_only=exact)
+
+
+# ---------------------------------------------------------------------------- sampled estimators
+def _floor(x: torch.Tensor, lo: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    if lo is None:
+        return x, torch.zeros_like(x, dtype=torch.bool)
+    return x.clamp_min(lo), x < lo
+
+
+def unit_logprobs(s_logp_BTs: torch.Tensor, t_logp_BTt: torch.Tensor, s_loss_mask_BTs,
+                  align: ChunkAlignment | None, t_loss_mask_BTt=None, logp_min=None):
+    """Per loss unit: (b_N, student log p(u) [N] differentiable, teacher log q(u) [N], counters).
+
+    Inputs are sampled-token log-probs at input positions. Same tokenizer (``align`` None): units
+    are the student loss tokens ``i >= 1`` and ``t_logp_BTt`` is indexed like the student.
+    Cross tokenizer: units are the loss chunks (:func:`xdistill.losses.chunks.loss_chunks`) and
+    each side's floored log-probs are summed over the chunk's tokens.
+    """
+    s_floor, s_fired = _floor(s_logp_BTs, logp_min)
+    t_floor, t_fired = _floor(t_logp_BTt.to(s_logp_BTs.dtype), logp_min)
+    if align is None:
+        if t_logp_BTt.shape != s_logp_BTs.shape:
+            raise ValueError(f"same-tokenizer teacher log-probs {tuple(t_logp_BTt.shape)} must "
+                             f"match the student's {tuple(s_logp_BTs.shape)}")
+        sel = s_loss_mask_BTs.bool().clone()
+        sel[:, 0] = False
+        b_N, i_N = torch.nonzero(sel, as_tuple=True)
+        counts = {"logp_floor_student": int(s_fired[sel].sum()),
+                  "logp_floor_teacher": int(t_fired[sel].sum())}
+        return b_N, s_floor[b_N, i_N], t_floor[b_N, i_N].detach(), counts
+    C = align.num_chunks
+    ok_BC = loss_chunks(align, s_loss_mask_BTs, t_loss_mask_BTt)
+    b_N, c_N = torch.nonzero(ok_BC, as_tuple=True)
+    s_sum_BC = chunk_sum(s_floor, align.s_chunk_BTs, C)
+    t_sum_BC = chunk_sum(t_floor.detach(), align.t_chunk_BTt, C)
+    s_in = (chunk_sum(s_fired.to(s_floor.dtype), align.s_chunk_BTs, C) * ok_BC).sum()
+    t_in = (chunk_sum(t_fired.to(s_floor.dtype), align.t_chunk_BTt, C) * ok_BC).sum()
+    counts = {"logp_floor_student": int(s_in), "logp_floor_teacher": int(t_in)}
+    return b_N, s_sum_BC[b_N, c_N], t_sum_BC[b_N, c_N], counts
+
+
+def sampled_unit_losses(kind: str, s_unit_N: torch.Tensor, t_unit_N: torch.Tensor,
+                        clamps: Clamps) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(per-unit loss [N], log-ratio r [N] (detached), counters) of ``k1`` (PG) or ``k3``."""
+    r_N = t_unit_N - s_unit_N
+    counts = {"exp_clip": 0, "loss_clamp": 0}
+    hi = clamps.loss_max
+    if kind == "k1":
+        adv_N = r_N.detach()
+        if hi is not None:
+            counts["loss_clamp"] = int((adv_N.abs() > hi).sum())
+            adv_N = adv_N.clamp(-hi, hi)
+        return -adv_N * s_unit_N, r_N.detach(), counts
+    if kind != "k3":
+        raise ValueError(f"sampled estimator must be 'k1' or 'k3', got {kind!r}")
+    rc_N = r_N
+    if clamps.exp_clip is not None:
+        counts["exp_clip"] = int((r_N.detach().abs() > clamps.exp_clip).sum())
+        rc_N = r_N.clamp(-clamps.exp_clip, clamps.exp_clip)
+    k3_N = torch.expm1(rc_N) - rc_N
+    if hi is not None:
+        counts["loss_clamp"] = int((k3_N.detach().abs() > hi).sum())
+        k3_N = k3_N.clamp(-hi, hi)
+    return k3_N, r_N.detach(), counts
+
+
+def sampled_loss(kind: str, s_logp_BTs, t_logp_BTt, s_loss_mask_BTs, *, align=None,
+                 t_loss_mask_BTt=None, clamps: Clamps = Clamps(), sample_weight_B=None,
+                 num_valid=None) -> OnPolicyLossOutput:
+    """``1/num_valid * sum_u w_b(u) * loss_u`` of ``k1`` (policy gradient) or ``k3`` (module doc).
+
+    ``s_logp_BTs`` (differentiable) and ``t_logp_BTt`` are sampled-token log-probs at input
+    positions (:func:`input_token_logprobs`); the teacher side is treated as a constant.
+    """
+    b_N, s_N, t_N, counts = unit_logprobs(s_logp_BTs, t_logp_BTt, s_loss_mask_BTs, align,
+                                          t_loss_mask_BTt, clamps.logp_min)
+    loss_N, r_N, more = sampled_unit_losses(kind, s_N, t_N, clamps)
+    if sample_weight_B is not None:
+        loss_N = loss_N * sample_weight_B.to(loss_N.dtype)[b_N]
+    total = loss_N.sum() / resolve_count(num_valid, b_N.numel())
+    mean_r = float(r_N.mean()) if r_N.numel() else float("nan")
+    return OnPolicyLossOutput(total, int(b_N.numel()), {**counts, **more}, mean_r)
+
+
+# ---------------------------------------------------------------------------- full distributions
+def _full_loss(spec: OnPolicyLossSpec, s_logits, s_mask, align, t_mask, teacher: dict,
+               num_valid, chunk_size) -> torch.Tensor:
+    tau = spec.temperature
+    if align is None:
+        if spec.kind == "topk_kl":
+            return _div.topk_forward_kl(s_logits, teacher["topk_logp_BTtK"], teacher["topk_idx_BTtK"],
+                                        s_mask, temperature=tau, num_valid=num_valid,
+                                        chunk_size=chunk_size)
+        fn = _div.reverse_kl if spec.kind == "reverse_kl" else (
+            lambda *a, **k: _div.jsd(*a, beta=spec.beta, **k))
+        return fn(s_logits, teacher["logits_BTtV"], s_mask, temperature=tau, num_valid=num_valid,
+                  chunk_size=chunk_size)
+    if spec.kind == "topk_kl":
+        raise ValueError("topk_kl needs a same-tokenizer teacher; use reverse_kl/jsd through the "
+                         "projection or k1/k3 over chunks for a cross-tokenizer teacher")
+    direction = "reverse" if spec.kind == "reverse_kl" else "jsd"
+    kw = dict(s_loss_mask_BTs=s_mask, t_loss_mask_BTt=t_mask, direction=direction, beta=spec.beta,
+              temperature=tau, num_valid=num_valid, chunk_size=chunk_size)
+    if spec.cross == "exact":
+        return _cross.exact_kl(s_logits, teacher["logits_BTtV"], align, teacher["shared_s_idx_N"],
+                               teacher["shared_t_idx_N"], **kw)
+    return _cross.projected_kl(s_logits, teacher["logits_BTtV"], align, teacher["projection"], **kw)
+
+
+def _need(teacher: dict, name: str, spec: OnPolicyLossSpec):
+    if teacher.get(name) is None:
+        raise ValueError(f"on-policy loss {spec.kind!r} needs teacher input {name!r}")
+    return teacher[name]
+
+
+def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, s_loss_mask_BTs,
+                  *, align: ChunkAlignment | None = None, t_loss_mask_BTt=None,
+                  teacher_logits_BTtV=None, teacher_ids_BTt=None, teacher_token_logp_BTt=None,
+                  topk_logp_BTtK=None, topk_idx_BTtK=None, projection=None,
+                  shared_s_idx_N=None, shared_t_idx_N=None, sample_weight_B=None,
+                  num_valid=None, chunk_size=DEFAULT_CHUNK_SIZE) -> OnPolicyLossOutput:
+    """One teacher's on-policy loss (``align`` None = same tokenizer; see module doc).
+
+    Teacher inputs by kind: ``k1``/``k3`` need ``teacher_token_logp_BTt`` (log q of the teacher's
+    own tokens at input positions) or ``teacher_logits_BTtV`` + ``teacher_ids_BTt`` (the student
+    ids for a same-tokenizer teacher); ``reverse_kl``/``jsd`` need ``teacher_logits_BTtV`` (plus
+    ``projection`` or the ``shared_*_idx_N`` maps across tokenizers); ``topk_kl`` needs
+    ``topk_logp_BTtK``/``topk_idx_BTtK`` at the loss temperature. Teacher logits are outputs at
+    temperature 1 (divide them beforehand if the worker tempered them).
+    """
+    tau = spec.temperature
+    if spec.kind in SAMPLED_LOSSES:
+        s_logp = input_token_logprobs(student_logits_BTsV, student_ids_BTs, s_loss_mask_BTs,
+                                      temperature=tau, chunk_size=chunk_size)
+        t_logp = teacher_token_logp_BTt
+        if t_logp is None:
+            ids = student_ids_BTs if (align is None and teacher_ids_BTt is None) else teacher_ids_BTt
+            if teacher_logits_BTtV is None or ids is None:
+                raise ValueError(f"on-policy loss {spec.kind!r} needs teacher_token_logp_BTt or "
+                                 "teacher_logits_BTtV with the teacher ids")
+            t_logp = input_token_logprobs(teacher_logits_BTtV.detach(), ids, temperature=tau,
+                                          chunk_size=chunk_size)
+        return sampled_loss(spec.kind, s_logp, t_logp.detach(), s_loss_mask_BTs, align=align,
+                            t_loss_mask_BTt=t_loss_mask_BTt, clamps=spec.clamps,
+                            sample_weight_B=sample_weight_B, num_valid=num_valid)
+    teacher = {"logits_BTtV": teacher_logits_BTtV, "topk_logp_BTtK": topk_logp_BTtK,
+               "topk_idx_BTtK": topk_idx_BTtK, "projection": projection,
+               "shared_s_idx_N": shared_s_idx_N, "shared_t_idx_N": shared_t_idx_N}
+    needed = (("topk_logp_BTtK", "topk_idx_BTtK") if spec.kind == "topk_kl" else ("logits_BTtV",))
+    if align is not None and spec.kind != "topk_kl":
+        needed += (("projection",) if spec.cross == "projection"
+                   else ("shared_s_idx_N", "shared_t_idx_N"))
+    for name in needed:
+        _need(teacher, name, spec)
+    units = count_onpolicy_units(spec, s_loss_mask_BTs, align, t_loss_mask_BTt)
+    count = resolve_count(num_valid, units)
+    if sample_weight_B is None:
+        total = _full_loss(spec, student_logits_BTsV, s_loss_mask_BTs, align, t_loss_mask_BTt,
+                           teacher, count, chunk_size)
+        return OnPolicyLossOutput(total, units, {})
+    # per-sample weights: one call per distinct weight, rows of other weights masked out
+    w_B = sample_weight_B.detach().to(torch.float64)
+    total = None
+    for w in torch.unique(w_B):
+        if float(w) == 0.0:
+            continue
+        rows_B = (w_B == w).to(s_loss_mask_BTs.device)
+        mask = s_loss_mask_BTs.bool() & rows_B[:, None]
+        term = float(w) * _full_loss(spec, student_logits_BTsV, mask, align, t_loss_mask_BTt,
+                                     teacher, count, chunk_size)
+        total = term if total is None else total + term
+    if total is None:
+        total = (student_logits_BTsV.sum() * 0.0).float()
+    return OnPolicyLossOutput(total, units, {})

@@ -1,0 +1,163 @@
+"""Prompt sources and a resumable, rank- and worker-sharded prompt stream.
+
+A prompt row holds either plain text (column/key ``prompt``) or a chat conversation (column/key
+``messages``: a list of ``{role, content}``). Sources:
+
+* arrow / feather / parquet files or directories, through :class:`xdistill.data.DocumentSource`
+  (memory-mapped arrow; the prompt column plays the role of the text column);
+* ``.jsonl`` files (one JSON object per line), read into memory (prompt sets are small).
+
+:class:`PromptDataset` is an ``IterableDataset`` of ``(index, prompt)`` with the same sharding and
+resume contract as :class:`xdistill.data.PackedDataset`: in epoch ``e`` the prompts are permuted
+with ``default_rng([seed, e])``; worker ``w`` of rank ``r`` (``W`` workers, ``R`` ranks) takes
+every ``R*W``-th prompt starting at ``r*W + w``. :meth:`PromptDataset.state_dict` is the position
+*after the last prompt handed out*; torchdata's ``StatefulDataLoader`` keeps one per worker. Empty
+prompts are skipped and counted.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+from torch.utils.data import IterableDataset, get_worker_info
+
+from xdistill.data.chat import as_conversation, is_empty_conversation
+from xdistill.data.source import DocumentSource
+from xdistill.errors import DataError
+
+
+class JsonlPrompts:
+    """Prompts of ``.jsonl`` files (``{"prompt": str}`` or ``{"messages": [...]}`` per line)."""
+
+    def __init__(self, paths, *, prompt_key: str = "prompt", messages_key: str = "messages"):
+        self.rows: list = []
+        for path in [paths] if isinstance(paths, (str, Path)) else paths:
+            path = Path(path)
+            if not path.is_file():
+                raise DataError(f"prompt file {path} does not exist")
+            with path.open(encoding="utf-8") as fh:
+                for line_no, line in enumerate(fh, 1):
+                    if line.strip():
+                        self.rows.append(self._parse(line, f"{path} line {line_no}",
+                                                     prompt_key, messages_key))
+
+    @staticmethod
+    def _parse(line: str, where: str, prompt_key: str, messages_key: str):
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{where}: invalid JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise DataError(f"{where}: expected a JSON object")
+        if isinstance(obj.get(prompt_key), str):
+            return obj[prompt_key]
+        if obj.get(messages_key) is not None:
+            return as_conversation(obj[messages_key], where)
+        raise DataError(f"{where}: needs a string {prompt_key!r} or a {messages_key!r} list "
+                        f"(keys found: {', '.join(obj) or 'none'})")
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def get(self, i: int):
+        return self.rows[i]
+
+
+def open_prompts(paths, *, prompt_column: str = "prompt", messages_column: str = "messages",
+                 invalid_utf8: str = "error"):
+    """A prompt source (``len``, ``get(i)`` -> str or conversation) for the given paths."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    if not paths:
+        raise DataError("no prompt paths given")
+    jsonl = [Path(p).suffix == ".jsonl" for p in paths]
+    if all(jsonl):
+        return JsonlPrompts(paths, prompt_key=prompt_column, messages_key=messages_column)
+    if any(jsonl):
+        raise DataError("prompt paths mix .jsonl with arrow/parquet; use one format")
+    return DocumentSource(paths, text_column=prompt_column, messages_column=messages_column,
+                          invalid_utf8=invalid_utf8)
+
+
+def _fresh_state() -> dict:
+    return {"epoch": 0, "pos": 0, "prompts": 0, "skipped_empty": 0}
+
+
+class PromptDataset(IterableDataset):
+    """``(index, prompt)`` pairs of this rank/worker's shard (see the module docstring)."""
+
+    def __init__(self, source, *, seed: int = 0, shuffle: bool = True, rank: int = 0,
+                 world_size: int = 1, epochs: int | None = None):
+        super().__init__()
+        if not 0 <= rank < world_size:
+            raise DataError(f"rank {rank} outside world size {world_size}")
+        if len(source) == 0:
+            raise DataError("the prompt source has no prompts")
+        self.source, self.seed, self.shuffle = source, int(seed), bool(shuffle)
+        self.rank, self.world_size, self.epochs = int(rank), int(world_size), epochs
+        self._state = _fresh_state()
+        self._resume: dict | None = None
+
+    def shard(self) -> tuple[int, int]:
+        """(shard id, number of shards) of the calling process/worker."""
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        return self.rank * nw + wid, self.world_size * nw
+
+    def order(self, epoch: int, shard: int, num_shards: int) -> np.ndarray:
+        n = len(self.source)
+        perm = (np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle
+                else np.arange(n))
+        return perm[shard::num_shards]
+
+    def state_dict(self) -> dict:
+        state = copy.deepcopy(self._resume if self._resume is not None else self._state)
+        state["layout"] = list(self.shard()) + [self.seed, len(self.source)]
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        state = dict(state)
+        layout = state.pop("layout", None)
+        expected = list(self.shard()) + [self.seed, len(self.source)]
+        if layout is not None and list(layout) != expected:
+            raise DataError(f"cannot resume prompt state saved as (shard, shards, seed, prompts) = "
+                            f"{tuple(layout)} in layout {tuple(expected)}: keep ranks, "
+                            "num_workers, seed and prompts unchanged to resume exactly")
+        missing = set(_fresh_state()) - set(state)
+        if missing:
+            raise DataError(f"prompt state lacks keys {sorted(missing)}")
+        self._resume = state
+
+    def _fetch(self, i: int):
+        doc = self.source.get(i)
+        if isinstance(doc, str):
+            return doc if doc.strip() else None
+        conv = as_conversation(doc, f"prompt {i}")
+        return None if not conv or is_empty_conversation(conv) else conv
+
+    def __iter__(self):
+        shard, num_shards = self.shard()
+        st = self._resume if self._resume is not None else _fresh_state()
+        self._resume = None
+        self._state = st
+        while self.epochs is None or st["epoch"] < self.epochs:
+            order = self.order(st["epoch"], shard, num_shards)
+            if len(order) == 0:
+                return  # more shards than prompts: this shard never gets any
+            while st["pos"] < len(order):
+                i = int(order[st["pos"]])
+                st["pos"] += 1
+                prompt = self._fetch(i)
+                if prompt is None:
+                    st["skipped_empty"] += 1
+                    continue
+                st["prompts"] += 1
+                yield i, prompt
+            st["epoch"], st["pos"] = st["epoch"] + 1, 0
+
+
+def collate_prompts(items) -> tuple[tuple[int, ...], tuple]:
+    """``collate_fn`` for a DataLoader over :class:`PromptDataset`: (indices, prompts)."""
+    return tuple(i for i, _ in items), tuple(p for _, p in items)
