@@ -1,0 +1,180 @@
+"""End-to-end off-policy runs: 2-rank FSDP2 == 1 process, kill-and-resume, LR schedule, export.
+
+The tiny assets (tests/train/conftest.py) pair a student BPE with a different-vocabulary teacher
+BPE (cross-tokenizer teacher, pkl through a built projection) and a same-tokenizer teacher
+(forward KL). One e2e test uses the real GPT-2 / Qwen2 tokenizers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from xdistill.metrics import read_metrics
+
+_here = Path(__file__).resolve().parent
+_spec = importlib.util.spec_from_file_location("train_conftest_helpers", _here / "conftest.py")
+helpers = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(helpers)
+base_config, run_cli, write_config = helpers.base_config, helpers.run_cli, helpers.write_config
+
+
+def _train(tmp: Path, name: str, cfg: dict, nproc: int = 1, expect_rc: int = 0, extra=()):
+    path = write_config(tmp / f"{name}.yaml", cfg)
+    proc = run_cli(["train", "offpolicy", "--config", str(path), *extra], nproc=nproc)
+    assert proc.returncode == expect_rc, f"rc {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return proc
+
+
+def _weights(out_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(out_dir / "export" / "model.safetensors"))
+
+
+def _train_records(out_dir: Path) -> list[dict]:
+    return [r for r in read_metrics(out_dir / "metrics.jsonl") if "loss" in r]
+
+
+def _samples(out_dir: Path, rank: int = 0) -> dict[int, list[str]]:
+    lines = (out_dir / f"samples_rank{rank}.jsonl").read_text().splitlines()
+    return {r["step"]: r["hashes"] for r in map(json.loads, lines)}
+
+
+def test_two_ranks_fsdp_equal_one_process(tmp_path, tiny_assets):
+    """2 ranks (FSDP2, gloo) vs 1 process reading the same 2 data shards: same losses, same
+    weights within fp32 tolerance; the loss decreases."""
+    cfg = base_config(tiny_assets, tmp_path / "two")
+    cfg["train"]["steps"] = 5
+    cfg["checkpoint"]["export_hf"] = True
+    _train(tmp_path, "two", cfg, nproc=2)
+    cfg1 = base_config(tiny_assets, tmp_path / "one")
+    cfg1["train"].update(steps=5, data_ranks=2)
+    cfg1["checkpoint"]["export_hf"] = True
+    _train(tmp_path, "one", cfg1)
+    two, one = _train_records(tmp_path / "two"), _train_records(tmp_path / "one")
+    assert [r["step"] for r in two] == [r["step"] for r in one] == [1, 2, 3, 4, 5]
+    for a, b in zip(two, one):
+        for key in ("loss", "cross/loss", "same/loss", "ce", "lr", "grad_norm"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
+        assert a["units/cross"] == b["units/cross"] and a["units/same"] == b["units/same"]
+    assert one[-1]["loss"] < one[0]["loss"]
+    w2, w1 = _weights(tmp_path / "two"), _weights(tmp_path / "one")
+    # the sharded export also writes the tied lm_head.weight (= embed_tokens); compare the rest
+    if "lm_head.weight" in w2 and "lm_head.weight" not in w1:
+        assert torch.equal(w2.pop("lm_head.weight"), w2["model.embed_tokens.weight"])
+    assert sorted(w2) == sorted(w1)
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], rtol=1e-4, atol=2e-5)
+    # every window once: rank r of the 2-rank run saw exactly shard r of the 1-process run
+    both = _samples(tmp_path / "two", 0), _samples(tmp_path / "two", 1)
+    single = _samples(tmp_path / "one")
+    for step, hashes in single.items():
+        assert both[0][step] + both[1][step] == hashes
+
+
+def test_kill_and_resume_is_bitwise(tmp_path, tiny_assets):
+    """A run killed right after its step-3 checkpoint and resumed ends with the same weights
+    (bitwise) as an uninterrupted run and sees each window exactly once; the LR that the
+    optimizer used at every step is the configured warmup + cosine schedule."""
+    full = base_config(tiny_assets, tmp_path / "full")
+    full["data"]["num_workers"] = 1  # the loader state lives in a worker process
+    full["checkpoint"].update(every=3, export_hf=True)
+    _train(tmp_path, "full", full)
+    cut = json.loads(json.dumps(full))
+    cut["train"].update(out_dir=str(tmp_path / "cut"), stop_after=3)
+    _train(tmp_path, "cut", cut, expect_rc=3)
+    assert (tmp_path / "cut" / "checkpoints" / "step_0000003" / "COMPLETE").is_file()
+    assert not (tmp_path / "cut" / "export").exists()
+    cut["train"]["stop_after"] = 0
+    proc = _train(tmp_path, "cut", cut, extra=["--resume", "auto"])
+    assert "resumed from" in proc.stderr
+    wa, wb = _weights(tmp_path / "full"), _weights(tmp_path / "cut")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    sa, sb = _samples(tmp_path / "full"), _samples(tmp_path / "cut")
+    assert sorted(sb) == list(range(1, 7)) and sa == sb
+    seen = [h for s in sorted(sb) for h in sb[s]]
+    assert len(seen) == len(set(seen)) == 6 * 4
+    # the LR schedule the optimizer used (read from optimizer.param_groups at each step)
+    lrs = {r["step"]: r["lr"] for r in _train_records(tmp_path / "full")}
+    peak, warm, total, floor = 1.0e-2, 2, 6, 0.1
+    for s in range(1, 7):
+        i = s - 1
+        if i < warm:
+            want = peak * (i + 1) / warm
+        else:
+            p = (i - warm) / (total - warm)
+            want = peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * p)))
+        assert lrs[s] == pytest.approx(want, rel=1e-9), s
+
+
+def test_real_tokenizers_end_to_end(tmp_path, tiny_assets):
+    """GPT-2 student, Qwen2 teacher (exact_kl over the shared vocabulary of aligned 1:1 chunks) +
+    GPT-2 teacher (forward KL), real
+    fetched tokenizers: the loss decreases, evaluation reports bits per byte, and the export
+    loads with AutoModelForCausalLM."""
+    import sys
+
+    from transformers import AutoModelForCausalLM
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    import make_tiny_models as mk
+
+    from xdistill.config import from_dict
+    from xdistill.train.config import OffPolicyConfig
+    from xdistill.train.offpolicy import run_offpolicy
+
+    qwen = mk.save_tiny_lm(tmp_path / "t_qwen", "qwen2", seed=1, hidden_size=16,
+                           intermediate_size=32)
+    gpt = mk.save_tiny_lm(tmp_path / "t_gpt", "gpt2", seed=2, hidden_size=16,
+                          intermediate_size=32)
+    cfg = base_config(tiny_assets, tmp_path / "run", cross_kind="exact_kl")
+    cfg["student_tokenizer"] = "gpt2"
+    cfg["student"]["model_config"].update(hidden_size=16, intermediate_size=32)
+    cfg["teachers"][0].update(name="qwen", tokenizer="qwen2", worker={"model": str(qwen)})
+    cfg["teachers"][1].update(name="gpt", tokenizer="gpt2", worker={"model": str(gpt)})
+    cfg["data"]["seq_len"] = 32
+    cfg["loss"]["ce_weight"] = 1.0
+    cfg["optim"]["lr"] = 3.0e-2
+    cfg["train"].update(steps=5, log_samples=False)
+    cfg["checkpoint"]["export_hf"] = True
+    cfg["eval"] = {"every": 0, "paths": [tiny_assets["eval"]], "batches": 1}
+    run_offpolicy(from_dict(OffPolicyConfig, cfg))
+    out = tmp_path / "run"
+    recs = _train_records(out)
+    assert recs[-1]["loss"] < recs[0]["loss"]
+    assert 0.5 < recs[0]["qwen/coverage"] <= 1.0 and recs[0]["gpt/coverage"] == 1.0
+    ev = [r for r in read_metrics(out / "metrics.jsonl") if "eval/bpb" in r]
+    assert len(ev) == 1 and ev[0]["step"] == 5
+    assert ev[0]["eval/bpb"] == pytest.approx(ev[0]["eval/loss"] * ev[0]["eval/tokens"]
+                                              / math.log(2) / ev[0]["eval/bytes"], rel=1e-9)
+    assert ev[0]["eval/qwen/loss"] > 0 and 0.5 < ev[0]["eval/qwen/coverage"] <= 1.0
+    model = AutoModelForCausalLM.from_pretrained(str(out / "export"), local_files_only=True)
+    assert model.config.vocab_size == 50257
+
+
+@pytest.mark.slow
+def test_kill_and_resume_two_ranks(tmp_path, tiny_assets):
+    """2-rank FSDP2: killed after the step-3 checkpoint and resumed == uninterrupted (fp32
+    tolerance), each rank sees each of its windows exactly once."""
+    full = base_config(tiny_assets, tmp_path / "full")
+    full["checkpoint"].update(every=3, export_hf=True)
+    _train(tmp_path, "full", full, nproc=2)
+    cut = json.loads(json.dumps(full))
+    cut["train"].update(out_dir=str(tmp_path / "cut"), stop_after=3)
+    path = write_config(tmp_path / "cut.yaml", cut)
+    proc = run_cli(["train", "offpolicy", "--config", str(path)], nproc=2)
+    assert proc.returncode != 0 and "exiting hard" in proc.stderr
+    cut["train"]["stop_after"] = 0
+    _train(tmp_path, "cut", cut, nproc=2)
+    wa, wb = _weights(tmp_path / "full"), _weights(tmp_path / "cut")
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], rtol=1e-5, atol=1e-6)
+    for rank in (0, 1):
+        sa, sb = _samples(tmp_path / "full", rank), _samples(tmp_path / "cut", rank)
+        assert sorted(sb) == list(range(1, 7)) and sa == sb

@@ -1,0 +1,40 @@
+"""``xdistill train offpolicy --config X.yaml [--resume auto|PATH|none] [key=value ...]``.
+
+Loads the config strictly (unknown keys and wrong types are errors naming the key), applies the
+dotted overrides, validates everything that needs no compute (paths, batch-size divisibility,
+tokenizer/projection pairs) and runs :func:`xdistill.train.offpolicy.run_offpolicy`. Under
+``torchrun`` every rank runs this same command. ``train onpolicy`` is not available yet (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from xdistill.config import load_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="xdistill train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("kind", choices=["offpolicy", "onpolicy"], help="trainer")
+    parser.add_argument("--config", help="YAML run config")
+    parser.add_argument("--resume", help="auto (latest complete checkpoint), a checkpoint folder, "
+                        "or none; overrides checkpoint.resume")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=10")
+    args = parser.parse_intermixed_args(argv)
+    if args.kind == "onpolicy":
+        print("xdistill: error: `train onpolicy` is not available yet", file=sys.stderr)
+        return 2
+    from xdistill.train.config import OffPolicyConfig
+    from xdistill.train.offpolicy import run_offpolicy
+
+    overrides = list(args.overrides)
+    if args.resume is not None:
+        overrides.append(f"checkpoint.resume={'' if args.resume == 'none' else args.resume}")
+    cfg = load_config(OffPolicyConfig, args.config, overrides)
+    run_offpolicy(cfg)
+    from xdistill import distributed as xdist
+
+    xdist.destroy_distributed()
+    return 0

@@ -1,0 +1,84 @@
+"""Held-out evaluation: student loss, bits per byte, per-teacher divergence, alignment coverage.
+
+Legend: B batch, Ts student tokens, Vs student vocabulary.
+
+Over ``eval.batches`` batches per data shard of the held-out paths (the same batches at every
+evaluation: a fresh loader each time), summed over all ranks:
+
+* ``eval/loss``: mean student next-token NLL (nats) over predicted tokens (labels >= 0, i >= 1);
+* ``eval/bpb``: bits per byte = ``sum NLL / (ln 2 * sum bytes)``, where ``bytes`` is the number of
+  UTF-8 bytes the predicted tokens cover (``TokenByteTable.lengths_V``; special tokens count 0
+  bytes but their NLL counts). Unlike per-token loss this is comparable across tokenizers;
+* ``eval/<teacher>/loss``: the teacher's loss term (no grad), normalised by its global unit count;
+  ``eval/<teacher>/coverage``: fraction of student loss tokens its loss covers (mean over batches);
+* ``eval/distill_loss``: the weighted total of the distillation loss.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from itertools import islice
+
+import torch
+
+from xdistill import distributed as xdist
+from xdistill.losses.engine import shift_targets, token_logprobs
+from xdistill.train.step import Timers, global_counts, micro_step
+
+
+@torch.no_grad()
+def nll_and_bytes(logits_BTsVs, labels_BTs, lengths_V: torch.Tensor) -> tuple[float, int, int]:
+    """(sum of NLL in nats, predicted tokens, their UTF-8 bytes) of one batch."""
+    target_BTs = shift_targets(labels_BTs.clamp_min(0), labels_BTs >= 0)
+    logp_BTs = token_logprobs(logits_BTsVs, target_BTs)
+    valid = target_BTs >= 0
+    nll = float(-(logp_BTs[valid]).double().sum())
+    n_bytes = int(lengths_V[target_BTs[valid]].sum())
+    return nll, int(valid.sum()), n_bytes
+
+
+def evaluate(model, loss_fn, pool, loaders, plan, cfg, device) -> dict:
+    """Run the evaluation (collective: every rank calls it) and return ``eval/*`` metrics."""
+    was_training = model.training
+    model.eval()
+    lengths_V = torch.as_tensor(plan.student_tok.table.lengths_V, dtype=torch.int64)
+    batches = [b for loader in loaders for b in islice(iter(loader), cfg.eval.batches)]
+    ce = cfg.loss.ce_weight > 0 or loss_fn is None
+    num_valid = global_counts(loss_fn, batches, ce)
+    sums: dict[str, float] = defaultdict(float)
+    timers = Timers()
+    for batch in batches:
+        metrics = micro_step(model, loss_fn, pool, batch, num_valid, timers, device=device,
+                             ce_weight=cfg.loss.ce_weight, backward=False,
+                             hook=lambda logits, b: _accumulate(sums, logits, b, lengths_V))
+        for k, v in metrics.items():
+            sums["terms/" + k] += v
+            sums["n/" + k] += 1
+    model.train(was_training)
+    keys = sorted(sums)
+    total = xdist.all_reduce_sum(torch.tensor([sums[k] for k in keys], dtype=torch.float64))
+    g = dict(zip(keys, total.tolist()))
+    out = {"eval/loss": g["nll"] / max(g["tokens"], 1),
+           "eval/bpb": g["nll"] / (math.log(2) * max(g["bytes"], 1)),
+           "eval/tokens": int(g["tokens"]), "eval/bytes": int(g["bytes"])}
+    for k in keys:
+        if not k.startswith("terms/"):
+            continue
+        name = k[len("terms/"):]
+        if name in ("loss", "ce"):
+            continue
+        if name.endswith("/loss"):
+            out["eval/" + name] = g[k]  # shares of the global mean: sum
+        elif name.endswith("/coverage"):
+            out["eval/" + name] = g[k] / max(g["n/" + name], 1)
+    if loss_fn is not None:
+        out["eval/distill_loss"] = g.get("terms/loss", 0.0) - cfg.loss.ce_weight * g.get("terms/ce", 0.0)
+    return out
+
+
+def _accumulate(sums, logits_BTsVs, batch, lengths_V) -> None:
+    nll, tokens, n_bytes = nll_and_bytes(logits_BTsVs, batch.labels_BTs, lengths_V.to(logits_BTsVs.device))
+    sums["nll"] += nll
+    sums["tokens"] += tokens
+    sums["bytes"] += n_bytes

@@ -1,0 +1,158 @@
+"""One optimizer step of off-policy distillation: micro-batches, global normalisation, timing.
+
+Legend: B batch, Ts/Tt student/teacher tokens, Vs/Vt vocabularies, K top-k.
+
+Normalisation: every loss term is a *sum* over loss units divided by a count ``num_valid`` that
+is the number of loss units of the whole global batch (all micro-batches of all ranks):
+``MultiTeacherLoss.count_valid`` on each micro-batch, summed, ``all_reduce_sum``. Each
+micro-batch's backward then adds ``d(sum_mb / n_global)``, gradient accumulation sums those, and
+FSDP's *sum* reduction over ranks (``student.grad_reduce = "sum"``) adds the ranks' parts: the
+update equals one process on the whole global batch, whatever the split.
+
+Timing (seconds, per step, this rank): ``data`` waiting for the loader, ``teacher`` teacher
+forwards (:meth:`TeacherPool.forward`), ``transport`` moving batches and teacher outputs to the
+student device and building loss inputs, ``student`` student forward + backward (the loss's
+backward included), ``loss`` the loss forward, ``optim`` clip + optimizer + scheduler.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import defaultdict
+from contextlib import contextmanager, nullcontext
+
+import torch
+
+from xdistill import distributed as xdist
+from xdistill.losses import ChunkAlignment, TeacherLossInput
+from xdistill.losses import cross_entropy
+from xdistill.losses.multi_teacher import SAME_TOKENIZER_LOSSES
+
+
+class Timers:
+    """Accumulates wall-clock seconds per phase (``with timers("teacher"): ...``)."""
+
+    def __init__(self, sync=None):
+        self.seconds = defaultdict(float)
+        self._sync = sync or (lambda: None)
+
+    @contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._sync()
+            self.seconds[name] += time.perf_counter() - t0
+
+
+def loss_inputs(specs, batch, outputs=None, device=None) -> list[TeacherLossInput]:
+    """One :class:`TeacherLossInput` per teacher spec from the batch's views (+ its outputs).
+
+    Same-tokenizer losses get no alignment; cross-tokenizer losses the view's chunk alignment
+    (the identity alignment for a teacher that shares the student's tokenizer). ``outputs``
+    None builds count-only inputs (alignment and masks), enough for ``count_valid``.
+    """
+    inputs = []
+    for spec in specs:
+        view = batch.teacher(spec.name)
+        cross = spec.loss not in SAME_TOKENIZER_LOSSES
+        kw = {}
+        if outputs is not None:
+            out = outputs[spec.name]
+            if device is not None:
+                out = out.to(device, non_blocking=True)
+            kw = dict(logits_BTtV=out.logits_BTtV, topk_logp_BTtK=out.topk_logp_BTtK,
+                      topk_idx_BTtK=out.topk_idx_BTtK, proj_logp_BTtVs=out.proj_logp_BTtVs,
+                      temperature=out.temperature)
+        inputs.append(TeacherLossInput(
+            spec.name, input_ids_BTt=view.input_ids_BTt if cross else None,
+            loss_mask_BTt=view.loss_mask_BTt if cross else None,
+            alignment=ChunkAlignment.from_view(view) if cross else None, **kw))
+    return inputs
+
+
+def local_counts(loss_fn, batch, ce: bool) -> dict[str, int]:
+    """Loss units of one micro-batch per teacher name (and ``"ce"``)."""
+    labels = batch.labels_BTs
+    if loss_fn is None:
+        return {"ce": int((labels[:, 1:] >= 0).sum())}
+    return loss_fn.count_valid(loss_inputs(loss_fn.specs, batch), batch.loss_mask_BTs,
+                               labels if ce else None)
+
+
+def global_counts(loss_fn, batches, ce: bool) -> dict[str, int]:
+    """Sum of :func:`local_counts` over ``batches`` and over all ranks."""
+    total: dict[str, int] = defaultdict(int)
+    for batch in batches:
+        for key, n in local_counts(loss_fn, batch, ce).items():
+            total[key] += n
+    keys = sorted(total)
+    summed = xdist.all_reduce_sum(torch.tensor([total[k] for k in keys], dtype=torch.int64))
+    return {k: int(v) for k, v in zip(keys, summed.tolist())}
+
+
+def window_hashes(batch) -> list[str]:
+    """Short hash of every window (its non-padding student ids) of a batch."""
+    out = []
+    for ids, mask in zip(batch.input_ids_BTs, batch.attention_mask_BTs):
+        out.append(hashlib.sha1(ids[mask.bool()].numpy().tobytes()).hexdigest()[:16])
+    return out
+
+
+def student_logits(model, batch) -> torch.Tensor:
+    return model(input_ids=batch.input_ids_BTs, attention_mask=batch.attention_mask_BTs.long(),
+                 use_cache=False).logits
+
+
+def compute_loss(loss_fn, ce_weight, logits_BTsVs, batch, inputs, num_valid):
+    """(loss tensor, metrics) of one micro-batch, normalised by the global ``num_valid``."""
+    if loss_fn is None:
+        loss = ce_weight * cross_entropy(logits_BTsVs, batch.labels_BTs, num_valid=num_valid["ce"])
+        return loss, {"ce": float(loss.detach()) / ce_weight, "loss": float(loss.detach())}
+    return loss_fn(logits_BTsVs, batch.input_ids_BTs, batch.loss_mask_BTs, inputs,
+                   labels_BTs=batch.labels_BTs, num_valid=num_valid)
+
+
+def micro_step(model, loss_fn, pool, batch, num_valid, timers: Timers, *, device,
+               ce_weight: float = 0.0, backward: bool = True, hook=None) -> dict:
+    """Teachers, student forward, loss and (optionally) backward of one micro-batch.
+
+    Returns the loss metrics of the micro-batch (terms already divided by the global counts, so
+    summing them over micro-batches and ranks gives the step's values). ``hook(logits, batch)``
+    is called after the student forward (evaluation uses it).
+    """
+    with timers("transport"):
+        batch = batch.to(device, non_blocking=True)
+    with timers("teacher"):
+        results = pool.forward(batch) if pool is not None else None
+    try:
+        with timers("transport"):
+            specs = loss_fn.specs if loss_fn is not None else ()
+            inputs = loss_inputs(specs, batch, results, device) if results is not None else []
+        grad = nullcontext() if backward else torch.no_grad()
+        with grad, timers("student"):
+            logits = student_logits(model, batch)
+        if hook is not None:
+            hook(logits, batch)
+        with grad, timers("loss"):
+            loss, metrics = compute_loss(loss_fn, ce_weight, logits, batch, inputs, num_valid)
+        if backward:
+            with timers("student"):
+                loss.backward()
+    finally:
+        if results is not None:
+            results.release()
+    return metrics
+
+
+def sum_metrics(parts: list[dict]) -> dict:
+    """Combine micro-batch metrics: loss terms add up (each is a share of the global mean);
+    weights/coverage/scores are averaged."""
+    out: dict[str, float] = defaultdict(float)
+    for m in parts:
+        for k, v in m.items():
+            add = k in ("loss", "ce") or k.endswith("/loss")
+            out[k] += v if add else v / len(parts)
+    return dict(out)
