@@ -15,7 +15,7 @@ from xdistill.errors import ConfigError
 # run kind -> "module:ConfigClass"
 KINDS = {
     "offpolicy": "xdistill.train.config:OffPolicyConfig",
-    "onpolicy": "xdistill.train.config:OnPolicyConfig",
+    "onpolicy": "xdistill.train.onpolicy_config:OnPolicyConfig",
 }
 
 

@@ -1,15 +1,15 @@
-"""``xdistill train offpolicy --config X.yaml [--resume auto|PATH|none] [key=value ...]``.
+"""``xdistill train offpolicy|onpolicy --config X.yaml [--resume auto|PATH|none] [key=value ...]``.
 
 Loads the config strictly (unknown keys and wrong types are errors naming the key), applies the
 dotted overrides, validates everything that needs no compute (paths, batch-size divisibility,
 tokenizer/projection pairs) and runs :func:`xdistill.train.offpolicy.run_offpolicy`. Under
-``torchrun`` every rank runs this same command. ``train onpolicy`` is not available yet (exit 2).
+``torchrun`` every rank runs this same command. ``xdistill train onpolicy --config Y.yaml`` runs
+:func:`xdistill.train.onpolicy.run_onpolicy` the same way.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 
 from xdistill.config import load_config
 
@@ -23,17 +23,19 @@ def main(argv: list[str] | None = None) -> int:
                         "or none; overrides checkpoint.resume")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=10")
     args = parser.parse_intermixed_args(argv)
-    if args.kind == "onpolicy":
-        print("xdistill: error: `train onpolicy` is not available yet", file=sys.stderr)
-        return 2
-    from xdistill.train.config import OffPolicyConfig
-    from xdistill.train.offpolicy import run_offpolicy
-
     overrides = list(args.overrides)
     if args.resume is not None:
         overrides.append(f"checkpoint.resume={'' if args.resume == 'none' else args.resume}")
-    cfg = load_config(OffPolicyConfig, args.config, overrides)
-    run_offpolicy(cfg)
+    if args.kind == "onpolicy":
+        from xdistill.train.onpolicy import run_onpolicy
+        from xdistill.train.onpolicy_config import OnPolicyConfig
+
+        run_onpolicy(load_config(OnPolicyConfig, args.config, overrides))
+    else:
+        from xdistill.train.config import OffPolicyConfig
+        from xdistill.train.offpolicy import run_offpolicy
+
+        run_offpolicy(load_config(OffPolicyConfig, args.config, overrides))
     from xdistill import distributed as xdist
 
     xdist.destroy_distributed()

@@ -19,6 +19,11 @@ Three output kinds (``TeacherConfig.output``), all at temperature ``T`` (recorde
   projection drops mass), ``proj_logp_BTtVs = log(q_s)``. Teacher logit columns beyond the
   projection's Vt (padded embedding rows) carry no mapping and are dropped before renormalising.
 
+Every kind also carries ``token_logp_BTt``: the log-probability (at temperature T, float32) of the
+teacher's own next input token, at *input* positions: ``token_logp_BTt[b, j] = log softmax(z[b, j-1]
+/ T)[ids[b, j]]`` and 0 at ``j = 0`` (a cheap gather: ``z_id / T - logsumexp(z / T)``). The sampled
+on-policy estimators (k1, k3) need only this, so they work with top-k and projected teachers too.
+
 Zero probabilities (an empty tail, a student token that receives no mass, a position whose mass is
 all dropped) are floored at :data:`LOG_FLOOR` = log(float32 tiny) ~ -87.3 instead of ``-inf``, so
 no ``-inf`` reaches a reverse KL. Values at padding positions are computed like any other and
@@ -38,7 +43,7 @@ LOG_FLOOR = math.log(torch.finfo(torch.float32).tiny)
 _CHUNK_BYTES = 1 << 28
 
 TENSOR_FIELDS = ("logits_BTtV", "topk_logp_BTtK", "topk_idx_BTtK", "tail_logmass_BTt",
-                 "proj_logp_BTtVs")
+                 "proj_logp_BTtVs", "token_logp_BTt")
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,9 @@ class TeacherOutput:
     tail_logmass_BTt: torch.Tensor | None = None
     # log of the teacher distribution projected into student space, float32 [B, Tt, Vs]
     proj_logp_BTtVs: torch.Tensor | None = None
+    # log q(ids[j] | ids[<j]) at temperature T at input positions (0 at j = 0), float32 [B, Tt]
+    # (every kind)
+    token_logp_BTt: torch.Tensor | None = None
     # request number this output answers (increases by one per forward of this teacher)
     step: int = -1
 
@@ -80,15 +88,16 @@ class TeacherOutput:
 def output_spec(kind: str, B: int, Tt: int, V: int, *, top_k: int = 0, Vs: int = 0,
                 logits_dtype: torch.dtype = torch.float32) -> dict[str, tuple[tuple, torch.dtype]]:
     """Shapes and dtypes of the tensor fields of a ``kind`` output for a [B, Tt] batch."""
+    token = {"token_logp_BTt": ((B, Tt), torch.float32)}
     if kind == "logits":
-        return {"logits_BTtV": ((B, Tt, V), logits_dtype)}
+        return {"logits_BTtV": ((B, Tt, V), logits_dtype), **token}
     if kind == "topk":
         K = min(top_k, V)
         return {"topk_logp_BTtK": ((B, Tt, K), torch.float32),
                 "topk_idx_BTtK": ((B, Tt, K), torch.int64),
-                "tail_logmass_BTt": ((B, Tt), torch.float32)}
+                "tail_logmass_BTt": ((B, Tt), torch.float32), **token}
     if kind == "projected":
-        return {"proj_logp_BTtVs": ((B, Tt, Vs), torch.float32)}
+        return {"proj_logp_BTtVs": ((B, Tt, Vs), torch.float32), **token}
     raise ValueError(f"unknown teacher output kind {kind!r}")
 
 
@@ -112,6 +121,29 @@ def topk_logprobs(logits_NV: torch.Tensor, k: int, temperature: float):
         rest = logp.scatter_(-1, i, float("-inf"))
         tail_N[a:a + step] = torch.logsumexp(rest, dim=-1).clamp(min=LOG_FLOOR)
     return vals_NK, idx_NK, tail_N
+
+
+def next_token_logprobs(logits_nTV: torch.Tensor, ids_nT: torch.Tensor,
+                        temperature: float) -> torch.Tensor:
+    """``out[b, j] = log softmax(logits[b, j-1] / T)[ids[b, j]]``, 0 at ``j = 0`` (float32).
+
+    Computed per block of rows as ``z_id / T - logsumexp(z / T)`` (one float32 temporary of
+    ``rows x V`` per block), floored at :data:`LOG_FLOOR`.
+    """
+    n, T, V = logits_nTV.shape
+    out_nT = torch.zeros(n, T, dtype=torch.float32, device=logits_nTV.device)
+    if T < 2:
+        return out_nT
+    flat_NV = logits_nTV[:, :-1].reshape(n * (T - 1), V)
+    tgt_N = ids_nT[:, 1:].reshape(-1).to(logits_nTV.device).clamp(0, V - 1)
+    res_N = torch.empty(n * (T - 1), dtype=torch.float32, device=logits_nTV.device)
+    step = _chunk_rows(V)
+    for a in range(0, flat_NV.shape[0], step):
+        z = flat_NV[a:a + step].float() / temperature
+        picked = z.gather(1, tgt_N[a:a + step, None]).squeeze(1)
+        res_N[a:a + step] = (picked - torch.logsumexp(z, dim=-1)).clamp(min=LOG_FLOOR)
+    out_nT[:, 1:] = res_N.view(n, T - 1)
+    return out_nT
 
 
 def projected_logprobs(logits_NV: torch.Tensor, proj_VsVt: torch.Tensor,
@@ -148,9 +180,16 @@ def prepare_projection(proj_VsVt: torch.Tensor, device) -> torch.Tensor:
 
 
 def fill_output(kind: str, logits_nTV: torch.Tensor, out: dict[str, torch.Tensor], rows: slice,
-                *, temperature: float, top_k: int = 0, proj_VsVt=None) -> None:
-    """Write the ``kind`` output for rows ``rows`` of the batch from their logits into ``out``."""
+                *, temperature: float, top_k: int = 0, proj_VsVt=None, ids_nT=None) -> None:
+    """Write the ``kind`` output for rows ``rows`` of the batch from their logits into ``out``.
+
+    ``ids_nT`` (the rows' input ids) is needed when ``out`` holds ``token_logp_BTt``.
+    """
     n, T, V = logits_nTV.shape
+    if "token_logp_BTt" in out:
+        if ids_nT is None:
+            raise ValueError("fill_output: token_logp_BTt needs the rows' input ids (ids_nT)")
+        out["token_logp_BTt"][rows].copy_(next_token_logprobs(logits_nTV, ids_nT, temperature))
     flat_NV = logits_nTV.reshape(n * T, V)
     if kind == "logits":
         dst = out["logits_BTtV"][rows]
@@ -178,4 +217,5 @@ def check_fields(output: TeacherOutput) -> None:
 
 
 __all__ = ["TeacherOutput", "LOG_FLOOR", "output_spec", "topk_logprobs", "projected_logprobs",
+           "next_token_logprobs",
            "prepare_projection", "fill_output", "check_fields", "TENSOR_FIELDS"]

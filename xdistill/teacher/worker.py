@@ -135,7 +135,7 @@ class TeacherWorker:
                     mask = mask_BTt[rows].to(self.device, non_blocking=True).long()
                     logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
                     fill_output(self.info.kind, logits, out, rows, temperature=cfg.temperature,
-                                top_k=self.info.top_k, proj_VsVt=self.proj_VsVt)
+                                top_k=self.info.top_k, proj_VsVt=self.proj_VsVt, ids_nT=ids)
                     del logits
         finally:
             if cfg.offload:

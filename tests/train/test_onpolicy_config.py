@@ -1,0 +1,66 @@
+"""OnPolicyConfig: documented fields, the shipped recipes load strictly, validation errors name
+the key, and the off-policy mixing schedule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from xdistill.config import from_dict, load_config, undocumented_fields
+from xdistill.errors import ConfigError
+from xdistill.train.onpolicy import is_offpolicy_step
+from xdistill.train.onpolicy_config import OnPolicyConfig, validate_onpolicy
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_every_field_documented():
+    assert undocumented_fields(OnPolicyConfig) == []
+
+
+@pytest.mark.parametrize("name", ["onpolicy_tiny_cpu.yaml", "onpolicy_gpu_qwen3_to_llama1b.yaml"])
+def test_recipes_load(name):
+    cfg = load_config(OnPolicyConfig, REPO / "configs" / name, ["train.steps=3"])
+    assert cfg.train.steps == 3 and len(cfg.teachers) == 2
+    assert cfg.rollout.temperature == 1.0
+
+
+def _cfg(tmp_path, **loss):
+    model = tmp_path / "m"
+    model.mkdir(exist_ok=True)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    t = {"name": "t", "worker": {"model": str(model)}, "loss": loss}
+    return from_dict(OnPolicyConfig, {"student_tokenizer": "gpt2", "teachers": [t],
+                                      "prompts": {"paths": [str(prompts)]}})
+
+
+def test_validation_names_the_key(tmp_path):
+    validate_onpolicy(_cfg(tmp_path, kind="k3"))
+    bad = _cfg(tmp_path, kind="reverse_kl")
+    bad.teachers[0].worker.output = "topk"
+    with pytest.raises(ConfigError, match="teachers.0.*worker.output"):
+        validate_onpolicy(bad)
+    bad = _cfg(tmp_path, kind="topk_kl")
+    with pytest.raises(ConfigError, match="topk_kl"):
+        validate_onpolicy(bad)
+    bad = _cfg(tmp_path)
+    bad.loss.offpolicy_lambda = 0.5
+    with pytest.raises(ConfigError, match="offpolicy.data.paths"):
+        validate_onpolicy(bad)
+    with pytest.raises(ConfigError, match="kind"):
+        from_dict(OnPolicyConfig, {"teachers": [{"loss": {"kind": "forward_kl"}}]})
+
+
+def test_offpolicy_schedule(tmp_path):
+    cfg = _cfg(tmp_path)
+    cfg.loss.offpolicy_lambda = 0.25
+    picked = [s for s in range(1, 13) if is_offpolicy_step(cfg, s)]
+    assert picked == [4, 8, 12]
+    cfg.loss.offpolicy_mode = "probability"
+    a = [is_offpolicy_step(cfg, s) for s in range(1, 401)]
+    assert a == [is_offpolicy_step(cfg, s) for s in range(1, 401)]  # a function of the step
+    assert 0.15 < sum(a) / 400 < 0.35
+    cfg.loss.offpolicy_lambda = 0.0
+    assert not any(is_offpolicy_step(cfg, s) for s in range(1, 20))

@@ -1,0 +1,255 @@
+"""``OnPolicyConfig`` (``xdistill train onpolicy``): the student samples, teachers score.
+
+Every field is documented by the comment above it (``xdistill config show onpolicy`` prints them).
+Sections reused from the off-policy trainer: ``student``, ``optim``, ``scheduler``, ``checkpoint``
+and each teacher's ``worker``; ``rollout`` is :class:`xdistill.rollout.RolloutConfig`.
+:func:`validate_onpolicy` checks what can be checked before any compute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from xdistill.data.config import DataConfig
+from xdistill.errors import ConfigError
+from xdistill.losses.onpolicy import CROSS_ROUTES, ONPOLICY_LOSSES
+from xdistill.rollout.engine import RolloutConfig
+from xdistill.student.config import StudentConfig
+from xdistill.teacher.config import TeacherConfig
+from xdistill.train.config import CheckpointConfig, RunSchedulerConfig
+from xdistill.train.optim import OptimConfig
+
+OnPolicyKind = Literal["reverse_kl", "topk_kl", "jsd", "k1", "k3"]
+OffPolicyKind = Literal["", "forward_kl", "reverse_kl", "jsd", "topk_kl", "exact_kl", "pkl", "uld",
+                        "gold", "alm"]
+
+
+@dataclass
+class OnPolicyTeacherLoss:
+    """How one teacher scores the student's samples (see xdistill.losses.onpolicy)."""
+
+    # on-policy loss: reverse_kl (full distribution), topk_kl (teacher top-k + tail bucket, same
+    # tokenizer and worker.output = topk), jsd, k1 (policy-gradient advantage) or k3 (sampled)
+    kind: OnPolicyKind = "reverse_kl"
+    # static weight of this teacher's loss
+    weight: float = 1.0
+    # loss temperature (both sides; the teacher worker's temperature must be 1 or equal)
+    temperature: float = 1.0
+    # JSD beta (kind jsd): 1 = reverse-like, 0 = forward-like
+    beta: float = 0.5
+    # cross-tokenizer route of reverse_kl/jsd: projection (P-KL through loss.projection) or
+    # exact (1:1 chunks over the shared vocabulary of identical token bytes)
+    cross: Literal["projection", "exact"] = "projection"
+    # projection artifact (.npz from `xdistill projection build`) for cross = projection
+    projection: str = ""
+    # loss of this teacher on mixed-in off-policy batches (loss.offpolicy_lambda > 0), an
+    # off-policy kind; "" = derived from kind (same tokenizer: reverse_kl/jsd/topk_kl as is, k1/k3
+    # -> forward_kl; cross: pkl (projection route) or exact_kl, k1/k3 -> alm)
+    offpolicy_kind: OffPolicyKind = ""
+
+
+@dataclass
+class OnPolicyTeacherConfig:
+    """One teacher of an on-policy run: tokenizer, worker and on-policy loss."""
+
+    # teacher name (unique; metrics <name>/loss)
+    name: str = "teacher"
+    # tokenizer spec (asset name, folder, ...); "" = the worker's model folder
+    tokenizer: str = ""
+    # most teacher tokens per scored row (the prompt is cut from the left first); null = no limit
+    max_len: int | None = None
+    # the teacher worker: model folder, placement, output kind, transport, timeouts
+    worker: TeacherConfig = field(default_factory=TeacherConfig)
+    # the on-policy loss of this teacher
+    loss: OnPolicyTeacherLoss = field(default_factory=OnPolicyTeacherLoss)
+
+
+@dataclass
+class PromptsConfig:
+    """Where prompts come from and how they are batched."""
+
+    # prompt files: .jsonl ({"prompt": str} or {"messages": [...]}) or arrow/parquet
+    paths: list[str] = field(default_factory=list)
+    # column/key of plain-text prompts
+    prompt_column: str = "prompt"
+    # column/key of chat prompts (a list of {role, content})
+    messages_column: str = "messages"
+    # prompts per rank per optimizer step (one rollout each)
+    batch_size: int = 8
+    # shuffle the prompts every epoch (permutation seeded by train.seed and the epoch)
+    shuffle: bool = True
+    # loader worker processes (0 = in the training process)
+    num_workers: int = 0
+    # passes over the prompts (null = endless)
+    epochs: int | None = None
+
+
+@dataclass
+class ScoringConfig:
+    """Re-tokenization and alignment of the responses for each teacher."""
+
+    # chunking of the aligner: minimal (smallest common byte chunks) or space
+    chunks: Literal["minimal", "space"] = "minimal"
+    # aligner method: auto, exact or dp
+    method: Literal["auto", "exact", "dp"] = "auto"
+
+
+@dataclass
+class OnPolicyLossConfig:
+    """How the teachers' on-policy losses combine, clamps, reward weighting, off-policy mixing."""
+
+    # teacher weighting (static weights from each teacher's loss.weight)
+    weighting: Literal["static"] = "static"
+    # sequence positions per block when computing losses (bounds memory); null = no blocking
+    chunk_size: int | None = 256
+    # k1/k3: floor of every sampled-token log-prob (both sides) before the log-ratio; null = off
+    logp_min: float | None = -10.0
+    # k1/k3: symmetric clamp of the per-unit loss (k3) or the advantage (k1); null = off
+    loss_max: float | None = 10.0
+    # k3: clip of the log-ratio inside exp; null = off
+    exp_clip: float | None = 20.0
+    # reward weighting of samples: weight B * softmax(reward / reward_beta) when the rollouts
+    # carry rewards; 0 = off
+    reward_beta: float = 0.0
+    # fraction lambda of optimizer steps that train on an off-policy batch from offpolicy.data
+    # instead of rollouts (0 = pure on-policy)
+    offpolicy_lambda: float = 0.0
+    # how steps are picked for lambda: ratio (deterministic: step s is off-policy when
+    # floor(s * lambda) > floor((s - 1) * lambda)) or probability (seeded by train.seed and s)
+    offpolicy_mode: Literal["ratio", "probability"] = "ratio"
+
+
+@dataclass
+class OffPolicyMixConfig:
+    """The corpus of mixed-in off-policy batches (loss.offpolicy_lambda > 0)."""
+
+    # corpus, packing and collation (same format as train offpolicy's data section)
+    data: DataConfig = field(default_factory=DataConfig)
+    # weight of the student's own next-token CE on off-policy batches
+    ce_weight: float = 0.0
+
+
+@dataclass
+class OnPolicyTrainConfig:
+    """The optimisation loop."""
+
+    # optimizer steps to run
+    steps: int = 100
+    # global seed (python, numpy, torch; prompt order)
+    seed: int = 0
+    # log a metrics line every this many steps
+    log_every: int = 1
+    # run directory: metrics.jsonl, checkpoints/, export/
+    out_dir: str = "runs/onpolicy"
+    # device of the student: auto (cuda:<local rank> when available, else cpu), cpu, cuda
+    device: str = "auto"
+    # write the prompt indices and a hash of every response to out_dir/samples_rank<R>.jsonl
+    log_samples: bool = False
+    # debugging: after the checkpoint of this step, exit at once with code 3 (0 = never)
+    stop_after: int = 0
+    # torch intra-op threads of the training process (0 = torch's default)
+    num_threads: int = 0
+
+
+@dataclass
+class OnPolicyConfig:
+    """``xdistill train onpolicy``: the student samples responses, teachers score them."""
+
+    # the student model and its FSDP2 sharding
+    student: StudentConfig = field(default_factory=StudentConfig)
+    # student tokenizer spec (asset name, folder, ...); "" = the student model folder
+    student_tokenizer: str = ""
+    # teachers, each with its own tokenizer, worker and on-policy loss
+    teachers: list[OnPolicyTeacherConfig] = field(default_factory=list)
+    # prompt sources and batching
+    prompts: PromptsConfig = field(default_factory=PromptsConfig)
+    # rollout engine and sampling (temperature 1 recommended)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    # re-tokenization and alignment for the teachers
+    scoring: ScoringConfig = field(default_factory=ScoringConfig)
+    # loss combination, clamps, reward weighting, off-policy mixing
+    loss: OnPolicyLossConfig = field(default_factory=OnPolicyLossConfig)
+    # off-policy batches mixed in when loss.offpolicy_lambda > 0
+    offpolicy: OffPolicyMixConfig = field(default_factory=OffPolicyMixConfig)
+    # AdamW
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    # learning-rate schedule (total_steps defaults to train.steps when left at 0)
+    scheduler: RunSchedulerConfig = field(default_factory=RunSchedulerConfig)
+    # loop, seed, output directory
+    train: OnPolicyTrainConfig = field(default_factory=OnPolicyTrainConfig)
+    # checkpoints (with the prompt loader state), resume and export
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+
+def _exists(path: str, key: str) -> None:
+    if not Path(path).exists():
+        raise ConfigError(f"{key}: {path!r} does not exist")
+
+
+def validate_onpolicy(cfg: OnPolicyConfig) -> OnPolicyConfig:
+    """Checks that need no compute; raises ConfigError naming the key. Fills derived defaults."""
+    cfg.student.validate()
+    cfg.optim.validate()
+    if cfg.scheduler.total_steps == 0:
+        cfg.scheduler.total_steps = max(cfg.train.steps, cfg.scheduler.warmup_steps, 1)
+    cfg.scheduler.validate()
+    if cfg.train.steps < 1:
+        raise ConfigError(f"train.steps must be >= 1, got {cfg.train.steps}")
+    if cfg.train.stop_after and (cfg.checkpoint.every <= 0
+                                 or cfg.train.stop_after % cfg.checkpoint.every):
+        raise ConfigError(f"train.stop_after ({cfg.train.stop_after}) must be a multiple of "
+                          f"checkpoint.every ({cfg.checkpoint.every}) so a checkpoint exists")
+    if cfg.student.path:
+        _exists(cfg.student.path, "student.path")
+    if not cfg.student_tokenizer and not cfg.student.path:
+        raise ConfigError("student_tokenizer: set it (a fresh student model has no tokenizer)")
+    if not cfg.prompts.paths:
+        raise ConfigError("prompts.paths: no prompt files given")
+    for i, p in enumerate(cfg.prompts.paths):
+        _exists(p, f"prompts.paths.{i}")
+    if cfg.prompts.batch_size < 1:
+        raise ConfigError(f"prompts.batch_size must be >= 1, got {cfg.prompts.batch_size}")
+    if not cfg.teachers:
+        raise ConfigError("teachers: an on-policy run needs at least one teacher")
+    names = [t.name for t in cfg.teachers]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"teachers: names must be unique, got {names}")
+    for i, t in enumerate(cfg.teachers):
+        _validate_teacher(t, f"teachers.{i}")
+    lam = cfg.loss.offpolicy_lambda
+    if not 0.0 <= lam <= 1.0:
+        raise ConfigError(f"loss.offpolicy_lambda must lie in [0, 1], got {lam}")
+    if lam > 0 and not cfg.offpolicy.data.paths:
+        raise ConfigError("offpolicy.data.paths: loss.offpolicy_lambda > 0 needs a corpus")
+    if cfg.loss.reward_beta < 0:
+        raise ConfigError(f"loss.reward_beta must be >= 0, got {cfg.loss.reward_beta}")
+    return cfg
+
+
+def _validate_teacher(t: OnPolicyTeacherConfig, key: str) -> None:
+    t.worker.name = t.name
+    if not t.worker.model:
+        raise ConfigError(f"{key}.worker.model: a teacher model folder is required")
+    _exists(t.worker.model, f"{key}.worker.model")
+    t.worker.validate()
+    lc = t.loss
+    if lc.kind not in ONPOLICY_LOSSES or lc.cross not in CROSS_ROUTES:
+        raise ConfigError(f"{key}.loss: unknown kind {lc.kind!r} or cross route {lc.cross!r}")
+    if lc.temperature <= 0 or lc.weight < 0:
+        raise ConfigError(f"{key}.loss: temperature must be > 0 and weight >= 0")
+    if t.worker.temperature != 1.0 and t.worker.temperature != lc.temperature:
+        raise ConfigError(f"{key}.worker.temperature ({t.worker.temperature}) must be 1 or equal "
+                          f"to loss.temperature ({lc.temperature})")
+    full = lc.kind in ("reverse_kl", "jsd")
+    if full and t.worker.output != "logits":
+        raise ConfigError(f"{key}: loss {lc.kind!r} needs worker.output = 'logits' "
+                          f"(got {t.worker.output!r}); use k1/k3 with top-k teachers")
+    if lc.kind == "topk_kl" and t.worker.output != "topk":
+        raise ConfigError(f"{key}: loss 'topk_kl' needs worker.output = 'topk'")
+    if t.worker.output == "projected":
+        raise ConfigError(f"{key}.worker.output: 'projected' outputs are not used on-policy; use "
+                          "logits (reverse_kl/jsd through loss.projection) or topk (k1/k3/topk_kl)")
+    if full and lc.cross == "projection" and lc.projection:
+        _exists(lc.projection, f"{key}.loss.projection")
