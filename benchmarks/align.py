@@ -1,13 +1,17 @@
 """Aligner benchmark: student tokens/s of the exact and DP paths vs the pure-Python reference.
 
 Rows are windows of the Shakespeare asset corpus: ``L`` gpt2 (student) tokens each, the same
-bytes tokenized by qwen2 (teacher). Batch 64, ``L`` in 512/2048/8192, Numba with 1 thread and
-with all cores. Paths:
+bytes tokenized by qwen2 (teacher; bert for ``bert-lossy``). Batch 64, ``L`` in 512/2048/8192,
+Numba with 1 thread and with all cores. Paths:
 
 * exact: identical texts (``method="auto"`` takes the exact path);
 * dp-edit: the teacher's text has every 40th word replaced by ``"XYZ"`` (``method="auto"`` falls
-  back to the banded DP, band 32, widened as needed);
-* dp-same: identical texts forced through the DP (``method="dp"``), the DP's cost floor.
+  back to the anchored banded DP: unique 32-gram anchors, band 32 on the gaps, widened as needed);
+* dp-edit-noanchor: the same rows with ``dp_anchor=0`` (only the common prefix/suffix is
+  stripped, one band centred on the main diagonal: the previous behaviour; L <= 2048 only);
+* dp-same: identical texts forced through the DP (``method="dp"``; the anchored path reduces it
+  to the common-prefix walk);
+* bert-lossy: gpt2 x uncased WordPiece (lossy comparison space), same text: exact path.
 
 Throughput includes the whole ``align_batch`` call (validation, allocation, trimming). The
 pure-Python reference (:mod:`xdistill.align.reference`, same algorithms) is timed on a few rows
@@ -40,13 +44,22 @@ NOTES = [
     "Notes:",
     "- x Python (whole row): `align_row_reference` per row (validation-free, but it extracts "
     "token bytes, checks equality, walks/DPs and post-processes, like the Numba call). x Python "
-    "(core): only the reference walk / DP + chunking on precomputed Python lists, against the "
-    "whole Numba call: a conservative bound that gives Python its preprocessing for free.",
-    "- dp-edit widens the band to cover the length drift |Ls - Lt| the edits accumulate (the band "
-    "is centred on the main diagonal), so at 8192 tokens each row's DP has ~10M cells; a band "
-    "that follows the slope Lt/Ls would remove this (follow-up).",
-    "- The machine is shared with other jobs (load average ~8 on 2 cores while measured), so "
-    "the all-cores column is not meaningful here and absolute figures are pessimistic.",
+    "(core): only the reference walk / anchored DP + chunking on precomputed Python lists, against "
+    "the whole Numba call: a conservative bound that gives Python its preprocessing for free.",
+    "- dp-edit runs the anchored DP (common prefix/suffix, unique 32-gram anchors, band 32 on the "
+    "gaps). dp-edit-noanchor is the previous single band centred on the main diagonal, which must "
+    "widen to the length drift the edits accumulate (~10M cells per row at 8192 tokens, 0.05 M "
+    "tok/s before this change). The anchored algorithm is also much cheaper in Python (dict "
+    "k-gram counts and prefix stripping run at C speed), so its x Python (core) ratio is smaller "
+    "than the old banded DP's although the Numba side got 5-30x faster.",
+    "- dp-same (identical texts forced through the DP) is now the common-prefix walk.",
+    "- bert-lossy: gpt2 x uncased BERT on the same text has coverage 1.000 (lossy comparison "
+    "space: ASCII lower case, whitespace removed); it was ~0.16-0.6 before.",
+    "- All-cores column: the 2-core machine ran other jobs (1-minute load average in the header), "
+    "so a second numba thread competes for a core already taken; 2 threads are no faster and "
+    "sometimes slower, and single-thread figures vary up to ~3x between runs (exact at 512: "
+    "14.3 then 3.8 M tok/s). Parallel scaling cannot be measured on this machine; re-measure on "
+    "an idle multi-core host.",
 ]
 
 
@@ -84,22 +97,27 @@ def python_time(kind, s_rows, t_rows, s_tab, t_tab, n_ref: int) -> tuple[float, 
     """Seconds per row of the reference: (core algorithm only, whole reference row)."""
     from xdistill.align import reference as ref
 
+    anchor = 0 if kind == "dp-edit-noanchor" else 32
+    folded = bool(s_tab.lossy or t_tab.lossy)
     core = whole = 0.0
     for s, t in zip(s_rows[:n_ref], t_rows[:n_ref]):
         s, t = s.tolist(), t.tolist()
         es, et = ref.effective_lengths(s, s_tab, 0), ref.effective_lengths(t, t_tab, 0)
-        if kind == "exact":
+        if kind in ("exact", "bert-lossy"):
+            ns = ref.normalized_lengths(s, es, s_tab, folded)
+            nt = ref.normalized_lengths(t, et, t_tab, folded)
             t0 = time.perf_counter()
-            ref.exact_chunks_walk(s, t, es, et, s_tab, t_tab)
+            ref.exact_chunks_walk(s, t, ns, nt, s_tab, t_tab)
         else:
-            sym_s, tok_s, isb_s = ref.symbols(s, es, s_tab, False)
-            sym_t, tok_t, isb_t = ref.symbols(t, et, t_tab, False)
+            sym_s, tok_s, isb_s = ref.symbols(s, es, s_tab, folded)
+            sym_t, tok_t, isb_t = ref.symbols(t, et, t_tab, folded)
             t0 = time.perf_counter()
-            path = ref.banded_edit_path(sym_s, sym_t, 32)
+            path = ref.anchored_edit_path(sym_s, sym_t, 32, anchor_k=anchor)
             ref.chunks_from_path(path, sym_s, tok_s, isb_s, sym_t, tok_t, isb_t)
         core += time.perf_counter() - t0
         t0 = time.perf_counter()
-        ref.align_row_reference(s, t, s_tab, t_tab, method="dp" if kind == "dp-same" else "auto")
+        ref.align_row_reference(s, t, s_tab, t_tab, method="dp" if kind == "dp-same" else "auto",
+                                dp_anchor=anchor)
         whole += time.perf_counter() - t0
     return core / n_ref, whole / n_ref
 
@@ -126,45 +144,63 @@ def main() -> None:
     args = parser.parse_args()
     import numba
 
-    from xdistill.align import align_batch
     from xdistill.tokenization import load_tokenizer
 
-    s_tok, t_tok = load_tokenizer("gpt2"), load_tokenizer("qwen2")
-    s_tab, t_tab = s_tok.table, t_tok.table
+    s_tok, t_tok, bert = load_tokenizer("gpt2"), load_tokenizer("qwen2"), load_tokenizer("bert")
     cores = numba.config.NUMBA_NUM_THREADS
     cold, warm = first_call_times()
+    load = [os.getloadavg()[0]]
     rows = []
     for L in ([512, 2048] if args.quick else [512, 2048, 8192]):
-        for kind in ("exact", "dp-edit", "dp-same"):
-            s_ids, s_len, t_ids, t_len, s_rows, t_rows = windows(s_tok, t_tok, L, B,
-                                                                 kind == "dp-edit")
-            method = "dp" if kind == "dp-same" else "auto"
-            call = lambda: align_batch(s_ids, s_len, t_ids, t_len, s_tab, t_tab,  # noqa: E731
-                                       method=method)
-            res = call()
-            assert res.used_dp_B.all() == (kind != "exact")
-            per_thread = {}
-            for threads in (1, cores):
-                numba.set_num_threads(threads)
-                per_thread[threads] = best_of(call, 3 if L < 8192 else 2)
-            numba.set_num_threads(cores)
-            n_ref = {512: 4, 2048: 2, 8192: 1}[L] if kind == "exact" else {512: 2, 2048: 1,
-                                                                           8192: 1}[L]
-            core, whole = python_time(kind, s_rows, t_rows, s_tab, t_tab, n_ref)
-            tokens = int(s_len.sum())
-            t1, tn = per_thread[1], per_thread[cores]
-            rows.append((L, kind, tokens / t1 / 1e6, tokens / tn / 1e6, core * B / t1,
-                         whole * B / t1, n_ref, float(res.s_coverage_B.mean())))
+        for kind in KINDS:
+            if kind == "dp-edit-noanchor" and L > 2048:
+                continue
+            rows.append(measure(kind, L, s_tok, bert if kind == "bert-lossy" else t_tok, cores))
             print(rows[-1], flush=True)
-    write(args.out, rows, cores, cold, warm)
+            load.append(os.getloadavg()[0])
+    write(args.out, rows, cores, cold, warm, load)
 
 
-def write(out: str, rows, cores: int, cold: float, warm: float) -> None:
+KINDS = ("exact", "dp-edit", "dp-edit-noanchor", "dp-same", "bert-lossy")
+
+
+def measure(kind: str, L: int, s_tok, t_tok, cores: int) -> tuple:
+    """One table row: throughput with 1 thread and all cores, ratios to the reference."""
+    import numba
+
+    from xdistill.align import align_batch
+
+    s_tab, t_tab = s_tok.table, t_tok.table
+    s_ids, s_len, t_ids, t_len, s_rows, t_rows = windows(s_tok, t_tok, L, B,
+                                                         kind.startswith("dp-edit"))
+    method = "dp" if kind == "dp-same" else "auto"
+    anchor = 0 if kind == "dp-edit-noanchor" else 32
+    call = lambda: align_batch(s_ids, s_len, t_ids, t_len, s_tab, t_tab,  # noqa: E731
+                               method=method, dp_anchor=anchor)
+    res = call()
+    assert res.used_dp_B.all() == kind.startswith("dp"), kind
+    per_thread = {}
+    for threads in (1, cores):
+        numba.set_num_threads(threads)
+        per_thread[threads] = best_of(call, 3 if L < 8192 else 2)
+    numba.set_num_threads(cores)
+    n_ref = {512: 4, 2048: 2, 8192: 1}[L] if kind in ("exact", "bert-lossy") else \
+        {512: 2, 2048: 1, 8192: 1}[L]
+    core, whole = python_time(kind, s_rows, t_rows, s_tab, t_tab, n_ref)
+    tokens = int(s_len.sum())
+    t1, tn = per_thread[1], per_thread[cores]
+    return (L, kind, tokens / t1 / 1e6, tokens / tn / 1e6, core * B / t1, whole * B / t1, n_ref,
+            float(res.s_coverage_B.mean()))
+
+
+def write(out: str, rows, cores: int, cold: float, warm: float, load: list) -> None:
     lines = [
         "# Aligner benchmark (`benchmarks/align.py`)", "",
         f"Hardware: {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
-        f"(shared with other jobs while measured), no GPU. Python {platform.python_version()}. "
-        f"Student gpt2, teacher qwen2, Shakespeare windows, batch {B}. Times are the best of "
+        f"(shared with other jobs while measured: 1-minute load average {min(load):.1f}-"
+        f"{max(load):.1f}), no GPU. Python {platform.python_version()}. "
+        f"Student gpt2, teacher qwen2 (bert for bert-lossy), Shakespeare windows, batch {B}. "
+        "Times are the best of "
         "2-3 runs of the whole `align_batch` call. Python reference: rows timed as stated and "
         "extrapolated to the batch; ratio = reference time / Numba time, both single thread.",
         "",

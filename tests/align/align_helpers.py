@@ -107,13 +107,16 @@ def _eff_bytes(ids, table: TokenByteTable, phantom: int) -> list[bytes]:
     return out
 
 
-def _fold(b: bytes, on: bool) -> bytes:
-    return b.lower() if on else b   # bytes.lower() folds ASCII only
+def norm(b: bytes, on: bool) -> bytes:
+    """The lossy comparison space: ASCII lower case (``bytes.lower`` folds ASCII only), no
+    whitespace; the identity for lossless pairs."""
+    return b"".join(b.lower().split()) if on else b
 
 
 def check_invariants(res, b: int, s_ids, t_ids, s_table, t_table, s_ph: int = 0, t_ph: int = 0,
                      chunks: str = "minimal") -> None:
-    """The definitions: identical bytes, contiguous ordered disjoint spans, minimality, roles,
+    """The definitions: identical bytes (lossless pairs) or bytes equal after ``norm`` (lossy
+    pairs), contiguous ordered disjoint spans, minimality (in the comparison space), roles,
     padding never aligned, exact flags and coverage consistent."""
     n, m = len(s_ids), len(t_ids)
     folded = s_table.lossy or t_table.lossy
@@ -137,8 +140,9 @@ def check_invariants(res, b: int, s_ids, t_ids, s_table, t_table, s_ph: int = 0,
             assert s1 - s0 == 1 and t1 - t0 == 1 and s_roles[0] == t_roles[0], "role pair 1:1"
             assert not res.chunk_exact_BC[b, k]
             continue
-        sbytes, tbytes = sb[s0:s1], tb[t0:t1]
-        assert _fold(b"".join(sbytes), folded) == _fold(b"".join(tbytes), folded)
+        sbytes = [norm(x, folded) for x in sb[s0:s1]]
+        tbytes = [norm(x, folded) for x in tb[t0:t1]]
+        assert b"".join(sbytes) == b"".join(tbytes), "equal bytes (lossy: after normalisation)"
         assert b"".join(sbytes), "a text chunk holds bytes"
         if chunks == "minimal":
             s_cuts = set(np.cumsum([len(x) for x in sbytes])[:-1].tolist())

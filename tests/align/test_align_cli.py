@@ -17,11 +17,12 @@ def test_escape_is_readable_and_unambiguous():
 def test_show_prints_chunks_unaligned_regions_and_coverage(get_tokenizer, capsys):
     get_tokenizer("gpt2"), get_tokenizer("bert")
     assert main(["show", "--student", "gpt2", "--teacher", "bert", "--text",
-                 "Hello World!\n🙂 ok"]) == 0
+                 "Hello World, fine!\n🙂 ok"]) == 0
     out = capsys.readouterr().out
     assert "path: dp" in out and "coverage: student" in out
     assert "unaligned student regions" in out and " World" in out and "\\n" in out
-    assert "= s[" in out  # at least one exact pair
+    assert "= s[" in out  # at least one exact pair (",")
+    assert "teacher world" in out   # " World" ~ "world" in the lossy comparison space
 
 
 def test_show_space_chunks_from_file(get_tokenizer, tmp_path, capsys):

@@ -1,6 +1,7 @@
 """DP path on synthetic tokenizations: Numba == pure-Python banded DP reference, invariants,
-optimality of the band, and the scenarios of the issue (BOS on one side, chat templates,
-lowercased WordPiece-like text, truncation mid-character, different text in the middle)."""
+optimality of the band and of prefix/suffix stripping, anchors, lossy pairs, and the scenarios
+of the issue (BOS on one side, chat templates, lowercased WordPiece-like text, truncation
+mid-character, different text in the middle)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from hypothesis import strategies as st
 from align_helpers import (SPICY, Vocab, check_invariants, compare_with_reference, pad,
                            random_cuts, segment)
 from xdistill.align import align_batch, align_pair
-from xdistill.align.reference import (banded_edit_path, effective_lengths, full_edit_distance,
-                                      symbols)
+from xdistill.align.reference import (anchored_edit_path, banded_edit_path, effective_lengths,
+                                      find_anchors, full_edit_distance, symbols)
 from xdistill.tokenization.table import ROLE_BOS, ROLE_CHAT, ROLE_EOS
 
 TEXT = st.text(st.one_of(st.sampled_from(SPICY), st.characters(exclude_categories=("Cs",))),
@@ -139,19 +140,86 @@ def test_chat_templates_pair_roles_and_text():
 
 
 def test_lowercased_wordpiece_like_teacher():
-    """A lossy teacher (lowercased, no spaces) aligns up to ASCII case; spaces are gaps."""
+    """A lossy teacher (lowercased, no spaces): texts are equal after normalisation (ASCII lower
+    case, whitespace removed), so the exact path aligns everything; whitespace the teacher lacks
+    is absorbed (" World" ~ "world", a lone " " joins the next chunk)."""
     vocab = Vocab(lossy=True)
     a = b"Hello World, it is Fine"
-    s = segment(vocab, a, [5, 6, 11, 12, 15, 18, 19])          # Hello| World|,| it| is| Fine
+    s = segment(vocab, a, [5, 6, 11, 12, 15, 18, 19])   # Hello| |World|,| it| is| |Fine
     b = a.lower().replace(b" ", b"")
-    t = segment(vocab, b, [5, 10, 11, 13, 15])                  # hello|world|,|it|is|fine
+    t = segment(vocab, b, [5, 10, 11, 13, 15])           # hello|world|,|it|is|fine
+    table = vocab.table()
+    for method in ("auto", "dp"):
+        res = align_pair(s, t, table, table, method=method)
+        assert res.used_dp_B[0] == (method == "dp")
+        compare_with_reference(res, [s], [t], table, table, method=method)
+        check_invariants(res, 0, s, t, table, table)
+        assert res.s_chunk_BTs[0].tolist() == [0, 1, 1, 2, 3, 4, 5, 5]
+        assert res.t_chunk_BTt[0].tolist() == [0, 1, 2, 3, 4, 5]
+        assert res.chunk_exact_BC[0].tolist() == [False, False, True, False, False, False]
+    space = align_pair(s, t, table, table, chunks="space")
+    compare_with_reference(space, [s], [t], table, table, chunks="space")
+    # groups start where whitespace precedes on either side: Hello | World, | it | is | Fine
+    assert space.t_chunk_BTt[0].tolist() == [0, 1, 1, 2, 3, 4]
+
+
+def test_lossy_teacher_with_a_different_region():
+    vocab = Vocab(lossy=True)
+    a = b"The Quick brown fox jumps over the lazy dog"
+    b = b"thequickredcatjumpsoverthelazydog"
+    cut = lambda d: [k for k in range(1, len(d)) if d[k:k + 1] == b" "]  # noqa: E731
+    s = segment(vocab, a, cut(a))
+    t = segment(vocab, b, [3, 8, 11, 14, 19, 23, 26, 30])   # the|quick|red|cat|jumps|...
     table = vocab.table()
     res = align_pair(s, t, table, table)
     assert res.used_dp_B[0]
     compare_with_reference(res, [s], [t], table, table)
     check_invariants(res, 0, s, t, table, table)
-    # Hello| |World|,| it| is| |Fine  vs  hello|world|,|it|is|fine: " it"/" is" start with a
-    # space the teacher lacks, so no cut starts them; "," is the only exact pair
-    assert res.s_chunk_BTs[0].tolist() == [0, -1, 1, 2, -1, -1, -1, 3]
-    assert res.t_chunk_BTt[0].tolist() == [0, 1, 2, -1, -1, 3]
-    assert res.chunk_exact_BC[0].tolist() == [False, False, True, False]
+    assert res.s_chunk_BTs[0].tolist() == [0, 1, -1, -1, 2, 3, 4, 5, 6]
+    assert res.t_chunk_BTt[0].tolist() == [0, 1, -1, -1, 2, 3, 4, 5, 6]
+
+
+@SETTINGS
+@given(st.lists(st.integers(0, 3), max_size=60), st.lists(st.integers(0, 3), max_size=60),
+       st.integers(1, 4))
+def test_anchor_segments_match_the_reference(a, b, k):
+    """Unique K-grams, LIS chain and segment merging: Numba == dict-based reference (a small
+    alphabet makes repeated K-grams, ties and overlapping chains common)."""
+    from xdistill.align._anchor import find_anchors as nb_find_anchors
+
+    sx, sy, sl = nb_find_anchors(np.array(a, np.int32), np.array(b, np.int32), k)
+    got = list(zip(sx.tolist(), sy.tolist(), sl.tolist()))
+    assert got == find_anchors(a, b, k)
+    for x, y, n in got:
+        assert a[x:x + n] == b[y:y + n]
+
+
+@SETTINGS
+@given(edited_pair(), st.sampled_from([1, 4]))
+def test_prefix_suffix_stripping_keeps_the_optimum(pair, band):
+    """Without interior anchors the anchored path is an optimal edit path."""
+    a, b, *_ = pair
+    path = anchored_edit_path(list(a), list(b), band, anchor_k=0)
+    assert sum(mv != 0 for mv in path) == full_edit_distance(list(a), list(b))
+
+
+def test_long_rows_with_scattered_edits_use_anchors():
+    """Every 15th word replaced, so the lengths drift apart: anchors keep the DP gaps short, the
+    result equals the reference and (here) the optimal edit distance."""
+    rng = np.random.default_rng(3)
+    words = [bytes(rng.choice(list(b"abcdefghij"), rng.integers(1, 9))) for _ in range(150)]
+    a = b" ".join(words)
+    b = b" ".join(b"XYZXYZ" if k % 15 == 14 else w for k, w in enumerate(words))
+    vocab = Vocab()
+    s = segment(vocab, a, random_cuts(rng, len(a), 0.3))
+    t = segment(vocab, b, random_cuts(rng, len(b), 0.3))
+    table = vocab.table()
+    sym_s = symbols(s, effective_lengths(s, table, 0), table, False)[0]
+    sym_t = symbols(t, effective_lengths(t, table, 0), table, False)[0]
+    assert len(find_anchors(sym_s, sym_t, 32)) >= 5
+    path = anchored_edit_path(sym_s, sym_t, 4)
+    assert sum(mv != 0 for mv in path) == sum(mv != 0 for mv in banded_edit_path(sym_s, sym_t, 4))
+    res = align_pair(s, t, table, table, dp_band=4)
+    compare_with_reference(res, [s], [t], table, table, dp_band=4)
+    check_invariants(res, 0, s, t, table, table)
+    assert res.s_coverage_B[0] > 0.8

@@ -101,11 +101,15 @@ def test_empty_rows_and_empty_batch(setup):
     assert empty.n_chunks_B.shape == (0,)
 
 
-def test_dp_too_big_row_is_left_unaligned_with_a_warning(setup):
-    table, s, t = setup
-    with pytest.warns(RuntimeWarning, match=r"rows \[0\] left unaligned"):
+def test_dp_gap_too_big_is_left_unaligned_with_a_warning():
+    vocab = Vocab()
+    s = segment(vocab, b"hello world", [5])
+    t = segment(vocab, b"hello there", [5])
+    table = vocab.table()
+    with pytest.warns(RuntimeWarning, match=r"rows \[0\] have regions left unaligned"):
         res = align_pair(s, t, table, table, method="dp", dp_max_cells=4)
-    assert res.n_chunks_B[0] == 0 and res.used_dp_B[0]
+    # the common prefix "hello " needs no DP; the gap "world" / "there" exceeds the cap
+    assert res.s_chunk_BTs[0].tolist() == [0, -1] and res.used_dp_B[0]
 
 
 def test_fresh_process_loads_the_compiled_kernel_from_the_cache(setup):

@@ -3,8 +3,9 @@
 Legend: B rows, Ts / Tt padded student / teacher tokens, C chunks (per-row upper bound
 ``min(len_s, len_t)``), V vocabulary.
 
-Per row: effective lengths (phantom prefix removed) -> texts -> exact walk when the texts are
-equal (``method`` auto/exact) or banded DP otherwise -> optional "space" merge -> transparent
+Per row: effective lengths (phantom prefix removed) -> lengths and texts in the comparison space
+(lossy pairs: ASCII-lower-cased, whitespace removed) -> exact walk when the texts are equal
+(``method`` auto/exact) or the anchored banded DP otherwise -> optional "space" merge -> transparent
 tokens attached -> chunk spans, exact flags, coverage. Tokens beyond a row's length are padding:
 never read, chunk id -1. Row problems the caller must report go to ``status_B``.
 
@@ -22,9 +23,10 @@ import warnings
 import numpy as np
 from numba import njit, prange
 
+from xdistill.align._anchor import anchored_path
 from xdistill.align._common import (attach_transparent, bytes_equal, effective_lengths,
-                                    merge_space, text_bytes)
-from xdistill.align._dp import STATUS_OK, banded_dp, chunks_from_moves, symbols
+                                    lead_space, merge_space, normalized_lengths, text_bytes)
+from xdistill.align._dp import STATUS_OK, chunks_from_moves, symbols
 from xdistill.align._exact import exact_walk
 
 METHOD_AUTO = 0
@@ -32,16 +34,16 @@ METHOD_EXACT = 1
 METHOD_DP = 2
 ROW_OK = 0
 ROW_DP_CAPPED = 1          # DP band hit max_cells before the optimum was proven (still valid)
-ROW_DP_TOO_BIG = 2         # even the narrowest DP band exceeds max_cells: row left unaligned
+ROW_DP_TOO_BIG = 2         # a gap's narrowest DP band exceeds max_cells: gap left unaligned
 ROW_PHANTOM_S = 3          # student phantom prefix longer than the row's text
 ROW_PHANTOM_T = 4
 ROW_TEXT_DIFFERS = 5       # method="exact" but the texts differ
-KERNEL_SOURCES = ("_common.py", "_exact.py", "_dp.py", "_batch.py")
+KERNEL_SOURCES = ("_common.py", "_exact.py", "_dp.py", "_anchor.py", "_batch.py")
 
 
 @njit(cache=True, parallel=True)
 def align_kernel(s_ids_BTs, s_len_B, t_ids_BTt, t_len_B, s_off, s_data, s_roles, t_off, t_data,
-                 t_roles, s_ph_B, t_ph_B, fold, method, space, band, max_cells,
+                 t_roles, s_ph_B, t_ph_B, fold, method, space, band, max_cells, anchor_k,
                  s_chunk_BTs, t_chunk_BTt, cs0_BC, cs1_BC, ct0_BC, ct1_BC, cvalid_BC, cexact_BC,
                  n_chunks_B, s_cov_B, t_cov_B, used_dp_B, status_B):
     """Align every row; output arrays are pre-allocated by the caller (chunk arrays zeroed)."""
@@ -49,14 +51,14 @@ def align_kernel(s_ids_BTs, s_len_B, t_ids_BTt, t_len_B, s_off, s_data, s_roles,
         status_B[b] = _align_row(
             s_ids_BTs[b], s_len_B[b], t_ids_BTt[b], t_len_B[b], s_off, s_data, s_roles,
             t_off, t_data, t_roles, s_ph_B[b], t_ph_B[b], fold, method, space, band, max_cells,
-            s_chunk_BTs[b], t_chunk_BTt[b], cs0_BC[b], cs1_BC[b], ct0_BC[b], ct1_BC[b],
-            cvalid_BC[b], cexact_BC[b], n_chunks_B, s_cov_B, t_cov_B, used_dp_B, b)
+            anchor_k, s_chunk_BTs[b], t_chunk_BTt[b], cs0_BC[b], cs1_BC[b], ct0_BC[b],
+            ct1_BC[b], cvalid_BC[b], cexact_BC[b], n_chunks_B, s_cov_B, t_cov_B, used_dp_B, b)
 
 
 @njit
 def _align_row(ids_s, n, ids_t, m, s_off, s_data, s_roles, t_off, t_data, t_roles, ph_s, ph_t,
-               fold, method, space, band, max_cells, s_chunk, t_chunk, cs0, cs1, ct0, ct1,
-               cvalid, cexact, n_chunks_B, s_cov_B, t_cov_B, used_dp_B, b):
+               fold, method, space, band, max_cells, anchor_k, s_chunk, t_chunk, cs0, cs1, ct0,
+               ct1, cvalid, cexact, n_chunks_B, s_cov_B, t_cov_B, used_dp_B, b):
     s_chunk[:] = -1
     t_chunk[:] = -1
     n_chunks_B[b] = 0
@@ -69,36 +71,39 @@ def _align_row(ids_s, n, ids_t, m, s_off, s_data, s_roles, t_off, t_data, t_role
     elen_t, tot_t = effective_lengths(ids_t, m, t_off, t_roles, ph_t)
     if tot_t < 0:
         return ROW_PHANTOM_T
+    nlen_s, tot_s = normalized_lengths(ids_s, n, s_off, s_data, elen_s, fold)
+    nlen_t, tot_t = normalized_lengths(ids_t, m, t_off, t_data, elen_t, fold)
     cap = min(n, m)
     c_role = np.zeros(cap, np.bool_)
     c_adj = np.zeros(cap, np.bool_)
     status = ROW_OK
     use_dp = method == METHOD_DP
     if not use_dp:
-        same = tot_s == tot_t and bytes_equal(text_bytes(ids_s, n, s_off, s_data, elen_s, tot_s),
-                                              text_bytes(ids_t, m, t_off, t_data, elen_t, tot_t),
-                                              fold)
+        same = tot_s == tot_t and bytes_equal(
+            text_bytes(ids_s, n, s_off, s_data, elen_s, tot_s, fold),
+            text_bytes(ids_t, m, t_off, t_data, elen_t, tot_t, fold))
         if not same:
             if method == METHOD_EXACT:
                 return ROW_TEXT_DIFFERS
             use_dp = True
     if use_dp:
         used_dp_B[b] = True
-        sym_s, tok_s, isb_s = symbols(ids_s, n, s_off, s_data, s_roles, elen_s, fold)
-        sym_t, tok_t, isb_t = symbols(ids_t, m, t_off, t_data, t_roles, elen_t, fold)
-        moves, dp_status = banded_dp(sym_s, sym_t, band, max_cells)
+        sym_s, tok_s, isb_s = symbols(ids_s, n, s_off, s_data, s_roles, elen_s, nlen_s, fold)
+        sym_t, tok_t, isb_t = symbols(ids_t, m, t_off, t_data, t_roles, elen_t, nlen_t, fold)
+        moves, dp_status = anchored_path(sym_s, sym_t, band, max_cells, anchor_k)
         if dp_status != STATUS_OK:
             status = ROW_DP_CAPPED if dp_status == 1 else ROW_DP_TOO_BIG
-        nc = chunks_from_moves(moves, sym_s, tok_s, isb_s, sym_t, tok_t, isb_t, elen_s,
-                               elen_t, s_chunk, t_chunk, cs0, cs1, ct0, ct1, c_role, c_adj)
+        nc = chunks_from_moves(moves, sym_s, tok_s, isb_s, sym_t, tok_t, isb_t, nlen_s,
+                               nlen_t, s_chunk, t_chunk, cs0, cs1, ct0, ct1, c_role, c_adj)
     else:
-        nc = exact_walk(ids_s, n, elen_s, s_roles, ids_t, m, elen_t, t_roles, s_chunk, t_chunk,
+        nc = exact_walk(ids_s, n, nlen_s, s_roles, ids_t, m, nlen_t, t_roles, s_chunk, t_chunk,
                         cs0, cs1, ct0, ct1, c_role, c_adj)
     if space:
-        nc = merge_space(nc, ids_s, s_off, s_data, elen_s, s_chunk[:n], t_chunk[:m], cs0, cs1,
-                         ct0, ct1, c_role, c_adj)
+        nc = merge_space(nc, lead_space(ids_s, n, s_off, s_data, elen_s, fold),
+                         lead_space(ids_t, m, t_off, t_data, elen_t, fold), s_chunk[:n],
+                         t_chunk[:m], cs0, cs1, ct0, ct1, c_role, c_adj)
     trust = not fold and ph_s == 0 and ph_t == 0
-    _finish_row(nc, ids_s, n, elen_s, ids_t, m, elen_t, s_off, s_data, t_off, t_data, c_role,
+    _finish_row(nc, ids_s, n, nlen_s, ids_t, m, nlen_t, s_off, s_data, t_off, t_data, c_role,
                 trust, s_chunk, t_chunk, cs0, cs1, ct0, ct1, cvalid, cexact, n_chunks_B, s_cov_B,
                 t_cov_B, b)
     return status

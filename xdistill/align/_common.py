@@ -53,8 +53,38 @@ def effective_lengths(ids_T, n, off_V1, roles_V, phantom):
 
 
 @njit
-def text_bytes(ids_T, n, off_V1, data, elen_n, total):
-    """The row's text: concatenated effective bytes of its text tokens (uint8 ``[L]``)."""
+def normalized_lengths(ids_T, n, off_V1, data, elen_n, fold):
+    """Per-token lengths in the comparison space: ``elen_n`` itself for lossless pairs; for lossy
+    pairs (``fold``) the number of non-whitespace effective bytes (``-1`` stays a role token).
+    Returns ``(nlen_n, total)``."""
+    if not fold:
+        total = 0
+        for i in range(n):
+            if elen_n[i] > 0:
+                total += elen_n[i]
+        return elen_n, total
+    nlen_n = np.empty(n, np.int64)
+    total = 0
+    for i in range(n):
+        e = elen_n[i]
+        if e < 0:
+            nlen_n[i] = -1
+            continue
+        end = off_V1[ids_T[i] + 1]
+        c = 0
+        for q in range(end - e, end):
+            if not is_space_byte(data[q]):
+                c += 1
+        nlen_n[i] = c
+        total += c
+    return nlen_n, total
+
+
+@njit
+def text_bytes(ids_T, n, off_V1, data, elen_n, total, fold):
+    """The row's text in the comparison space (uint8 ``[L]``): the concatenated effective bytes
+    of its text tokens; when ``fold``, ASCII-lower-cased with whitespace removed (``total`` is
+    the matching length from :func:`normalized_lengths`)."""
     out_L = np.empty(total, np.uint8)
     p = 0
     for i in range(n):
@@ -62,9 +92,44 @@ def text_bytes(ids_T, n, off_V1, data, elen_n, total):
         if e > 0:
             end = off_V1[ids_T[i] + 1]
             for q in range(end - e, end):
-                out_L[p] = data[q]
+                x = data[q]
+                if fold:
+                    if is_space_byte(x):
+                        continue
+                    x = fold_ascii(x)
+                out_L[p] = x
                 p += 1
     return out_L
+
+
+@njit
+def lead_space(ids_T, n, off_V1, data, elen_n, fold):
+    """Per token: whether ASCII whitespace starts it in the comparison space (for "space" chunks).
+
+    Lossless: the token's first effective byte is whitespace. Lossy (whitespace is not compared):
+    whitespace occurs in the raw text after the previous non-whitespace byte and before this
+    token's first non-whitespace byte (whitespace-only tokens count for the next token)."""
+    lead_n = np.zeros(n, np.bool_)
+    pending = False
+    for i in range(n):
+        e = elen_n[i]
+        if e < 0:
+            pending = False
+            continue
+        end = off_V1[ids_T[i] + 1]
+        if not fold:
+            lead_n[i] = e > 0 and is_space_byte(data[end - e])
+            continue
+        first = True
+        for q in range(end - e, end):
+            if is_space_byte(data[q]):
+                pending = True
+            else:
+                if first:
+                    lead_n[i] = pending
+                    first = False
+                pending = False
+    return lead_n
 
 
 @njit(inline="always")
@@ -76,16 +141,13 @@ def fold_ascii(x):
 
 
 @njit
-def bytes_equal(a_L, b_L, fold):
-    """Whether two byte strings are equal (up to ASCII case when ``fold``)."""
+def bytes_equal(a_L, b_L):
+    """Whether two byte strings are equal."""
     if a_L.size != b_L.size:
         return False
     for q in range(a_L.size):
-        x = a_L[q]
-        y = b_L[q]
-        if x != y:
-            if not fold or fold_ascii(x) != fold_ascii(y):
-                return False
+        if a_L[q] != b_L[q]:
+            return False
     return True
 
 
@@ -115,19 +177,19 @@ def is_space_byte(x):
 
 
 @njit
-def merge_space(nc, ids_s, off_s, data_s, elen_s, s_chunk, t_chunk, cs0, cs1, ct0, ct1,
-                c_role, c_adj):
+def merge_space(nc, lead_s, lead_t, s_chunk, t_chunk, cs0, cs1, ct0, ct1, c_role, c_adj):
     """tokenkit's "space" chunks: merge adjacent minimal text chunks unless the next one starts
-    with ASCII whitespace (the chunk's first byte, equal on both sides). Role chunks and chunks
-    separated by unaligned tokens are never merged. Returns the new chunk count."""
+    with ASCII whitespace on either side (``lead_space`` of its first token; for lossless pairs
+    the chunk's first byte, equal on both sides). Role chunks and chunks separated by unaligned
+    tokens are never merged. Returns the new chunk count."""
     if nc == 0:
         return 0
     new_id = np.empty(nc, np.int32)
     g = 0
     new_id[0] = 0
     for k in range(1, nc):
-        first = data_s[off_s[ids_s[cs0[k]] + 1] - elen_s[cs0[k]]] if not c_role[k] else 0
-        merge = c_adj[k] and not c_role[k] and not c_role[k - 1] and not is_space_byte(first)
+        space = not c_role[k] and (lead_s[cs0[k]] or lead_t[ct0[k]])
+        merge = c_adj[k] and not c_role[k] and not c_role[k - 1] and not space
         if merge:
             cs1[g] = cs1[k]
             ct1[g] = ct1[k]

@@ -2,8 +2,9 @@
 
 Legend: n / m student / teacher tokens of one row; Ls / Lt symbols; W band width; M moves.
 
-Symbols: each text byte is a symbol (ASCII-lower-cased when ``fold``, i.e. a lossy table is
-involved), each role token one symbol ``256 + role`` that only matches the same role. The edit
+Symbols: each text byte is a symbol (for lossy pairs, ``fold``: whitespace bytes are dropped and
+the rest ASCII-lower-cased, see ``api``), each role token one symbol ``256 + role`` that only
+matches the same role. ``_anchor`` calls :func:`banded_dp` on the gaps between anchors. The edit
 distance has unit costs (substitution = insertion = deletion = 1, match = 0). Cells ``(x, y)``
 are restricted to the diagonal band ``min(0,D)-w <= y-x <= max(0,D)+w`` (``D = Lt-Ls``). A path
 leaving the band costs at least ``|D| + 2w + 2``, so a banded optimum below that is the true
@@ -21,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from xdistill.align._common import ROLE_SYMBOL_BASE, emit_chunk, fold_ascii
+from xdistill.align._common import ROLE_SYMBOL_BASE, emit_chunk, fold_ascii, is_space_byte
 
 MOVE_MATCH = 0
 MOVE_SUB = 1
@@ -34,12 +35,13 @@ STATUS_TOO_BIG = 2    # even the narrowest band exceeds max_cells: row left unal
 
 
 @njit
-def symbols(ids_T, n, off_V1, data, roles_V, elen_n, fold):
+def symbols(ids_T, n, off_V1, data, roles_V, elen_n, nlen_n, fold):
     """Symbol string of a row plus, per symbol, its token (``tok_L``) and token-start flags
-    (``isb_L1``: True at position x when a token starts at x, and at the end)."""
+    (``isb_L1``: True at position x when a token starts at x, and at the end). When ``fold``
+    whitespace bytes are skipped and the rest ASCII-lower-cased (the lossy comparison space)."""
     total = 0
     for i in range(n):
-        e = elen_n[i]
+        e = nlen_n[i]
         total += 1 if e < 0 else e
     sym_L = np.empty(total, np.int32)
     tok_L = np.empty(total, np.int32)
@@ -52,11 +54,16 @@ def symbols(ids_T, n, off_V1, data, roles_V, elen_n, fold):
             tok_L[p] = i
             isb_L1[p] = True
             p += 1
-        elif e > 0:
+        elif nlen_n[i] > 0:
             isb_L1[p] = True
             end = off_V1[ids_T[i] + 1]
             for q in range(end - e, end):
-                sym_L[p] = fold_ascii(data[q]) if fold else data[q]
+                x = data[q]
+                if fold:
+                    if is_space_byte(x):
+                        continue
+                    x = fold_ascii(x)
+                sym_L[p] = x
                 tok_L[p] = i
                 p += 1
     isb_L1[total] = True

@@ -24,77 +24,87 @@ def exact_walk(ids_s, n, elen_s, roles_s, ids_t, m, elen_t, roles_t,
 
     Writes chunk ids into ``s_chunk``/``t_chunk`` (pre-filled with -1; transparent tokens at a
     chunk's edges are left to ``attach_transparent``) and chunk spans into ``cs0..c_adj``.
-    Requires equal total effective lengths on both sides. The inner loop advances the side that
-    is behind until both prefixes end on the same byte (ids are written on the fly; a chunk
-    poisoned by a role token inside is reset to -1).
+    Requires equal total effective lengths on both sides. At each cut the role runs are paired
+    (:func:`pair_roles`), then :func:`_walk_chunk` advances to the next cut; a chunk poisoned by
+    a role token inside is reset to -1.
     """
     i = 0
     j = 0
     nc = 0
     last_closed = False   # the previous chunk ended at the current cut (for c_adj)
     while True:
-        i_end = i
-        while i_end < n and elen_s[i_end] <= 0:
-            i_end += 1
-        j_end = j
-        while j_end < m and elen_t[j_end] <= 0:
-            j_end += 1
-        if i_end > i or j_end > j:
-            if _has_role(elen_s, i, i_end) or _has_role(elen_t, j, j_end):
-                nc = pair_roles(i, i_end, j, j_end, ids_s, roles_s, elen_s, ids_t, roles_t,
-                                elen_t, nc, s_chunk, t_chunk, cs0, cs1, ct0, ct1, c_role, c_adj)
-                last_closed = False
+        i_end = _skip_non_text(elen_s, i, n)
+        j_end = _skip_non_text(elen_t, j, m)
+        if _has_role(elen_s, i, i_end) or _has_role(elen_t, j, j_end):
+            nc = pair_roles(i, i_end, j, j_end, ids_s, roles_s, elen_s, ids_t, roles_t,
+                            elen_t, nc, s_chunk, t_chunk, cs0, cs1, ct0, ct1, c_role, c_adj)
+            last_closed = False
         i = i_end
         j = j_end
         if i >= n or j >= m:
             break
-        cs0[nc] = i
-        ct0[nc] = j
-        ps = elen_s[i]
-        s_chunk[i] = nc
-        i += 1
-        pt = 0
-        poisoned = False
-        while ps != pt:
-            if ps < pt:
-                if i >= n:
-                    poisoned = True
-                    break
-                e = elen_s[i]
-                s_chunk[i] = nc
-                i += 1
-                if e < 0:
-                    poisoned = True
-                else:
-                    ps += e
-            else:
-                if j >= m:
-                    poisoned = True
-                    break
-                e = elen_t[j]
-                t_chunk[j] = nc
-                j += 1
-                if e < 0:
-                    poisoned = True
-                else:
-                    pt += e
+        i1, j1, poisoned = _walk_chunk(elen_s, n, elen_t, m, i, j, nc, s_chunk, t_chunk)
         if poisoned:
-            for k in range(cs0[nc], i):
-                s_chunk[k] = -1
-            for k in range(ct0[nc], j):
-                t_chunk[k] = -1
+            s_chunk[i:i1] = -1
+            t_chunk[j:j1] = -1
             last_closed = False
         else:
-            cs1[nc] = i
-            ct1[nc] = j
+            cs0[nc] = i
+            cs1[nc] = i1
+            ct0[nc] = j
+            ct1[nc] = j1
             c_role[nc] = False
             c_adj[nc] = last_closed
             nc += 1
             last_closed = True
+        i = i1
+        j = j1
     return nc
 
 
-@njit(inline="always")
+@njit
+def _walk_chunk(elen_s, n, elen_t, m, i, j, nc, s_chunk, t_chunk):
+    """From a cut at tokens ``(i, j)`` (``elen_s[i] > 0``), advance the side that is behind until
+    both prefixes end on the same byte; writes id ``nc`` on the way. Returns ``(i, j, poisoned)``:
+    poisoned when a role token falls inside or a side runs out first."""
+    ps = elen_s[i]
+    s_chunk[i] = nc
+    i += 1
+    pt = 0
+    poisoned = False
+    while ps != pt:
+        if ps < pt:
+            if i >= n:
+                return i, j, True
+            e = elen_s[i]
+            s_chunk[i] = nc
+            i += 1
+            if e < 0:
+                poisoned = True
+            else:
+                ps += e
+        else:
+            if j >= m:
+                return i, j, True
+            e = elen_t[j]
+            t_chunk[j] = nc
+            j += 1
+            if e < 0:
+                poisoned = True
+            else:
+                pt += e
+    return i, j, poisoned
+
+
+@njit
+def _skip_non_text(elen_n, i, n):
+    """First index ``>= i`` of a token with text bytes (or ``n``)."""
+    while i < n and elen_n[i] <= 0:
+        i += 1
+    return i
+
+
+@njit
 def _has_role(elen_n, a, b):
     for k in range(a, b):
         if elen_n[k] < 0:

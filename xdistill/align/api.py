@@ -14,9 +14,17 @@ partner, regions where the texts differ) have chunk id -1.
   always runs the DP.
 * Role tokens (``roles_V != ROLE_TEXT``) pair with a role token of the same role at the
   corresponding place (1:1 chunk, never exact); unpaired ones stay unaligned.
-* Lossy tables (``table.lossy``, e.g. uncased WordPiece): bytes are compared up to ASCII case on
-  both paths, so chunk bytes are identical *up to ASCII case*; whitespace the lossy side dropped is
-  an unmatched gap. Non-ASCII case/accents are not folded (such bytes stay unaligned).
+* Lossy pairs (either ``table.lossy``, e.g. uncased WordPiece, which lower-cases, strips accents
+  and does not represent whitespace): both paths compare the texts in a *comparison space* where
+  ASCII letters are lower-cased and ASCII whitespace (space, \t, \n, \v, \f, \r) is removed
+  on both sides. Token lengths, cuts and minimality are measured in that space, so whitespace
+  present on one side only is absorbed (" World" pairs with "world"; a whitespace-only token
+  is transparent and joins the next, else the previous, aligned chunk). Relaxed invariant for
+  lossy pairs: each valid text chunk's bytes are equal *after normalisation* (ASCII lower case +
+  whitespace removal); lossless pairs keep the strict one (identical bytes). Non-ASCII case and
+  accents are not folded (such bytes stay unaligned, e.g. "café" vs BERT's "cafe").
+* DP path: common prefix/suffix walked, unique K-gram anchors (``dp_anchor``) matched, banded
+  edit-distance DP on the gaps in between (``_anchor``, ``_dp``).
 * ``chunks="space"``: adjacent minimal text chunks are merged unless the next chunk starts with
   ASCII whitespace (tokenkit's "space" variant); role chunks are never merged.
 * ``chunk_exact_BC``: 1:1 text chunk whose two tokens have identical table bytes (so a
@@ -83,13 +91,15 @@ class AlignmentResult:
 def align_batch(s_ids_BTs, s_len_B, t_ids_BTt, t_len_B, s_table: TokenByteTable,
                 t_table: TokenByteTable, *, s_phantom_B=None, t_phantom_B=None,
                 chunks: str = "minimal", method: str = "auto", dp_band: int = 32,
-                dp_max_cells: int = 1 << 26) -> AlignmentResult:
+                dp_max_cells: int = 1 << 26, dp_anchor: int = 32) -> AlignmentResult:
     """Align student and teacher tokenizations of the same texts, row by row (see module doc).
 
     ``s_ids_BTs``/``t_ids_BTt``: right-padded integer ids; ``s_len_B``/``t_len_B``: real lengths
     (tokens beyond are padding, never read). ``*_phantom_B``: per-row phantom-prefix byte counts
     (default 0). ``dp_band``: initial DP band half-width; ``dp_max_cells``: most traceback cells
-    (bytes of memory per row in flight) the DP may use before settling for the banded result.
+    (bytes of memory per row in flight) one DP gap may use before settling for the banded result;
+    ``dp_anchor``: length K of the unique exact K-gram anchors between which the DP runs (0: no
+    interior anchors, only the common prefix and suffix; see ``_anchor``).
     """
     from xdistill.align._batch import align_kernel
 
@@ -114,7 +124,7 @@ def align_batch(s_ids_BTs, s_len_B, t_ids_BTt, t_len_B, s_table: TokenByteTable,
     align_kernel(s_ids, s_len, t_ids, t_len, s_table.offsets_V1, s_table.data, s_table.roles_V,
                  t_table.offsets_V1, t_table.data, t_table.roles_V, s_ph, t_ph, fold,
                  _METHODS[method], chunks == "space", int(max(1, dp_band)), int(dp_max_cells),
-                 *out, status_B)
+                 int(max(0, dp_anchor)), *out, status_B)
     _report_status(status_B, s_ids, s_len, t_ids, t_len, s_table, t_table, s_ph, t_ph)
     s_chunk, t_chunk, cs0, cs1, ct0, ct1, cvalid, cexact, n_chunks, s_cov, t_cov, used_dp = out
     Cn = int(n_chunks.max(initial=0))
@@ -217,7 +227,8 @@ def _report_status(status_B, s_ids, s_len, t_ids, t_len, s_table, t_table, s_ph,
                                   int(s_ph[b]), int(t_ph[b]))
         raise AlignmentError(f"row {b}: method='exact' but the student and teacher texts differ "
                              f"({where}); use method='auto' or 'dp'")
-    for code, what in ((ROW_DP_TOO_BIG, "left unaligned: the DP needs more than dp_max_cells"),
+    for code, what in ((ROW_DP_TOO_BIG, "have regions left unaligned: the DP of a gap between "
+                                        "anchors needs more than dp_max_cells"),
                        (ROW_DP_CAPPED, "aligned with a DP band limited by dp_max_cells "
                                        "(valid chunks, possibly fewer than optimal)")):
         rows = np.flatnonzero(status_B == code)

@@ -10,6 +10,9 @@ Same definitions as :mod:`xdistill.align.api`, one row at a time, with plain lis
   before it;
 * :func:`banded_edit_path` / :func:`full_edit_distance`: the banded edit-distance DP with the same
   band schedule and tie-breaking as the Numba DP, and an unbanded cost to check optimality;
+* :func:`find_anchors` / :func:`anchored_edit_path`: common prefix/suffix, unique K-gram anchors
+  (dict counts instead of hashes), banded DP on the gaps (see ``_anchor``);
+* :func:`norm`: the comparison space (lossy pairs: ASCII lower case, whitespace removed);
 * :func:`chunks_from_path`: chunks between consecutive cuts of each matched run.
 
 :func:`align_row_reference` combines them into the same outputs as one row of ``align_batch``.
@@ -64,6 +67,37 @@ def token_text(tid: int, table: TokenByteTable, e: int) -> bytes:
 
 def fold(b: bytes, on: bool) -> bytes:
     return bytes(c + 32 if on and 65 <= c <= 90 else c for c in b)
+
+
+def norm(b: bytes, on: bool) -> bytes:
+    """The comparison space: unchanged for lossless pairs; ASCII lower case and no whitespace
+    (``WHITESPACE``) for lossy pairs."""
+    return bytes(c for c in fold(b, on) if c not in WHITESPACE) if on else b
+
+
+def normalized_lengths(ids, elen, table: TokenByteTable, on: bool) -> list:
+    """Per-token lengths in the comparison space (-1 stays a role token)."""
+    return [e if e < 0 else len(norm(token_text(i, table, e), on)) for i, e in zip(ids, elen)]
+
+
+def lead_space(ids, elen, table: TokenByteTable, on: bool) -> list:
+    """Per token: ASCII whitespace starts it in the comparison space (lossless: first byte is
+    whitespace; lossy: whitespace since the previous non-whitespace byte before its first
+    non-whitespace byte)."""
+    out, pending = [], False
+    for tid, e in zip(ids, elen):
+        raw = token_text(tid, table, e)
+        if e < 0:
+            out.append(False)
+            pending = False
+        elif not on:
+            out.append(raw[:1] != b"" and raw[0] in WHITESPACE)
+        else:
+            stripped = raw.lstrip(WHITESPACE)
+            out.append(bool(stripped) and (pending or len(stripped) < len(raw)))
+            if raw:
+                pending = raw[-1] in WHITESPACE if stripped else True
+    return out
 
 
 def _lcs_pairs(a: list, b: list) -> list:
@@ -158,14 +192,15 @@ def exact_chunks_sets(s_ids, t_ids, elen_s, elen_t, s_table, t_table) -> list:
 
 
 def symbols(ids, elen, table: TokenByteTable, folded: bool):
-    """DP symbols (bytes, or 256 + role for role tokens), their tokens, token-start flags."""
+    """DP symbols (bytes in the comparison space, or 256 + role for role tokens), their tokens,
+    token-start flags."""
     sym, tok, isb = [], [], []
     for k, (tid, e) in enumerate(zip(ids, elen)):
         if e < 0:
             sym.append(256 + int(table.roles_V[tid]))
             tok.append(k)
             isb.append(True)
-        for q, c in enumerate(fold(token_text(tid, table, e), folded)):
+        for q, c in enumerate(norm(token_text(tid, table, e), folded)):
             sym.append(c)
             tok.append(k)
             isb.append(q == 0)
@@ -235,6 +270,79 @@ def full_edit_distance(a, b) -> int:
     return prev[-1]
 
 
+def _common_prefix(a, b) -> int:
+    p = 0
+    while p < min(len(a), len(b)) and a[p] == b[p]:
+        p += 1
+    return p
+
+
+def find_anchors(a, b, K: int) -> list:
+    """Anchor segments ``(x, y, length)``: K-grams unique in both strings, longest chain with
+    strictly increasing positions (patience LIS, same tie rules as the Numba version), overlapping
+    chained K-grams on one diagonal merged, those overlapping on another diagonal dropped."""
+    import bisect
+
+    if K <= 0 or len(a) < K or len(b) < K:
+        return []
+    def unique(s):
+        seen = {}
+        for x in range(len(s) - K + 1):
+            seen.setdefault(tuple(s[x:x + K]), []).append(x)
+        return {g: xs[0] for g, xs in seen.items() if len(xs) == 1}
+    ua, ub = unique(a), unique(b)
+    cand = sorted((x, ub[g]) for g, x in ua.items() if g in ub)
+    tails, tail_y, pred = [], [], []
+    for c, (_, y) in enumerate(cand):
+        pos = bisect.bisect_left(tail_y, y)
+        pred.append(tails[pos - 1] if pos > 0 else -1)
+        if pos == len(tails):
+            tails.append(c)
+            tail_y.append(y)
+        else:
+            tails[pos], tail_y[pos] = c, y
+    chain, c = [], tails[-1] if tails else -1
+    while c >= 0:
+        chain.append(cand[c])
+        c = pred[c]
+    segs = []
+    for x, y in reversed(chain):
+        if segs:
+            sx, sy, sl = segs[-1]
+            if x - y == sx - sy and x <= sx + sl:
+                segs[-1] = (sx, sy, max(sl, x + K - sx))
+                continue
+            if x < sx + sl or y < sy + sl:
+                continue
+        segs.append((x, y, K))
+    return segs
+
+
+def _gap_path(a, b, band, max_cells):
+    """Common prefix/suffix, then the banded DP (unaligned when it exceeds ``max_cells``)."""
+    p = _common_prefix(a, b)
+    q = _common_prefix(a[p:][::-1], b[p:][::-1])
+    mid_a, mid_b = a[p:len(a) - q], b[p:len(b) - q]
+    mid = None
+    if mid_a and mid_b:
+        mid = banded_edit_path(mid_a, mid_b, band, max_cells)
+    if mid is None:
+        mid = [2] * len(mid_a) + [3] * len(mid_b)
+    return [0] * p + mid + [0] * q
+
+
+def anchored_edit_path(a, b, band=32, max_cells=1 << 26, anchor_k=32):
+    """Moves of the anchored alignment: common prefix/suffix, anchors, gaps (see ``_anchor``)."""
+    p = _common_prefix(a, b)
+    q = _common_prefix(a[p:][::-1], b[p:][::-1])
+    mid_a, mid_b = a[p:len(a) - q], b[p:len(b) - q]
+    path, x, y = [0] * p, 0, 0
+    for sx, sy, sl in find_anchors(mid_a, mid_b, anchor_k):
+        path += _gap_path(mid_a[x:sx], mid_b[y:sy], band, max_cells) + [0] * sl
+        x, y = sx + sl, sy + sl
+    return path + _gap_path(mid_a[x:], mid_b[y:], band, max_cells) + [0] * q
+
+
 def chunks_from_path(path, sym_s, tok_s, isb_s, sym_t, tok_t, isb_t) -> list:
     """Chunks between consecutive cuts of each maximal run of matches on the path."""
     runs, x, y, cur = [], 0, 0, None
@@ -258,14 +366,13 @@ def chunks_from_path(path, sym_s, tok_s, isb_s, sym_t, tok_t, isb_t) -> list:
     return out
 
 
-def merge_space(chunks: list, s_ids, elen_s, s_table) -> list:
+def merge_space(chunks: list, lead_s: list, lead_t: list) -> list:
     """tokenkit's "space" variant: merge adjacent text chunks unless the next starts with ASCII
-    whitespace."""
+    whitespace on either side (``lead_space`` of its first text token)."""
     out = []
     for ch in chunks:
-        first = token_text(s_ids[ch.s[0]], s_table, elen_s[ch.s[0]])[:1] if not ch.role else b""
-        if out and ch.adj and not ch.role and not out[-1].role and first not in \
-                [bytes([c]) for c in WHITESPACE]:
+        space = not ch.role and (lead_s[ch.s[0]] or lead_t[ch.t[0]])
+        if out and ch.adj and not ch.role and not out[-1].role and not space:
             out[-1] = _Chunk(out[-1].s + ch.s, out[-1].t + ch.t)
         else:
             out.append(_Chunk(list(ch.s), list(ch.t), ch.role, ch.adj))
@@ -288,36 +395,38 @@ def _attach(elen, ids_of):
 
 def align_row_reference(s_ids, t_ids, s_table, t_table, *, s_phantom=0, t_phantom=0,
                         chunks="minimal", method="auto", exact_impl="walk", dp_band=32,
-                        dp_max_cells=1 << 26) -> RowAlignment:
+                        dp_max_cells=1 << 26, dp_anchor=32) -> RowAlignment:
     """One row of ``align_batch``, in pure Python (``exact_impl``: "walk" or "sets")."""
     s_ids, t_ids = [int(v) for v in s_ids], [int(v) for v in t_ids]
+    folded = bool(s_table.lossy or t_table.lossy)
     elen_s = effective_lengths(s_ids, s_table, s_phantom)
     elen_t = effective_lengths(t_ids, t_table, t_phantom)
-    folded = bool(s_table.lossy or t_table.lossy)
+    nlen_s = normalized_lengths(s_ids, elen_s, s_table, folded)
+    nlen_t = normalized_lengths(t_ids, elen_t, t_table, folded)
     text_s = b"".join(token_text(i, s_table, e) for i, e in zip(s_ids, elen_s))
     text_t = b"".join(token_text(i, t_table, e) for i, e in zip(t_ids, elen_t))
-    use_dp = method == "dp" or fold(text_s, folded) != fold(text_t, folded)
+    use_dp = method == "dp" or norm(text_s, folded) != norm(text_t, folded)
     if use_dp and method == "exact":
         raise ValueError("texts differ")
     if use_dp:
         sym_s, tok_s, isb_s = symbols(s_ids, elen_s, s_table, folded)
         sym_t, tok_t, isb_t = symbols(t_ids, elen_t, t_table, folded)
-        path = banded_edit_path(sym_s, sym_t, dp_band, dp_max_cells)
-        found = [] if path is None else chunks_from_path(path, sym_s, tok_s, isb_s, sym_t,
-                                                         tok_t, isb_t)
+        path = anchored_edit_path(sym_s, sym_t, dp_band, dp_max_cells, dp_anchor)
+        found = chunks_from_path(path, sym_s, tok_s, isb_s, sym_t, tok_t, isb_t)
     else:
         impl = exact_chunks_walk if exact_impl == "walk" else exact_chunks_sets
-        found = impl(s_ids, t_ids, elen_s, elen_t, s_table, t_table)
+        found = impl(s_ids, t_ids, nlen_s, nlen_t, s_table, t_table)
     if chunks == "space":
-        found = merge_space(found, s_ids, elen_s, s_table)
+        found = merge_space(found, lead_space(s_ids, elen_s, s_table, folded),
+                            lead_space(t_ids, elen_t, t_table, folded))
     s_chunk, t_chunk = [-1] * len(s_ids), [-1] * len(t_ids)
     for k, ch in enumerate(found):
         for i in ch.s:
             s_chunk[i] = k
         for j in ch.t:
             t_chunk[j] = k
-    _attach(elen_s, s_chunk)
-    _attach(elen_t, t_chunk)
+    _attach(nlen_s, s_chunk)
+    _attach(nlen_t, t_chunk)
     out = []
     for k, ch in enumerate(found):
         s_tok = [i for i, c in enumerate(s_chunk) if c == k]
