@@ -14,6 +14,10 @@ In one process, on the same pre-fetched batches (so data loading is excluded):
 
 ``overhead = full + align - (teacher + student)``: alignment, transport (device moves, building
 loss inputs) and the distillation losses. Target: overhead < 25% of ``teacher + student``.
+The three run in interleaved rounds on the same batch, so a shared machine's load hits them
+alike; wall time and process CPU time are reported (min and median over rounds), with the
+per-phase split of the full step and each teacher's loss forward+backward alone on fixed logits
+(plus a plain log-softmax forward KL as the reference for the same-tokenizer loss).
 Models: Llama-architecture student and teachers over BPE tokenizers trained on Shakespeare
 (student and cross teacher with different vocabularies; the second teacher shares the student's).
 """
@@ -21,6 +25,7 @@ Models: Llama-architecture student and teachers over BPE tokenizers trained on S
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import sys
@@ -73,13 +78,63 @@ def make_config(a: dict, n_teachers: int, args, out: Path):
         "checkpoint": {"export_hf": False, "resume": ""}})
 
 
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
+def _timed(fn) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process, all threads) of ``fn()``."""
+    w0, c0 = time.perf_counter(), time.process_time()
     fn()
-    return time.perf_counter() - t0
+    return time.perf_counter() - w0, time.process_time() - c0
+
+
+def _plain_forward_kl(z_s, z_t, mask):
+    """Reference same-tokenizer forward KL: two full log-softmaxes, no blocking, no custom grad."""
+    m = mask[:, 1:].bool()
+    logq = torch.log_softmax(z_t[:, :-1][m].float(), -1)
+    logp = torch.log_softmax(z_s[:, :-1][m].float(), -1)
+    return (logq.exp() * (logq - logp)).sum() / m.sum()
+
+
+def loss_parts(run, batch, rounds: int) -> dict:
+    """Loss forward+backward alone, per teacher (MultiTeacherLoss with that teacher only) on
+    fixed logits, and the plain reference KL for the same-tokenizer teacher."""
+    from xdistill.losses import MultiTeacherLoss
+    from xdistill.train.step import global_counts, loss_inputs, student_logits
+
+    n = global_counts(run.loss_fn, [batch], False)
+    out = {}
+    with run.pool.forward(batch) as results, torch.no_grad():
+        z_s = student_logits(run.model, batch)
+        inputs = loss_inputs(run.loss_fn.specs, batch, results)
+        for spec, inp in zip(run.loss_fn.specs, inputs):
+            loss_fn = MultiTeacherLoss([spec], chunk_size=run.cfg.loss.chunk_size)
+
+            def ours(spec=spec, inp=inp, loss_fn=loss_fn):
+                with torch.enable_grad():
+                    z = z_s.detach().requires_grad_()
+                    loss, _ = loss_fn(z, batch.input_ids_BTs, batch.loss_mask_BTs, [inp],
+                                      num_valid={spec.name: n[spec.name]})
+                    loss.backward()
+
+            out[f"{spec.name} ({spec.loss})"] = _best(ours, rounds)
+            if spec.loss == "forward_kl":
+                def plain(inp=inp):
+                    with torch.enable_grad():
+                        z = z_s.detach().requires_grad_()
+                        _plain_forward_kl(z, inp.logits_BTtV, batch.loss_mask_BTs).backward()
+
+                out["plain log-softmax forward KL (reference)"] = _best(plain, rounds)
+    return out
+
+
+def _best(fn, rounds: int) -> tuple[float, float]:
+    fn()  # warm-up
+    runs = [_timed(fn) for _ in range(rounds)]
+    return min(w for w, _ in runs), min(c for _, c in runs)
 
 
 def measure(cfg, steps: int) -> dict:
+    """Interleaved rounds (teacher, student, full on the same batch, in turn) so that the load of
+    a shared machine hits the three alike; per quantity the minimum and the median over rounds of
+    wall time and of process CPU time."""
     from xdistill.train.offpolicy import build_run, optimizer_step
     from xdistill.train.step import Timers, global_counts, micro_step, student_logits
 
@@ -91,7 +146,8 @@ def measure(cfg, steps: int) -> dict:
         timers = Timers()
 
         def full(b):
-            n = global_counts(run.loss_fn, [b], False)
+            with timers("counts"):
+                n = global_counts(run.loss_fn, [b], False)
             micro_step(run.model, run.loss_fn, run.pool, b, n, timers, device=run.device)
             optimizer_step(run)
 
@@ -103,39 +159,64 @@ def measure(cfg, steps: int) -> dict:
             student_logits(run.model, b).mean().backward()
             optimizer_step(run)
 
-        out = {}
-        for name, fn in (("teacher", teacher), ("student", student), ("full", full)):
+        fns = (("teacher", teacher), ("student", student), ("full", full))
+        for _, fn in fns:
             fn(batches[0])  # warm-up
-            timers.seconds.clear()
-            out[name] = statistics.median(_timed(lambda: fn(b)) for b in batches[1:])
-            if name == "full":
-                out["split"] = {k: v / steps for k, v in timers.seconds.items()}
+        samples, splits = {name: [] for name, _ in fns}, []
+        for b in batches[1:]:
+            for name, fn in fns:
+                timers.seconds.clear()
+                samples[name].append(_timed(lambda: fn(b)))
+            splits.append(dict(timers.seconds))
+        out = {name: {"wall_min": min(w for w, _ in v), "wall_med": statistics.median(w for w, _ in v),
+                      "cpu_min": min(c for _, c in v), "cpu_med": statistics.median(c for _, c in v)}
+               for name, v in samples.items()}
+        out["split"] = {k: statistics.median(sp.get(k, 0.0) for sp in splits) for k in splits[0]}
         out["align"] = statistics.median(b.stats.collate_seconds for b in batches[1:])
         out["tokens"] = statistics.median(b.stats.student_tokens for b in batches[1:])
+        out["loss_parts"] = loss_parts(run, batches[1], max(2, steps // 2))
     finally:
         run.pool.close()
     return out
 
 
-def report(results: dict, args) -> str:
+def _load() -> str:
+    try:
+        return "load average (1/5/15 min) %.2f / %.2f / %.2f" % os.getloadavg()
+    except OSError:
+        return "load average unknown"
+
+
+def report(results: dict, args, load_before: str, load_after: str) -> str:
     lines = ["# Off-policy train step vs the sum of its parts", "",
-             f"Hardware: {platform.processor() or platform.machine()}, "
-             f"{torch.get_num_threads()} torch threads, CPU only (no GPU); torch {torch.__version__}.",
+             f"Hardware: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+             f"{torch.get_num_threads()} torch threads, CPU only (no GPU); torch {torch.__version__}. "
+             f"Shared machine: {load_before} before, {load_after} after the run.",
              f"Models: Llama student/teachers hidden {args.hidden}, {args.layers} layers; "
-             f"student vocab {args.vocab_s}, cross teacher vocab {args.vocab_t}; batch "
-             f"{args.batch} x {args.seq_len} tokens; median of {args.steps} steps (seconds).", "",
-             "| teachers | full step | align (collator) | teacher alone | student alone | "
-             "overhead | overhead / (teacher+student) |", "|---|---|---|---|---|---|---|"]
+             f"student vocab {args.vocab_s}, cross teacher vocab {args.vocab_t} (pkl through a "
+             f"built projection), same-tokenizer teacher forward KL; batch {args.batch} x "
+             f"{args.seq_len} tokens; {args.steps} interleaved rounds (teacher, student, full on "
+             "the same batch in turn).", "",
+             "overhead = full + align - (teacher + student): alignment, transport and the "
+             "distillation losses. Target < 25% of teacher + student. Wall time on a loaded "
+             "machine is noisy; CPU time (process_time, all threads) is the steadier figure.", "",
+             "| teachers | measure | full step | align (collator) | teacher alone | student alone "
+             "| overhead | overhead / (teacher+student) |", "|---|---|---|---|---|---|---|---|"]
     for n, r in results.items():
-        base = r["teacher"] + r["student"]
-        over = r["full"] + r["align"] - base
-        lines.append(f"| {n} | {r['full']:.3f} | {r['align']:.3f} | {r['teacher']:.3f} | "
-                     f"{r['student']:.3f} | {over:.3f} | {100 * over / base:.1f}% |")
-    lines += ["", "Per-phase split of the full step (seconds, mean):", ""]
+        for m in ("cpu_min", "cpu_med", "wall_min", "wall_med"):
+            t, s, f = r["teacher"][m], r["student"][m], r["full"][m]
+            base, over = t + s, f + r["align"] - (t + s)
+            lines.append(f"| {n} | {m} | {f:.3f} | {r['align']:.3f} | {t:.3f} | {s:.3f} | "
+                         f"{over:.3f} | {100 * over / base:.1f}% |")
+    lines += ["", "Per-phase split of the full step (wall seconds, median over rounds; counts = the "
+              "global loss-unit count, loss = loss forward, student = student forward + backward "
+              "incl. the loss backward):", ""]
     for n, r in results.items():
         lines.append(f"* {n} teacher(s): " + ", ".join(f"{k} {v:.3f}" for k, v in r["split"].items()))
-    lines += ["", "overhead = full + align - (teacher + student): alignment, transport and the "
-              "distillation losses. Target < 25%."]
+    lines += ["", "Loss forward + backward alone on fixed logits (best of rounds; wall s / CPU s):", ""]
+    for n, r in results.items():
+        for name, (w, c) in r["loss_parts"].items():
+            lines.append(f"* {n} teacher(s), {name}: {w:.3f} / {c:.3f}")
     return "\n".join(lines) + "\n"
 
 
@@ -154,9 +235,10 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         assets = build_assets(Path(tmp), args)
+        load_before = _load()
         results = {n: measure(make_config(assets, n, args, Path(tmp) / f"run{n}"), args.steps)
                    for n in (1, 2)}
-    text = report(results, args)
+    text = report(results, args, load_before, _load())
     print(text)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text, encoding="utf-8")

@@ -108,6 +108,23 @@ def test_two_rank_checkpoint_loads_into_a_plain_model(runs):
     assert _max_diff(states[0], states[1]) < 1e-5 and _max_diff(states[0], states[2]) < 1e-5
 
 
+def test_fsdp2_hf_export_equals_plain_export(runs, tmp_path):
+    """The sharded export writes exactly the tensors a plain export of the same weights writes
+    (the tied lm_head.weight is not duplicated)."""
+    from safetensors.torch import load_file
+
+    from xdistill.student.model import export_hf
+
+    model, _ = build_tiny()
+    model.load_state_dict(_load(runs / "fsdp.pt")["state"])
+    export_hf(model, tmp_path / "plain")
+    sharded, plain = (load_file(str(p / "model.safetensors")) for p in (runs / "hf", tmp_path / "plain"))
+    assert "lm_head.weight" not in plain and sorted(sharded) == sorted(plain)
+    assert all(torch.equal(sharded[k], plain[k]) for k in plain)
+    assert json.loads((runs / "hf" / "config.json").read_text()) == \
+        json.loads((tmp_path / "plain" / "config.json").read_text())
+
+
 def test_fsdp2_hf_export_loads_with_transformers(runs):
     from transformers import AutoModelForCausalLM
 

@@ -110,6 +110,9 @@ def test_shipped_configs_load():
             validate_offpolicy(load_config(OffPolicyConfig, path, ["data.paths=[/nonexistent]"]))
 
 
-def test_onpolicy_not_available(capsys):
-    assert cli_main(["train", "onpolicy"]) == 2
-    assert "not available yet" in capsys.readouterr().err
+def test_train_without_config_fails_with_one_line(capsys):
+    """Both trainers refuse a run without a config before any compute: exit 2, one line."""
+    for kind in ("offpolicy", "onpolicy"):
+        assert cli_main(["train", kind]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("xdistill: error:") and err.count("\n") == 1, (kind, err)

@@ -113,8 +113,26 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
     if is_sharded(model):
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(model, options=opts)
+        return _share_tied(model, get_model_state_dict(model, options=opts))
     return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
+def _share_tied(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Make the entries of one shared (tied) parameter the same tensor again.
+
+    The gathered full state dict of a sharded model holds a separate copy per name of a tied
+    parameter (``lm_head.weight`` and ``model.embed_tokens.weight``), so ``save_pretrained``
+    could not see that they are tied and would write both. A plain model's state dict shares the
+    storage, and ``save_pretrained`` keeps one name; sharing it here makes both exports identical.
+    """
+    names_by_param: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names_by_param.setdefault(id(param), []).append(name)
+    for names in names_by_param.values():
+        present = [n for n in names if n in state]
+        for name in present[1:]:
+            state[name] = state[present[0]]
+    return state
 
 
 def _base_model_class(model: nn.Module) -> type:
