@@ -178,20 +178,7 @@ def test_kill_and_resume_two_ranks(tmp_path, tiny_assets):
         assert sorted(sb) == list(range(1, 7)) and sa == sb
 
 
-def _alm_dispatch_broken() -> bool:
-    """xdistill.losses.multi_teacher binds ``_alm`` to the package attribute ``alm``, which is
-    the function, not the module (a known bug of the losses package); ALM then cannot run."""
-    from xdistill.losses import multi_teacher
-
-    return not hasattr(multi_teacher._alm, "alm")
-
-
-@pytest.mark.parametrize("kinds", [
-    ("uld", "gold"),
-    pytest.param(("alm", "gold"), marks=pytest.mark.skipif(
-        _alm_dispatch_broken(), reason="losses.multi_teacher: `_alm` is the function alm, not the "
-                                       "module (owned by the losses package)")),
-])
+@pytest.mark.parametrize("kinds", [("uld", "gold"), ("alm", "gold")])
 def test_chunk_likelihood_and_vocabulary_free_losses_train(tmp_path, tiny_assets, kinds):
     """Cross-tokenizer teachers with ALM / ULD / GOLD losses train for 2 steps: every term is
     finite and positive, counted over loss chunks, and the student weights move."""

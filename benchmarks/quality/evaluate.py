@@ -1,0 +1,55 @@
+"""Greedy exact-match accuracy on held-out problems, for any exported model + tokenizer.
+
+Legend: B prompts in a group (same token length), T tokens, V vocabulary.
+
+A prompt ``Q: a+b=? A:`` is encoded with the model's own tokenizer; the model decodes greedily
+(argmax, no sampling) for up to ``max_new`` tokens or until the decoded text contains ``.``; the
+answer is the text before the first ``.``, stripped, and counts when it equals ``str(a + b)``.
+Prompts are grouped by token length so a group is one dense batch (no padding, no masks).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from benchmarks.quality.task import prompt
+
+
+@torch.no_grad()
+def greedy_accuracy(model, tok, pairs, *, max_new: int = 5, batch: int = 256) -> dict:
+    """{"accuracy", "n", "examples": first few (prompt, answer, gold)} over ``pairs``."""
+    model.eval()
+    groups: dict[int, list[tuple[list[int], int, int]]] = defaultdict(list)
+    for a, b in pairs:
+        ids = [int(i) for i in tok.encode(prompt(a, b), add_special_tokens=False).ids]
+        groups[len(ids)].append((ids, int(a), int(b)))
+    correct, n, examples = 0, 0, []
+    for items in groups.values():
+        for i in range(0, len(items), batch):
+            part = items[i:i + batch]
+            ids_BT = torch.tensor([p[0] for p in part], dtype=torch.long)
+            for answer, (_, a, b) in zip(_decode(model, tok, ids_BT, max_new), part):
+                gold = str(a + b)
+                correct += int(answer == gold)
+                n += 1
+                if len(examples) < 5:
+                    examples.append([prompt(a, b), answer, gold])
+    return {"accuracy": correct / max(n, 1), "n": n, "examples": examples}
+
+
+def _decode(model, tok, ids_BT: torch.Tensor, max_new: int) -> list[str]:
+    start = ids_BT.shape[1]
+    for _ in range(max_new):
+        logits_BTV = model(input_ids=ids_BT).logits
+        nxt_B = logits_BTV[:, -1].argmax(-1)
+        ids_BT = torch.cat([ids_BT, nxt_B[:, None]], 1)
+    texts = [tok.decode([int(t) for t in row[start:]]) for row in ids_BT]
+    return [t.split(".")[0].strip() for t in texts]
+
+
+def load_model(folder: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)

@@ -1,0 +1,163 @@
+"""Prepare (and cache) everything the arms share: corpora, tokenizers, teachers, projections.
+
+Teachers are trained by the project's own trainer in CE-only mode (``teachers: []``,
+``loss.ce_weight: 1``, a fresh Llama of the teacher's size as the "student"), through the same
+``xdistill train offpolicy --config`` command the arms use; the exported Hugging Face folder
+(``<run>/export``) is the teacher model. Everything lands under ``<root>/<key>`` where ``key``
+hashes the task and the preparation settings, so a second call reuses it.
+
+Layout under ``<root>/<key>``: ``corpus/*.jsonl`` + prepared ``corpus/{teacher,student,eval_text}``,
+``tok_teacher/``, ``tok_student/``, ``teacher_big/`` and ``teacher_weak/`` (trainer runs; models
+in ``export/``), ``proj_multitoken.npz``, ``proj_corpus.npz``, ``assets.json`` (paths, teacher
+accuracies, timings).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from benchmarks.quality import task, toks
+from benchmarks.quality.runner import run_config
+
+LLAMA = dict(num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+             tie_word_embeddings=True)
+
+
+@dataclass(frozen=True)
+class PrepConfig:
+    """What to prepare (hashed into the cache key)."""
+
+    task: task.TaskConfig = field(default_factory=task.TaskConfig)
+    # cross-tokenizer teacher (teacher tokenizer): layers, width, CE training steps
+    big_layers: int = 3
+    big_hidden: int = 96
+    big_steps: int = 800
+    # weaker same-tokenizer teacher (student tokenizer)
+    weak_layers: int = 2
+    weak_hidden: int = 64
+    weak_steps: int = 300
+    # windows per step, tokens per window, learning rate of teacher training
+    batch: int = 32
+    seq_len: int = 32
+    lr: float = 3e-3
+    threads: int = 1
+
+
+def model_config(layers: int, hidden: int) -> dict:
+    return dict(LLAMA, num_hidden_layers=layers, hidden_size=hidden, intermediate_size=hidden * 3)
+
+
+def cache_key(cfg: PrepConfig) -> str:
+    blob = json.dumps(asdict(cfg), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def prepare_corpora(root: Path, cfg: PrepConfig) -> dict:
+    from xdistill.data.prepare import prepare
+
+    info = task.build_corpora(root / "corpus", cfg.task)
+    for name in ("teacher", "student", "eval_text"):
+        prepare([info[f"{name}_jsonl"]], root / "corpus" / name, progress=False)
+        info[name] = str(root / "corpus" / name)
+    return info
+
+
+def ce_run_config(out: Path, tokenizer: str, data: str, eval_text: str, layers: int, hidden: int,
+                  steps: int, cfg: PrepConfig, seed: int = 0) -> dict:
+    """A CE-only trainer config that trains a fresh model (the teachers)."""
+    return {
+        "student": {"model_type": "llama", "model_config": model_config(layers, hidden),
+                    "init_seed": seed},
+        "student_tokenizer": tokenizer,
+        "teachers": [],
+        "data": {"paths": [data], "seq_len": cfg.seq_len, "batch_size": cfg.batch,
+                 "num_workers": 0, "seed": seed},
+        "loss": {"ce_weight": 1.0},
+        "optim": {"lr": cfg.lr, "weight_decay": 0.01, "grad_clip": 1.0},
+        "scheduler": {"kind": "cosine", "warmup_steps": 20, "min_lr_ratio": 0.05},
+        "train": {"steps": steps, "global_batch_size": cfg.batch, "seed": seed,
+                  "out_dir": str(out), "log_every": 25, "tensorboard": False,
+                  "num_threads": cfg.threads},
+        "checkpoint": {"every": 0, "resume": "", "export_hf": True},
+        "eval": {"every": 0, "paths": [eval_text], "batches": 4},
+    }
+
+
+def train_teacher(out: Path, tokenizer: str, corpus: dict, layers: int, hidden: int, steps: int,
+                  cfg: PrepConfig) -> dict:
+    """Train (or reuse) one teacher; returns its folder, held-out accuracy and bpb."""
+    from xdistill.tokenization import load_tokenizer
+
+    from benchmarks.quality.evaluate import greedy_accuracy, load_model
+
+    export = out / "export"
+    if not (export / "config.json").exists():
+        run_config(ce_run_config(out, tokenizer, corpus["teacher"], corpus["eval_text"], layers,
+                                 hidden, steps, cfg), out / "config.yaml")
+    acc = greedy_accuracy(load_model(str(export)), load_tokenizer(str(export)), corpus["heldout"])
+    metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x]
+    bpb = [m["eval/bpb"] for m in metrics if "eval/bpb" in m]
+    return {"model": str(export), "accuracy": acc["accuracy"], "bpb": bpb[-1] if bpb else None,
+            "examples": acc["examples"]}
+
+
+def build_projections(root: Path, tok_s: str, tok_t: str, corpus_jsonl: str) -> dict:
+    from xdistill.projection import BuildConfig, build_projection, save_projection
+    from xdistill.tokenization import load_tokenizer
+
+    s, t = load_tokenizer(tok_s), load_tokenizer(tok_t)
+    out = {}
+    for name, bc in (("multitoken", BuildConfig(methods=("multitoken", "exact"))),
+                     ("corpus", BuildConfig(methods=("corpus", "multitoken", "exact"),
+                                            corpus_files=(corpus_jsonl,)))):
+        path = root / f"proj_{name}.npz"
+        if not path.exists():
+            save_projection(build_projection(s, t, bc), path)
+        out[name] = str(path)
+    return out
+
+
+def prepare_all(root: str | Path, cfg: PrepConfig = PrepConfig(), log=print) -> dict:
+    """Everything the arms need (cached under ``root/<key>``); returns ``assets.json``'s content."""
+    root = Path(root) / cache_key(cfg)
+    manifest = root / "assets.json"
+    if manifest.exists():
+        return json.loads(manifest.read_text())
+    root.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    corpus = prepare_corpora(root, cfg)
+    texts = corpus.pop("tokenizer_texts")
+    texts += [task.problem(a, b) for a, b in task.split_pairs(cfg.task)[0][:2000].tolist()]
+    tok_t = str(toks.train_teacher_tokenizer(root / "tok_teacher", texts))
+    tok_s = str(toks.train_student_tokenizer(root / "tok_student", texts))
+    _check_tokenizers(tok_s, tok_t)
+    log(f"[prepare] corpora + tokenizers in {time.perf_counter() - t0:.0f}s under {root}")
+    assets = {"root": str(root), "prep": asdict(cfg), "corpus": corpus, "tok_teacher": tok_t,
+              "tok_student": tok_s, "timings": {}}
+    for name, tok, layers, hidden, steps in (
+            ("teacher_big", tok_t, cfg.big_layers, cfg.big_hidden, cfg.big_steps),
+            ("teacher_weak", tok_s, cfg.weak_layers, cfg.weak_hidden, cfg.weak_steps)):
+        t1 = time.perf_counter()
+        assets[name] = train_teacher(root / name, tok, corpus, layers, hidden, steps, cfg)
+        assets["timings"][name] = time.perf_counter() - t1
+        log(f"[prepare] {name}: held-out accuracy {assets[name]['accuracy']:.3f}, "
+            f"bpb {assets[name]['bpb']:.3f} ({assets['timings'][name]:.0f}s)")
+    assets["projections"] = build_projections(root, tok_s, tok_t, corpus["student_jsonl"])
+    assets["timings"]["total"] = time.perf_counter() - t0
+    manifest.write_text(json.dumps(assets, indent=1))
+    return assets
+
+
+def _check_tokenizers(tok_s: str, tok_t: str) -> None:
+    from xdistill.tokenization import load_tokenizer
+
+    bad = toks.check_whole_numbers(load_tokenizer(tok_s))
+    if bad:
+        raise RuntimeError(f"student tokenizer splits {len(bad)} numbers, e.g. {bad[:5]}")
+    bad = toks.check_split_digits(load_tokenizer(tok_t))
+    if bad:
+        raise RuntimeError(f"teacher tokenizer merges digits, e.g. {bad[:5]}")

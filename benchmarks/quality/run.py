@@ -1,0 +1,87 @@
+"""One command for the whole harness: prepare (cached), run every arm x seed, write results.
+
+    python -m benchmarks.quality.run                       # full: all arms, 3 seeds
+    python -m benchmarks.quality.run --arms ce,pkl_multi,alm --seeds 0 --steps 100
+
+Writes ``<out>/results.json``, ``benchmarks/quality/accuracy_bpb.png``, ``curves.png`` and the
+generated section of ``benchmarks/quality/RESULTS.md`` (between the GENERATED markers; the
+hand-written discussion around them is kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from benchmarks.quality.arms import ARMS, ArmSettings
+from benchmarks.quality.harness import run_harness, uncommon_answer_fraction
+from benchmarks.quality.prepare import PrepConfig, prepare_all
+from benchmarks.quality.report import plot_curves, plot_summary, render, write_results_json
+
+HERE = Path(__file__).resolve().parent
+BEGIN, END = "<!-- GENERATED:BEGIN -->", "<!-- GENERATED:END -->"
+
+
+def update_results_md(text: str, path: Path = HERE / "RESULTS.md") -> Path:
+    block = f"{BEGIN}\n{text}\n{END}"
+    old = path.read_text(encoding="utf-8") if path.exists() else f"# Quality harness\n\n{BEGIN}\n{END}\n"
+    if BEGIN in old and END in old:
+        new = old[:old.index(BEGIN)] + block + old[old.index(END) + len(END):]
+    else:
+        new = old.rstrip() + "\n\n" + block + "\n"
+    path.write_text(new, encoding="utf-8")
+    return path
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="runs/quality", help="runs and results folder")
+    p.add_argument("--cache", default="", help="prepared-assets cache (default <out>/prepared)")
+    p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--steps", type=int, default=ArmSettings.steps)
+    p.add_argument("--eval-every", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--no-report", action="store_true", help="do not touch RESULTS.md / plots")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    t0 = time.perf_counter()
+    out = Path(args.out)
+    assets = prepare_all(args.cache or out / "prepared", PrepConfig())
+    settings = replace(ArmSettings(), steps=args.steps, eval_every=args.eval_every,
+                       threads=args.threads)
+    arms = [a for a in args.arms.split(",") if a]
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    result = run_harness(assets, arms, seeds, settings, out)
+    meta = {"command": "python -m benchmarks.quality.run " + " ".join(sys.argv[1:] if argv is None else argv),
+            "hardware": f"{os.cpu_count()}-core CPU ({platform.processor() or platform.machine()}),"
+                        " no GPU, shared with other jobs",
+            "wall_s_this_invocation": round(time.perf_counter() - t0),
+            "arm_settings": asdict(settings), "prep": assets["prep"],
+            "teacher_big": {k: assets["teacher_big"][k] for k in ("accuracy", "bpb")},
+            "teacher_weak": {k: assets["teacher_weak"][k] for k in ("accuracy", "bpb")},
+            "prep_timings_s": {k: round(v) for k, v in assets["timings"].items()},
+            "gold_uncommon_answer_token_fraction": uncommon_answer_fraction(assets)}
+    result["meta"] = meta
+    write_results_json(result, out / "results.json")
+    print(render(result, meta))
+    if not args.no_report:
+        plot_summary(result["summary"], HERE / "accuracy_bpb.png")
+        plot_curves(out, arms, seeds[0], HERE / "curves.png")
+        update_results_md(render(result, meta))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

