@@ -1,7 +1,10 @@
-"""``xdistill demo [tokenizers]``: what ``make demo`` runs.
+"""``xdistill demo [tokenizers|distill]``: demos.
 
-``tokenizers`` (the default for now): compares real tokenizer pairs of different families on a
-bundled paragraph (vocabulary overlap by bytes vs. raw strings, alignment chunks and coverage).
+``tokenizers`` (default; ``make demo`` runs it before a tiny off-policy training run): compares
+real tokenizer pairs of different families on a bundled paragraph (vocabulary overlap by bytes vs.
+raw strings, alignment chunks and coverage). ``distill``: the shortened quality harness
+(``benchmarks/quality``, needs the repository checkout): a digit-splitting teacher distilled into
+a student with another tokenizer, CE-only vs P-KL vs ALM on held-out accuracy and bits per byte.
 """
 
 from __future__ import annotations
@@ -13,12 +16,19 @@ from xdistill.log import init_logging
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="xdistill demo", description=__doc__)
-    parser.add_argument("which", nargs="?", default="tokenizers", choices=["tokenizers"],
+    parser.add_argument("which", nargs="?", default="tokenizers", choices=["tokenizers", "distill"],
                         help="which demo to run")
+    parser.add_argument("--steps", type=int, default=200, help="student steps per arm (distill)")
+    parser.add_argument("--out", default="runs/demo_distill", help="output folder (distill)")
     parser.add_argument("--names", default="gpt2,qwen2,llama3,mistral,bert",
                         help="comma-separated tokenizer asset names to compare pairwise")
     args = parser.parse_args(argv)
     init_logging()
+    if args.which == "distill":
+        from xdistill.demo.distill import run as run_distill
+
+        run_distill(out_dir=args.out, steps=args.steps)
+        return 0
     from xdistill.demo.tokenizer_pairs import PARAGRAPH, format_reports, run
 
     reports = run(tuple(args.names.split(",")))

@@ -11,7 +11,7 @@ from pathlib import Path
 from xdistill.errors import XDistillError
 from xdistill.metrics import read_metrics
 
-DEFAULT_KEYS = ("loss", "eval/bits_per_byte", "eval/loss", "lr", "tokens_per_s")
+DEFAULT_KEYS = ("loss", "eval/loss", "eval/bpb", "lr", "tok_per_s")
 
 
 def numeric_series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
