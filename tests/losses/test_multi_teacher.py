@@ -1,0 +1,163 @@
+"""MultiTeacherLoss: weighting modes, mixed tokenizers, counts, metrics, scores."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from loss_refs import random_alignment, random_projection, softmax
+
+from xdistill.losses import (MultiTeacherLoss, TeacherLossInput, TeacherSpec, cross_entropy,
+                             forward_kl, projected_kl, projection_from_csr, topk_forward_kl)
+from xdistill.losses.scores import teacher_score
+
+VS, VT = 9, 13
+
+
+def _setup(seed=0):
+    rng = np.random.default_rng(seed)
+    align, s_len, t_len = random_alignment(rng, 2, n_chunks=8, pad=0)
+    B, Ts = align.s_chunk_BTs.shape
+    Tt = align.t_chunk_BTt.shape[1]
+    g = torch.Generator().manual_seed(seed)
+    zs = torch.randn(B, Ts, VS, generator=g)
+    ids = torch.randint(0, VS, (B, Ts), generator=g)
+    mask = torch.ones(B, Ts, dtype=torch.bool)
+    near = zs + 0.1 * torch.randn(B, Ts, VS, generator=g)     # a teacher close to the student
+    far = 3 * torch.randn(B, Ts, VS, generator=g)             # a noisy teacher
+    zt = torch.randn(B, Tt, VT, generator=g)
+    t_ids = torch.randint(0, VT, (B, Tt), generator=g)
+    import scipy.sparse as sp
+    csr = sp.csr_matrix(random_projection(rng, VS, VT))
+    P = projection_from_csr(csr.indptr, csr.indices, csr.data, csr.shape)
+    logp = torch.log_softmax(far, -1)
+    topv, topi = logp.topk(4, -1)
+    teachers = [
+        TeacherLossInput("near", logits_BTtV=near),
+        TeacherLossInput("far", topk_logp_BTtK=topv, topk_idx_BTtK=topi),
+        TeacherLossInput("x", logits_BTtV=zt, input_ids_BTt=t_ids, alignment=align),
+    ]
+    specs = [TeacherSpec("near", "forward_kl", weight=0.5),
+             TeacherSpec("far", "topk_kl", weight=0.25),
+             TeacherSpec("x", "pkl", weight=2.0, projection=P)]
+    return dict(zs=zs, ids=ids, mask=mask, near=near, topv=topv, topi=topi, zt=zt, align=align,
+                P=P, teachers=teachers, specs=specs)
+
+
+def test_static_weights_mix_same_and_cross_tokenizer_teachers():
+    c = _setup()
+    labels = c["ids"].clone()
+    mtl = MultiTeacherLoss(c["specs"], ce_weight=0.3)
+    zs = c["zs"].clone().requires_grad_(True)
+    loss, metrics = mtl(zs, c["ids"], c["mask"], c["teachers"], labels_BTs=labels)
+    parts = {"near": forward_kl(c["zs"], c["near"], c["mask"]),
+             "far": topk_forward_kl(c["zs"], c["topv"], c["topi"], c["mask"]),
+             "x": projected_kl(c["zs"], c["zt"], c["align"], c["P"], s_loss_mask_BTs=c["mask"])}
+    ce = cross_entropy(c["zs"], labels)
+    expect = 0.5 * parts["near"] + 0.25 * parts["far"] + 2.0 * parts["x"] + 0.3 * ce
+    assert float(loss) == pytest.approx(float(expect), rel=1e-6)
+    for name, val in parts.items():
+        assert metrics[f"{name}/loss"] == pytest.approx(float(val), rel=1e-6)
+    assert metrics["near/weight"] == 0.5 and metrics["near/coverage"] == 1.0
+    assert 0.0 < metrics["x/coverage"] < 1.0
+    assert metrics["ce"] == pytest.approx(float(ce), rel=1e-6)
+    loss.backward()
+    assert torch.isfinite(zs.grad).all() and zs.grad.abs().sum() > 0
+
+
+def test_num_valid_per_teacher_and_counts():
+    c = _setup(1)
+    mtl = MultiTeacherLoss(c["specs"])
+    counts = mtl.count_valid(c["teachers"], c["mask"], labels_BTs=c["ids"])
+    assert counts["near"] == counts["far"] == int(c["mask"][:, 1:].sum()) == counts["ce"]
+    assert 0 < counts["x"] < counts["near"]
+    _, local = mtl(c["zs"], c["ids"], c["mask"], c["teachers"])
+    doubled = {k: 2 * v for k, v in counts.items()}
+    _, glob = mtl(c["zs"], c["ids"], c["mask"], c["teachers"], num_valid=doubled)
+    for name in ("near", "far", "x"):
+        assert glob[f"{name}/loss"] == pytest.approx(local[f"{name}/loss"] / 2, rel=1e-6)
+
+
+def _manual_scores(c, kind):
+    """Scores straight from the definition (float64 loops)."""
+    out = []
+    B, Ts = c["ids"].shape
+    near = c["near"].double().numpy()
+    rows = [(b, i) for b in range(B) for i in range(1, Ts)]
+    q_near = [softmax(near[b, i - 1]) for b, i in rows]
+    if kind == "neg_ce":
+        out.append(np.mean([np.log(q[c["ids"][b, i]]) for q, (b, i) in zip(q_near, rows)]))
+    elif kind == "neg_entropy":
+        out.append(np.mean([np.sum(q * np.log(q)) for q in q_near]))
+    else:
+        out.append(np.mean([q.max() for q in q_near]))
+    return out[0]
+
+
+@pytest.mark.parametrize("kind", ["neg_ce", "neg_entropy", "confidence"])
+def test_scores_match_definition(kind):
+    c = _setup(2)
+    got = teacher_score(c["teachers"][0], kind, c["ids"], c["mask"], chunk_size=3)
+    assert float(got) == pytest.approx(_manual_scores(c, kind), rel=1e-5)
+    for inp in c["teachers"][1:]:
+        assert torch.isfinite(teacher_score(inp, kind, c["ids"], c["mask"]))
+
+
+@pytest.mark.parametrize("kind", ["neg_ce", "neg_entropy", "confidence"])
+def test_dynamic_and_pick_best_weights(kind):
+    c = _setup(3)
+    scores = torch.stack([teacher_score(t, kind, c["ids"], c["mask"]) for t in c["teachers"]])
+    prior = torch.tensor([0.5, 0.25, 2.0])
+    dyn = MultiTeacherLoss(c["specs"], weighting="dynamic", score=kind, alpha=2.0)
+    loss, m = dyn(c["zs"], c["ids"], c["mask"], c["teachers"])
+    w = prior * torch.exp(2.0 * scores)
+    w = w / w.sum()
+    got_w = torch.tensor([m[f"{s.name}/weight"] for s in c["specs"]])
+    assert torch.allclose(got_w, w, rtol=1e-5) and got_w.sum() == pytest.approx(1.0, rel=1e-6)
+    expect = sum(float(w[i]) * m[f"{s.name}/loss"] for i, s in enumerate(c["specs"]))
+    assert float(loss) == pytest.approx(expect, rel=1e-5)
+    assert m["near/score"] == pytest.approx(float(scores[0]), rel=1e-6)
+
+    best = MultiTeacherLoss(c["specs"], weighting="pick_best", score=kind)
+    loss_b, mb = best(c["zs"], c["ids"], c["mask"], c["teachers"])
+    k = int(torch.argmax(scores))
+    assert [mb[f"{s.name}/weight"] for s in c["specs"]] == [float(i == k) for i in range(3)]
+    assert float(loss_b) == pytest.approx(mb[f"{c['specs'][k].name}/loss"], rel=1e-6)
+
+
+def test_pick_best_prefers_the_teacher_that_knows_the_text():
+    c = _setup(4)
+    sharp = torch.full_like(c["near"], -5.0)
+    sharp[:, :-1].scatter_(2, c["ids"][:, 1:].unsqueeze(2), 5.0)   # predicts the actual text
+    teachers = [TeacherLossInput("near", logits_BTtV=c["near"]),
+                TeacherLossInput("oracle", logits_BTtV=sharp)]
+    specs = [TeacherSpec("near", "forward_kl"), TeacherSpec("oracle", "reverse_kl")]
+    _, m = MultiTeacherLoss(specs, weighting="pick_best")(c["zs"], c["ids"], c["mask"], teachers)
+    assert m["oracle/weight"] == 1.0 and m["near/weight"] == 0.0
+
+
+def test_bad_configurations_raise():
+    c = _setup(5)
+    with pytest.raises(ValueError, match="unknown loss"):
+        TeacherSpec("a", "kl")
+    with pytest.raises(ValueError, match="needs a projection"):
+        TeacherSpec("a", "pkl")
+    with pytest.raises(ValueError, match="no teacher outputs"):
+        MultiTeacherLoss([TeacherSpec("zzz", "forward_kl")])(c["zs"], c["ids"], c["mask"],
+                                                             c["teachers"])
+    with pytest.raises(ValueError, match="needs alignment"):
+        MultiTeacherLoss([TeacherSpec("near", "uld")])(c["zs"], c["ids"], c["mask"],
+                                                       c["teachers"])
+    hot = [TeacherLossInput("far", topk_logp_BTtK=c["topv"], topk_idx_BTtK=c["topi"])]
+    with pytest.raises(ValueError, match="re-tempered"):
+        MultiTeacherLoss([TeacherSpec("far", "topk_kl", temperature=2.0)])(
+            c["zs"], c["ids"], c["mask"], hot)
+
+
+def test_teacher_temperature_is_not_applied_twice():
+    c = _setup(6)
+    tempered = [TeacherLossInput("near", logits_BTtV=c["near"] / 2.0, temperature=2.0)]
+    spec = [TeacherSpec("near", "forward_kl", temperature=2.0)]
+    loss, _ = MultiTeacherLoss(spec)(c["zs"], c["ids"], c["mask"], tempered)
+    ref = forward_kl(c["zs"], c["near"], c["mask"], temperature=2.0)
+    assert float(loss) == pytest.approx(float(ref), rel=1e-6)

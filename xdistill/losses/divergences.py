@@ -1,0 +1,190 @@
+"""Same-tokenizer divergences: forward/reverse KL, JSD(beta), top-k KL with a tail bucket, CE.
+
+Legend: B batch, T tokens, V vocabulary, K top-k, N selected positions, n rows of one block.
+
+Shared conventions:
+
+* ``student_logits_BTV`` / ``teacher_logits_BTV`` are model outputs at *input* positions: row
+  ``t`` predicts token ``t + 1``. ``loss_mask_BT`` marks the *tokens* whose prediction is
+  distilled; token ``i`` is scored with output row ``i - 1``, so token 0 never carries loss and the
+  last output row is never used. Masked rows are never read (padding may hold anything, ``-inf``
+  included).
+* Temperature ``tau``: ``p = softmax(z_s / tau)``, ``q = softmax(z_t / tau_t)`` with
+  ``tau_t = teacher_temperature`` or ``tau``; the KL-type losses are multiplied by ``tau**2`` so
+  their gradients keep the scale of ``tau = 1``. Top-k teacher log-probs cannot be re-tempered
+  (the tail is unknown): they must already be at ``tau`` (the teacher worker applies it).
+* Normalisation: the sum of per-token terms divided by ``num_valid`` (the trainer's global count of
+  loss tokens over ranks and micro-batches) or, when None, by the local count
+  (:func:`count_valid_tokens`); never by 0.
+* ``-inf`` logits are allowed (vocabulary masking): ``0 log 0 = 0``, and a zero probability in a
+  denominator is floored at ``LOGP_FLOOR`` (a huge but finite term, never inf/NaN, gradients too).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from xdistill.losses.chunks import resolve_count
+from xdistill.losses.engine import (DEFAULT_CHUNK_SIZE, LOGP_FLOOR, log1mexp, log_softmax_safe, row_block_sum,
+                                    safe_logsumexp, shift_targets, token_logprobs,
+                                    xlogx_minus_xlogy)
+
+
+def count_valid_tokens(loss_mask_BT: torch.Tensor) -> int:
+    """Loss tokens of a batch: masked-in tokens at positions >= 1 (the local ``num_valid``)."""
+    return int(loss_mask_BT[:, 1:].bool().sum())
+
+
+def forward_kl_rows(logp_nV: torch.Tensor, logq_nV: torch.Tensor) -> torch.Tensor:
+    """``KL(q || p) = sum_v q_v (log q_v - log p_v)`` per row, [n]."""
+    return xlogx_minus_xlogy(logq_nV, logp_nV).sum(-1)
+
+
+def reverse_kl_rows(logp_nV: torch.Tensor, logq_nV: torch.Tensor) -> torch.Tensor:
+    """``KL(p || q) = sum_v p_v (log p_v - log q_v)`` per row, [n]."""
+    return xlogx_minus_xlogy(logp_nV, logq_nV).sum(-1)
+
+
+def _safe_logaddexp(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    both = torch.isneginf(a) & torch.isneginf(b)
+    zero = torch.zeros_like(a)
+    out = torch.logaddexp(torch.where(both, zero, a), torch.where(both, zero, b))
+    return torch.where(both, torch.full_like(out, -math.inf), out)
+
+
+def jsd_rows(logp_nV: torch.Tensor, logq_nV: torch.Tensor, beta: float) -> torch.Tensor:
+    """Generalised JSD per row (TRL GKD's definition), [n].
+
+    ``M = beta q + (1 - beta) p``, ``JSD_beta = beta KL(q || M) + (1 - beta) KL(p || M)``. As
+    ``beta -> 0`` it behaves like ``beta KL(q || p)`` (forward-like), as ``beta -> 1`` like
+    ``(1 - beta) KL(p || q)`` (reverse-like); the end points are therefore *defined* as the plain
+    forward KL (``beta = 0``) and reverse KL (``beta = 1``), where the formula would vanish.
+    """
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"JSD beta must lie in [0, 1], got {beta}")
+    if beta == 0.0:
+        return forward_kl_rows(logp_nV, logq_nV)
+    if beta == 1.0:
+        return reverse_kl_rows(logp_nV, logq_nV)
+    logm = _safe_logaddexp(logq_nV + math.log(beta), logp_nV + math.log1p(-beta))
+    return (beta * xlogx_minus_xlogy(logq_nV, logm).sum(-1)
+            + (1.0 - beta) * xlogx_minus_xlogy(logp_nV, logm).sum(-1))
+
+
+def _check_same_shape(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> None:
+    if student.dim() != 3 or teacher.shape[:2] != student.shape[:2]:
+        raise ValueError(f"student logits [B,T,V] {tuple(student.shape)} and teacher "
+                         f"{tuple(teacher.shape)} must share B and T")
+    if tuple(mask.shape) != tuple(student.shape[:2]):
+        raise ValueError(f"loss mask {tuple(mask.shape)} must be [B,T] = {tuple(student.shape[:2])}")
+
+
+def _full_teacher_loss(rows_fn, student_logits_BTV, teacher_logits_BTV, loss_mask_BT,
+                       temperature, teacher_temperature, num_valid, chunk_size):
+    _check_same_shape(student_logits_BTV, teacher_logits_BTV, loss_mask_BT)
+    if teacher_logits_BTV.shape[2] != student_logits_BTV.shape[2]:
+        raise ValueError(f"same-tokenizer loss needs equal vocabularies: student "
+                         f"{student_logits_BTV.shape[2]} vs teacher {teacher_logits_BTV.shape[2]}")
+    tau_s = float(temperature)
+    tau_t = tau_s if teacher_temperature is None else float(teacher_temperature)
+    b_N, t_N = torch.nonzero(loss_mask_BT[:, 1:].bool(), as_tuple=True)
+
+    def term(rows_nV, sl):
+        logp = log_softmax_safe(rows_nV / tau_s)
+        logq = log_softmax_safe(teacher_logits_BTV[b_N[sl], t_N[sl]].to(rows_nV.dtype) / tau_t)
+        return rows_fn(logp, logq).sum()
+
+    total = row_block_sum(student_logits_BTV, b_N, t_N, term, chunk_size)
+    return total * (tau_s ** 2) / resolve_count(num_valid, b_N.numel())
+
+
+def forward_kl(student_logits_BTV, teacher_logits_BTV, loss_mask_BT, *, temperature=1.0,
+               teacher_temperature=None, num_valid=None, chunk_size=DEFAULT_CHUNK_SIZE):
+    """``tau^2 / num_valid * sum_i KL(q_i || p_i)`` over loss tokens (see module doc)."""
+    return _full_teacher_loss(forward_kl_rows, student_logits_BTV, teacher_logits_BTV,
+                              loss_mask_BT, temperature, teacher_temperature, num_valid,
+                              chunk_size)
+
+
+def reverse_kl(student_logits_BTV, teacher_logits_BTV, loss_mask_BT, *, temperature=1.0,
+               teacher_temperature=None, num_valid=None, chunk_size=DEFAULT_CHUNK_SIZE):
+    """``tau^2 / num_valid * sum_i KL(p_i || q_i)`` over loss tokens (see module doc)."""
+    return _full_teacher_loss(reverse_kl_rows, student_logits_BTV, teacher_logits_BTV,
+                              loss_mask_BT, temperature, teacher_temperature, num_valid,
+                              chunk_size)
+
+
+def jsd(student_logits_BTV, teacher_logits_BTV, loss_mask_BT, *, beta=0.5, temperature=1.0,
+        teacher_temperature=None, num_valid=None, chunk_size=DEFAULT_CHUNK_SIZE):
+    """``tau^2 / num_valid * sum_i JSD_beta(p_i, q_i)`` (definition in :func:`jsd_rows`)."""
+    return _full_teacher_loss(lambda lp, lq: jsd_rows(lp, lq, float(beta)), student_logits_BTV,
+                              teacher_logits_BTV, loss_mask_BT, temperature, teacher_temperature,
+                              num_valid, chunk_size)
+
+
+def topk_tail_kl_rows(z_nV: torch.Tensor, tlogp_nK: torch.Tensor, tidx_nK: torch.Tensor
+                      ) -> torch.Tensor:
+    """Top-k forward KL with a tail bucket per row, [n]; ``z_nV`` are tempered student logits.
+
+    ``sum_{v in K} q_v log(q_v / p_v) + q_R log(q_R / p_R)`` with ``q_R = 1 - sum_K q_v`` and
+    ``p_R = 1 - sum_K p_v``: the exact KL between the two distributions coarsened to the K+1
+    outcomes {each top-k id, "anything else"}, hence >= 0 with no clamp. Computed in log space:
+    ``log p_R = logsumexp(z outside K) - logsumexp(z)`` (no cancellation) and ``log q_R =
+    log1mexp(logsumexp(log q_K))``. Entries with ``log q = -inf`` are padding, not members of K.
+    If ``sum_K q_v`` exceeds 1 by rounding (e.g. bf16 storage), ``q_K`` is renormalised so the
+    teacher side stays a distribution.
+    """
+    in_K = torch.isfinite(tlogp_nK)
+    idx = torch.where(in_K, tidx_nK, torch.zeros_like(tidx_nK))
+    logq_K = torch.where(in_K, tlogp_nK.to(z_nV.dtype), torch.full_like(z_nV[:, :1], -math.inf))
+    mass = safe_logsumexp(logq_K, -1)
+    logq_K = logq_K - mass.clamp_min(0.0).unsqueeze(1)
+    logq_R = log1mexp(mass.clamp_max(0.0))
+    lse = safe_logsumexp(z_nV, -1)
+    logp_K = z_nV.gather(1, idx) - lse.unsqueeze(1)
+    member = torch.zeros_like(z_nV).scatter_add_(1, idx, in_K.to(z_nV.dtype)) > 0
+    logp_R = safe_logsumexp(z_nV.masked_fill(member, -math.inf), -1) - lse
+    top = xlogx_minus_xlogy(logq_K, logp_K).sum(-1)
+    return top + xlogx_minus_xlogy(logq_R, logp_R)
+
+
+def topk_forward_kl(student_logits_BTV, teacher_topk_logp_BTK, teacher_topk_idx_BTK, loss_mask_BT,
+                    *, temperature=1.0, num_valid=None, chunk_size=DEFAULT_CHUNK_SIZE):
+    """``tau^2 / num_valid * sum_i`` top-k tail-bucket KL (:func:`topk_tail_kl_rows`).
+
+    ``teacher_topk_logp_BTK`` are teacher log-probabilities *at temperature tau* (over the full
+    teacher vocabulary, so their exp sums to <= 1), ``teacher_topk_idx_BTK`` their token ids.
+    """
+    _check_same_shape(student_logits_BTV, teacher_topk_logp_BTK, loss_mask_BT)
+    if teacher_topk_idx_BTK.shape != teacher_topk_logp_BTK.shape:
+        raise ValueError(f"top-k ids {tuple(teacher_topk_idx_BTK.shape)} and log-probs "
+                         f"{tuple(teacher_topk_logp_BTK.shape)} differ in shape")
+    tau = float(temperature)
+    b_N, t_N = torch.nonzero(loss_mask_BT[:, 1:].bool(), as_tuple=True)
+
+    def term(rows_nV, sl):
+        tl = teacher_topk_logp_BTK[b_N[sl], t_N[sl]]
+        ti = teacher_topk_idx_BTK[b_N[sl], t_N[sl]].long()
+        return topk_tail_kl_rows(rows_nV / tau, tl, ti).sum()
+
+    total = row_block_sum(student_logits_BTV, b_N, t_N, term, chunk_size)
+    return total * (tau ** 2) / resolve_count(num_valid, b_N.numel())
+
+
+def cross_entropy(student_logits_BTV, labels_BT, *, temperature=1.0, num_valid=None,
+                  chunk_size=DEFAULT_CHUNK_SIZE):
+    """``-1/num_valid * sum_i log p(labels_i)`` over tokens ``i >= 1`` with ``labels_i >= 0``.
+
+    ``labels_BT`` are at input positions (``-100`` = no loss, as in ``DistillBatch.labels_BTs``);
+    the prediction of token ``i`` is output row ``i - 1``. The local count is the number of such
+    labels. A label with probability 0 (a ``-inf`` logit) costs ``-LOGP_FLOOR``, not inf.
+    """
+    if tuple(labels_BT.shape) != tuple(student_logits_BTV.shape[:2]):
+        raise ValueError(f"labels {tuple(labels_BT.shape)} must be [B,T] = "
+                         f"{tuple(student_logits_BTV.shape[:2])}")
+    target_BT = shift_targets(labels_BT, labels_BT >= 0)
+    logp_BT = token_logprobs(student_logits_BTV, target_BT, temperature, chunk_size)
+    count = int((target_BT >= 0).sum())
+    return -logp_BT.clamp_min(LOGP_FLOOR).sum() / resolve_count(num_valid, count)
