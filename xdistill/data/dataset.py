@@ -1,9 +1,10 @@
 """A resumable, rank- and worker-sharded IterableDataset of packed windows.
 
-Sharding: in epoch ``e`` the documents are permuted with ``default_rng([seed, e])`` (identity order
-with ``shuffle=False``); the DataLoader worker ``w`` of data-parallel rank ``r`` (``W`` workers per
-rank, ``R`` ranks) takes every ``R*W``-th document of that permutation starting at ``r*W + w``.
-Every document is read exactly once per epoch by exactly one (rank, worker) pair.
+Sharding (:mod:`xdistill.data.sharding`): in epoch ``e`` the documents are permuted with
+``default_rng([seed, e])`` (identity order with ``shuffle=False``); the DataLoader worker ``w`` of
+data-parallel rank ``r`` (``W`` workers per rank, ``R`` ranks) takes every ``R*W``-th document of
+that permutation starting at ``r*W + w``. Every document is read exactly once per epoch by exactly
+one (rank, worker) pair.
 
 Resume: :meth:`PackedDataset.state_dict` returns the packing position *after the last window the
 iterator handed out* (``epoch``, ``pos``, ``off``; see :mod:`xdistill.data.packing`) plus counters.
@@ -18,21 +19,13 @@ get different numbers of windows; distributed trainers should use ``epochs=None`
 
 from __future__ import annotations
 
-import copy
-
-import numpy as np
-from torch.utils.data import IterableDataset, get_worker_info
-
 from xdistill.data.chat import as_conversation
 from xdistill.data.packing import DEFAULT_LOSS_ROLES, encode_document, pack
+from xdistill.data.sharding import ShardedSourceDataset
 from xdistill.errors import DataError
 
 
-def _fresh_state() -> dict:
-    return {"epoch": 0, "pos": 0, "off": 0, "windows": 0, "skipped_empty": 0}
-
-
-class PackedDataset(IterableDataset):
+class PackedDataset(ShardedSourceDataset):
     """Windows of ``window_len`` student tokens over a :class:`DocumentSource`.
 
     Args:
@@ -62,38 +55,11 @@ class PackedDataset(IterableDataset):
         self.window_len, self.seed, self.shuffle = int(window_len), int(seed), bool(shuffle)
         self.rank, self.world_size, self.epochs = int(rank), int(world_size), epochs
         self.add_bos, self.loss_roles, self.end_of_turn = add_bos, frozenset(loss_roles), end_of_turn
-        self._state = _fresh_state()
-        self._resume: dict | None = None
+        self._init_state()
 
-    # ------------------------------------------------------------------ sharding
-    def shard(self) -> tuple[int, int]:
-        """(shard id, number of shards) of the calling process/worker."""
-        info = get_worker_info()
-        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-        return self.rank * nw + wid, self.world_size * nw
-
-    def order(self, epoch: int, shard: int, num_shards: int) -> np.ndarray:
-        """Document indices of one shard in epoch ``epoch``."""
-        n = len(self.source)
-        perm = (np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle
-                else np.arange(n))
-        return perm[shard::num_shards]
-
-    # ------------------------------------------------------------------ state
-    def state_dict(self) -> dict:
-        state = copy.deepcopy(self._resume if self._resume is not None else self._state)
-        state["layout"] = list(self.shard()) + [self.seed, len(self.source)]
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        state = dict(state)
-        layout = state.pop("layout", None)
-        expected = list(self.shard()) + [self.seed, len(self.source)]
-        if layout is not None and list(layout) != expected:
-            raise DataError(f"cannot resume data state saved as (shard, shards, seed, documents) = "
-                            f"{tuple(layout)} in layout {tuple(expected)}: keep ranks, "
-                            f"num_workers, seed and data unchanged to resume exactly")
-        self._resume = state
+    @staticmethod
+    def _fresh_state() -> dict:
+        return {"epoch": 0, "pos": 0, "off": 0, "windows": 0, "skipped_empty": 0}
 
     # ------------------------------------------------------------------ iteration
     def _fetch(self, i: int):
@@ -106,9 +72,7 @@ class PackedDataset(IterableDataset):
 
     def __iter__(self):
         shard, num_shards = self.shard()
-        st = self._resume if self._resume is not None else _fresh_state()
-        self._resume = None
-        self._state = st
+        st = self._begin_iteration()
         budget = self.window_len - int(self.add_bos)
         while self.epochs is None or st["epoch"] < self.epochs:
             order = self.order(st["epoch"], shard, num_shards)

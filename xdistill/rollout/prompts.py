@@ -8,23 +8,20 @@ A prompt row holds either plain text (column/key ``prompt``) or a chat conversat
 * ``.jsonl`` files (one JSON object per line), read into memory (prompt sets are small).
 
 :class:`PromptDataset` is an ``IterableDataset`` of ``(index, prompt)`` with the same sharding and
-resume contract as :class:`xdistill.data.PackedDataset`: in epoch ``e`` the prompts are permuted
-with ``default_rng([seed, e])``; worker ``w`` of rank ``r`` (``W`` workers, ``R`` ranks) takes
-every ``R*W``-th prompt starting at ``r*W + w``. :meth:`PromptDataset.state_dict` is the position
-*after the last prompt handed out*; torchdata's ``StatefulDataLoader`` keeps one per worker. Empty
-prompts are skipped and counted.
+resume contract as :class:`xdistill.data.PackedDataset` (:mod:`xdistill.data.sharding`): in
+epoch ``e`` the prompts are permuted with ``default_rng([seed, e])``; worker ``w`` of rank ``r``
+(``W`` workers, ``R`` ranks) takes every ``R*W``-th prompt starting at ``r*W + w``.
+:meth:`PromptDataset.state_dict` is the position *after the last prompt handed out*; torchdata's
+``StatefulDataLoader`` keeps one per worker. Empty prompts are skipped and counted.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
-import numpy as np
-from torch.utils.data import IterableDataset, get_worker_info
-
 from xdistill.data.chat import as_conversation, is_empty_conversation
+from xdistill.data.sharding import ShardedSourceDataset
 from xdistill.data.source import DocumentSource
 from xdistill.errors import DataError
 
@@ -81,12 +78,10 @@ def open_prompts(paths, *, prompt_column: str = "prompt", messages_column: str =
                           invalid_utf8=invalid_utf8)
 
 
-def _fresh_state() -> dict:
-    return {"epoch": 0, "pos": 0, "prompts": 0, "skipped_empty": 0}
-
-
-class PromptDataset(IterableDataset):
+class PromptDataset(ShardedSourceDataset):
     """``(index, prompt)`` pairs of this rank/worker's shard (see the module docstring)."""
+
+    _words = ("prompt", "prompts", "prompts")
 
     def __init__(self, source, *, seed: int = 0, shuffle: bool = True, rank: int = 0,
                  world_size: int = 1, epochs: int | None = None):
@@ -97,38 +92,16 @@ class PromptDataset(IterableDataset):
             raise DataError("the prompt source has no prompts")
         self.source, self.seed, self.shuffle = source, int(seed), bool(shuffle)
         self.rank, self.world_size, self.epochs = int(rank), int(world_size), epochs
-        self._state = _fresh_state()
-        self._resume: dict | None = None
+        self._init_state()
 
-    def shard(self) -> tuple[int, int]:
-        """(shard id, number of shards) of the calling process/worker."""
-        info = get_worker_info()
-        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-        return self.rank * nw + wid, self.world_size * nw
+    @staticmethod
+    def _fresh_state() -> dict:
+        return {"epoch": 0, "pos": 0, "prompts": 0, "skipped_empty": 0}
 
-    def order(self, epoch: int, shard: int, num_shards: int) -> np.ndarray:
-        n = len(self.source)
-        perm = (np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle
-                else np.arange(n))
-        return perm[shard::num_shards]
-
-    def state_dict(self) -> dict:
-        state = copy.deepcopy(self._resume if self._resume is not None else self._state)
-        state["layout"] = list(self.shard()) + [self.seed, len(self.source)]
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        state = dict(state)
-        layout = state.pop("layout", None)
-        expected = list(self.shard()) + [self.seed, len(self.source)]
-        if layout is not None and list(layout) != expected:
-            raise DataError(f"cannot resume prompt state saved as (shard, shards, seed, prompts) = "
-                            f"{tuple(layout)} in layout {tuple(expected)}: keep ranks, "
-                            "num_workers, seed and prompts unchanged to resume exactly")
-        missing = set(_fresh_state()) - set(state)
+    def _check_state(self, state: dict) -> None:
+        missing = set(self._fresh_state()) - set(state)
         if missing:
             raise DataError(f"prompt state lacks keys {sorted(missing)}")
-        self._resume = state
 
     def _fetch(self, i: int):
         doc = self.source.get(i)
@@ -139,9 +112,7 @@ class PromptDataset(IterableDataset):
 
     def __iter__(self):
         shard, num_shards = self.shard()
-        st = self._resume if self._resume is not None else _fresh_state()
-        self._resume = None
-        self._state = st
+        st = self._begin_iteration()
         while self.epochs is None or st["epoch"] < self.epochs:
             order = self.order(st["epoch"], shard, num_shards)
             if len(order) == 0:

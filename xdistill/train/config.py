@@ -206,7 +206,8 @@ def grad_accum_steps(cfg: OffPolicyConfig, world_size: int) -> int:
     return cfg.train.global_batch_size // per_step
 
 
-def _check_path(path: str, key: str, kind: str = "any") -> None:
+def check_path(path: str, key: str, kind: str = "any") -> None:
+    """ConfigError naming ``key`` unless ``path`` exists (and is a directory for ``kind="dir"``)."""
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"{key}: {path!r} does not exist")
@@ -214,8 +215,9 @@ def _check_path(path: str, key: str, kind: str = "any") -> None:
         raise ConfigError(f"{key}: {path!r} is not a directory")
 
 
-def validate_offpolicy(cfg: OffPolicyConfig, world_size: int = 1) -> OffPolicyConfig:
-    """Checks that need no compute; raises ConfigError naming the key. Fills derived defaults."""
+def validate_run_sections(cfg) -> None:
+    """Checks shared by the off- and on-policy configs: student, optim, scheduler (fills
+    ``scheduler.total_steps`` from ``train.steps``), ``train.steps`` and ``train.stop_after``."""
     cfg.student.validate()
     cfg.optim.validate()
     if cfg.scheduler.total_steps == 0:
@@ -227,22 +229,50 @@ def validate_offpolicy(cfg: OffPolicyConfig, world_size: int = 1) -> OffPolicyCo
                                  or cfg.train.stop_after % cfg.checkpoint.every):
         raise ConfigError(f"train.stop_after ({cfg.train.stop_after}) must be a multiple of "
                           f"checkpoint.every ({cfg.checkpoint.every}) so a checkpoint exists")
+
+
+def validate_student_source(cfg, path_kind: str = "any") -> None:
+    """``student.path`` exists; a fresh student (no path) needs ``student_tokenizer``."""
+    if cfg.student.path:
+        check_path(cfg.student.path, "student.path", path_kind)
+    if not cfg.student_tokenizer and not cfg.student.path:
+        raise ConfigError("student_tokenizer: set it (a fresh student model has no tokenizer)")
+
+
+def check_teacher_names(teachers: list) -> None:
+    names = [t.name for t in teachers]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"teachers: names must be unique, got {names}")
+
+
+def validate_teacher_worker(t, key: str, model_kind: str = "any") -> None:
+    """Name the worker after its teacher; its model folder must be given and exist."""
+    t.worker.name = t.name
+    if not t.worker.model:
+        raise ConfigError(f"{key}.worker.model: a teacher model folder is required")
+    check_path(t.worker.model, f"{key}.worker.model", model_kind)
+    t.worker.validate()
+
+
+def check_loss_scale(loss, key: str) -> None:
+    if loss.temperature <= 0 or loss.weight < 0:
+        raise ConfigError(f"{key}.loss: temperature must be > 0 and weight >= 0")
+
+
+def validate_offpolicy(cfg: OffPolicyConfig, world_size: int = 1) -> OffPolicyConfig:
+    """Checks that need no compute; raises ConfigError naming the key. Fills derived defaults."""
+    validate_run_sections(cfg)
     if cfg.eval.paths and cfg.eval.batches < 1:
         raise ConfigError(f"eval.batches must be >= 1, got {cfg.eval.batches}")
     grad_accum_steps(cfg, world_size)
-    if cfg.student.path:
-        _check_path(cfg.student.path, "student.path", "dir")
-    if not cfg.student_tokenizer and not cfg.student.path:
-        raise ConfigError("student_tokenizer: set it (a fresh student model has no tokenizer)")
+    validate_student_source(cfg, "dir")
     if not cfg.data.paths:
         raise ConfigError("data.paths: no training data given")
     for i, path in enumerate(cfg.data.paths):
-        _check_path(path, f"data.paths.{i}")
+        check_path(path, f"data.paths.{i}")
     for i, path in enumerate(cfg.eval.paths):
-        _check_path(path, f"eval.paths.{i}")
-    names = [t.name for t in cfg.teachers]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"teachers: names must be unique, got {names}")
+        check_path(path, f"eval.paths.{i}")
+    check_teacher_names(cfg.teachers)
     if not cfg.teachers and cfg.loss.ce_weight <= 0:
         raise ConfigError("teachers: no teacher and loss.ce_weight = 0 leaves nothing to train")
     for i, t in enumerate(cfg.teachers):
@@ -253,11 +283,7 @@ def validate_offpolicy(cfg: OffPolicyConfig, world_size: int = 1) -> OffPolicyCo
 
 
 def _validate_teacher(t: TeacherRunConfig, key: str) -> None:
-    t.worker.name = t.name
-    if not t.worker.model:
-        raise ConfigError(f"{key}.worker.model: a teacher model folder is required")
-    _check_path(t.worker.model, f"{key}.worker.model", "dir")
-    t.worker.validate()
+    validate_teacher_worker(t, key, "dir")
     kind = t.loss.kind
     if kind not in SAME_TOKENIZER_LOSSES + CROSS_TOKENIZER_LOSSES:
         raise ConfigError(f"{key}.loss.kind: unknown loss {kind!r}")
@@ -265,9 +291,8 @@ def _validate_teacher(t: TeacherRunConfig, key: str) -> None:
         if not t.loss.projection:
             raise ConfigError(f"{key}.loss.projection: loss 'pkl' needs a projection artifact "
                               "(build one with `xdistill projection build`)")
-        _check_path(t.loss.projection, f"{key}.loss.projection")
+        check_path(t.loss.projection, f"{key}.loss.projection")
     if kind == "topk_kl" and t.worker.output != "topk":
         raise ConfigError(f"{key}: loss 'topk_kl' needs worker.output = 'topk', "
                           f"got {t.worker.output!r}")
-    if t.loss.temperature <= 0 or t.loss.weight < 0:
-        raise ConfigError(f"{key}.loss: temperature must be > 0 and weight >= 0")
+    check_loss_scale(t.loss, key)

@@ -64,16 +64,16 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_run(cfg: OffPolicyConfig) -> Run:
-    """Validate (before any compute), then build tokenizers, student, optimizer, loss, data."""
-    from xdistill.train.optim import build_optimizer, build_scheduler
-
-    env = xdist.init_distributed()
-    validate_offpolicy(cfg, env.world_size)
-    shards, accum = data_ranks(cfg, env.world_size), grad_accum_steps(cfg, env.world_size)
+def set_num_threads(cfg) -> None:
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
-    plan = setup.build_plan(cfg)
+
+
+def build_student_stack(cfg, env, plan) -> tuple:
+    """Seed, then (device, student, AdamW, LR scheduler); a fresh student (no ``student.path``)
+    gets ``vocab_size`` from the student tokenizer unless its model_config sets one."""
+    from xdistill.train.optim import build_optimizer, build_scheduler
+
     if not cfg.student.path and "vocab_size" not in cfg.student.model_config:
         cfg.student.model_config["vocab_size"] = plan.student_tok.vocab_size
     seed_everything(cfg.train.seed)
@@ -81,7 +81,17 @@ def build_run(cfg: OffPolicyConfig) -> Run:
     model = setup.build_student(cfg, env, device)
     setup.check_vocab(model, plan)
     optimizer = build_optimizer(model, cfg.optim)
-    scheduler = build_scheduler(optimizer, cfg.scheduler)
+    return device, model, optimizer, build_scheduler(optimizer, cfg.scheduler)
+
+
+def build_run(cfg: OffPolicyConfig) -> Run:
+    """Validate (before any compute), then build tokenizers, student, optimizer, loss, data."""
+    env = xdist.init_distributed()
+    validate_offpolicy(cfg, env.world_size)
+    shards, accum = data_ranks(cfg, env.world_size), grad_accum_steps(cfg, env.world_size)
+    set_num_threads(cfg)
+    plan = setup.build_plan(cfg)
+    device, model, optimizer, scheduler = build_student_stack(cfg, env, plan)
     loaders = setup.build_loaders(cfg, plan, env.rank, env.world_size, shards)
     run = Run(cfg, env, plan, device, model, optimizer, scheduler, setup.build_loss(cfg, plan),
               setup.build_pool(cfg, plan), loaders, accum)
@@ -115,13 +125,17 @@ def maybe_resume(run: Run) -> None:
         log.info("resumed from %s at step %d", path, state.step)
 
 
-def save(run: Run, step: int) -> None:
+def save_run(run, step: int, extra: dict) -> None:
+    """Checkpoint model, optimizer, scheduler and every loader's state (+ ``extra``) at ``step``."""
     from xdistill.train.checkpoint import save_checkpoint
 
     save_checkpoint(setup.out_path(run.cfg, "checkpoints"), step, run.model, run.optimizer,
                     run.scheduler, dataloader_state=[ld.state_dict() for ld in run.loaders],
-                    extra={"global_batch_size": run.cfg.train.global_batch_size},
-                    keep_last=run.cfg.checkpoint.keep_last)
+                    extra=extra, keep_last=run.cfg.checkpoint.keep_last)
+
+
+def save(run: Run, step: int) -> None:
+    save_run(run, step, {"global_batch_size": run.cfg.train.global_batch_size})
 
 
 def optimizer_step(run: Run) -> tuple[float, float]:
@@ -232,7 +246,12 @@ def after_step(run: Run, step: int) -> None:
                                         run.plan, cfg, run.device))
     if (cfg.checkpoint.every > 0 and step % cfg.checkpoint.every == 0) or last:
         save(run, step)
-    if cfg.train.stop_after and step == cfg.train.stop_after:
+    maybe_stop(run, step)
+
+
+def maybe_stop(run, step: int) -> None:
+    """The debugging stop: after step ``train.stop_after`` (checkpointed), exit hard with code 3."""
+    if run.cfg.train.stop_after and step == run.cfg.train.stop_after:
         if run.writer is not None:
             run.writer.close()
         log.warning("train.stop_after=%d: exiting hard with code %d", step, STOP_EXIT_CODE)
@@ -255,11 +274,7 @@ def run_offpolicy(cfg: OffPolicyConfig) -> dict:
     init_logging()
     run = build_run(cfg)
     maybe_resume(run)
-    out = setup.out_path(cfg)
-    main = xdist.is_main_process()
-    if main:
-        out.mkdir(parents=True, exist_ok=True)
-    run.writer = MetricsWriter(out / "metrics.jsonl", enabled=main, console_keys=console_keys(cfg))
+    run.writer = open_metrics(cfg, console_keys(cfg))
     run.tb = _open_tensorboard(cfg)
     try:
         if run.pool is not None:
@@ -271,8 +286,23 @@ def run_offpolicy(cfg: OffPolicyConfig) -> dict:
         run.writer.close()
         if run.tb is not None:
             run.tb.close()
-    if cfg.checkpoint.export_hf:
+    export_final(run)
+    return metrics
+
+
+def open_metrics(cfg, keys: list[str]) -> MetricsWriter:
+    """``<out_dir>/metrics.jsonl`` (written by rank 0 only, which also creates ``out_dir``)."""
+    out = setup.out_path(cfg)
+    main = xdist.is_main_process()
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+    return MetricsWriter(out / "metrics.jsonl", enabled=main, console_keys=keys)
+
+
+def export_final(run) -> None:
+    """The Hugging Face export of the student to ``<out_dir>/export`` (``checkpoint.export_hf``)."""
+    if run.cfg.checkpoint.export_hf:
         from xdistill.student.model import export_hf
 
-        export_hf(run.model, out / "export", run.plan.student_tok, overwrite=True)
-    return metrics
+        export_hf(run.model, setup.out_path(run.cfg, "export"), run.plan.student_tok,
+                  overwrite=True)

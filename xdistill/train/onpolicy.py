@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -31,17 +30,17 @@ import numpy as np
 import torch
 
 from xdistill import distributed as xdist
-from xdistill.log import get_logger, init_logging
+from xdistill.log import init_logging
 from xdistill.metrics import MetricsWriter
 from xdistill.train import setup
-from xdistill.train.offpolicy import (STOP_EXIT_CODE, log_metrics, maybe_resume, optimizer_step,
-                                      seed_everything)
+from xdistill.train.offpolicy import (build_student_stack, export_final, log_metrics, maybe_resume,
+                                      maybe_stop, open_metrics, optimizer_step, save_run,
+                                      set_num_threads)
 from xdistill.train.onpolicy_config import OnPolicyConfig, validate_onpolicy
 from xdistill.train.onpolicy_step import (OnPolicyPlan, build_mix, build_onpolicy_plan,
                                           finish_metrics, loss_and_backward, offpolicy_micro)
 from xdistill.train.step import Timers
 
-log = get_logger("train")
 # metric keys summed over ranks (the rest are averaged)
 _SUMMED = ("loss", "ce", "response_tokens", "tokens")
 
@@ -112,24 +111,15 @@ def build_onpolicy_run(cfg: OnPolicyConfig, reward_fn=None) -> OnPolicyRun:
     from xdistill.data import TeacherSpec as ScoringTeacher
     from xdistill.rollout import RolloutScorer
     from xdistill.teacher import TeacherPool
-    from xdistill.train.optim import build_optimizer, build_scheduler
 
     env = xdist.init_distributed()
     validate_onpolicy(cfg)
-    if cfg.train.num_threads:
-        torch.set_num_threads(cfg.train.num_threads)
+    set_num_threads(cfg)
     plan = build_onpolicy_plan(cfg)
     mix = None
     if cfg.loss.offpolicy_lambda > 0:
         mix = build_mix(cfg, plan, env)
-    if not cfg.student.path and "vocab_size" not in cfg.student.model_config:
-        cfg.student.model_config["vocab_size"] = plan.student_tok.vocab_size
-    seed_everything(cfg.train.seed)
-    device = setup.resolve_device(cfg.train.device, env)
-    model = setup.build_student(cfg, env, device)
-    setup.check_vocab(model, plan)
-    optimizer = build_optimizer(model, cfg.optim)
-    scheduler = build_scheduler(optimizer, cfg.scheduler)
+    device, model, optimizer, scheduler = build_student_stack(cfg, env, plan)
     add_bos = cfg.rollout.add_bos
     scorer = RolloutScorer(
         plan.student_tok,
@@ -232,12 +222,7 @@ def _log_samples(run: OnPolicyRun, step: int, indices, ro) -> None:
 
 
 def save(run: OnPolicyRun, step: int) -> None:
-    from xdistill.train.checkpoint import save_checkpoint
-
-    save_checkpoint(setup.out_path(run.cfg, "checkpoints"), step, run.model, run.optimizer,
-                    run.scheduler, dataloader_state=[ld.state_dict() for ld in run.loaders],
-                    extra={"prompts_batch_size": run.cfg.prompts.batch_size},
-                    keep_last=run.cfg.checkpoint.keep_last)
+    save_run(run, step, {"prompts_batch_size": run.cfg.prompts.batch_size})
 
 
 def after_step(run: OnPolicyRun, step: int) -> None:
@@ -245,11 +230,7 @@ def after_step(run: OnPolicyRun, step: int) -> None:
     cfg = run.cfg
     if (cfg.checkpoint.every > 0 and step % cfg.checkpoint.every == 0) or step == cfg.train.steps:
         save(run, step)
-    if cfg.train.stop_after and step == cfg.train.stop_after:
-        if run.writer is not None:
-            run.writer.close()
-        log.warning("train.stop_after=%d: exiting hard with code %d", step, STOP_EXIT_CODE)
-        os._exit(STOP_EXIT_CODE)
+    maybe_stop(run, step)
 
 
 def console_keys(cfg: OnPolicyConfig) -> list[str]:
@@ -281,19 +262,12 @@ def run_onpolicy(cfg: OnPolicyConfig, reward_fn=None) -> dict:
     init_logging()
     run = build_onpolicy_run(cfg, reward_fn)
     maybe_resume(run)
-    out = setup.out_path(cfg)
-    main = xdist.is_main_process()
-    if main:
-        out.mkdir(parents=True, exist_ok=True)
-    run.writer = MetricsWriter(out / "metrics.jsonl", enabled=main, console_keys=console_keys(cfg))
+    run.writer = open_metrics(cfg, console_keys(cfg))
     try:
         run.pool.start()
         metrics = train_loop(run)
     finally:
         run.pool.close()
         run.writer.close()
-    if cfg.checkpoint.export_hf:
-        from xdistill.student.model import export_hf
-
-        export_hf(run.model, out / "export", run.plan.student_tok, overwrite=True)
+    export_final(run)
     return metrics

@@ -9,7 +9,6 @@ and each teacher's ``worker``; ``rollout`` is :class:`xdistill.rollout.RolloutCo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 from xdistill.data.config import DataConfig
@@ -18,7 +17,9 @@ from xdistill.losses.onpolicy import CROSS_ROUTES, ONPOLICY_LOSSES
 from xdistill.rollout.engine import RolloutConfig
 from xdistill.student.config import StudentConfig
 from xdistill.teacher.config import TeacherConfig
-from xdistill.train.config import CheckpointConfig, RunSchedulerConfig
+from xdistill.train.config import (CheckpointConfig, RunSchedulerConfig, check_loss_scale,
+                                   check_path, check_teacher_names, validate_run_sections,
+                                   validate_student_source, validate_teacher_worker)
 from xdistill.train.optim import OptimConfig
 
 OnPolicyKind = Literal["reverse_kl", "topk_kl", "jsd", "k1", "k3"]
@@ -183,39 +184,19 @@ class OnPolicyConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
 
-def _exists(path: str, key: str) -> None:
-    if not Path(path).exists():
-        raise ConfigError(f"{key}: {path!r} does not exist")
-
-
 def validate_onpolicy(cfg: OnPolicyConfig) -> OnPolicyConfig:
     """Checks that need no compute; raises ConfigError naming the key. Fills derived defaults."""
-    cfg.student.validate()
-    cfg.optim.validate()
-    if cfg.scheduler.total_steps == 0:
-        cfg.scheduler.total_steps = max(cfg.train.steps, cfg.scheduler.warmup_steps, 1)
-    cfg.scheduler.validate()
-    if cfg.train.steps < 1:
-        raise ConfigError(f"train.steps must be >= 1, got {cfg.train.steps}")
-    if cfg.train.stop_after and (cfg.checkpoint.every <= 0
-                                 or cfg.train.stop_after % cfg.checkpoint.every):
-        raise ConfigError(f"train.stop_after ({cfg.train.stop_after}) must be a multiple of "
-                          f"checkpoint.every ({cfg.checkpoint.every}) so a checkpoint exists")
-    if cfg.student.path:
-        _exists(cfg.student.path, "student.path")
-    if not cfg.student_tokenizer and not cfg.student.path:
-        raise ConfigError("student_tokenizer: set it (a fresh student model has no tokenizer)")
+    validate_run_sections(cfg)
+    validate_student_source(cfg)
     if not cfg.prompts.paths:
         raise ConfigError("prompts.paths: no prompt files given")
     for i, p in enumerate(cfg.prompts.paths):
-        _exists(p, f"prompts.paths.{i}")
+        check_path(p, f"prompts.paths.{i}")
     if cfg.prompts.batch_size < 1:
         raise ConfigError(f"prompts.batch_size must be >= 1, got {cfg.prompts.batch_size}")
     if not cfg.teachers:
         raise ConfigError("teachers: an on-policy run needs at least one teacher")
-    names = [t.name for t in cfg.teachers]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"teachers: names must be unique, got {names}")
+    check_teacher_names(cfg.teachers)
     for i, t in enumerate(cfg.teachers):
         _validate_teacher(t, f"teachers.{i}")
     lam = cfg.loss.offpolicy_lambda
@@ -229,16 +210,11 @@ def validate_onpolicy(cfg: OnPolicyConfig) -> OnPolicyConfig:
 
 
 def _validate_teacher(t: OnPolicyTeacherConfig, key: str) -> None:
-    t.worker.name = t.name
-    if not t.worker.model:
-        raise ConfigError(f"{key}.worker.model: a teacher model folder is required")
-    _exists(t.worker.model, f"{key}.worker.model")
-    t.worker.validate()
+    validate_teacher_worker(t, key)
     lc = t.loss
     if lc.kind not in ONPOLICY_LOSSES or lc.cross not in CROSS_ROUTES:
         raise ConfigError(f"{key}.loss: unknown kind {lc.kind!r} or cross route {lc.cross!r}")
-    if lc.temperature <= 0 or lc.weight < 0:
-        raise ConfigError(f"{key}.loss: temperature must be > 0 and weight >= 0")
+    check_loss_scale(lc, key)
     if t.worker.temperature != 1.0 and t.worker.temperature != lc.temperature:
         raise ConfigError(f"{key}.worker.temperature ({t.worker.temperature}) must be 1 or equal "
                           f"to loss.temperature ({lc.temperature})")
@@ -252,4 +228,4 @@ def _validate_teacher(t: OnPolicyTeacherConfig, key: str) -> None:
         raise ConfigError(f"{key}.worker.output: 'projected' outputs are not used on-policy; use "
                           "logits (reverse_kl/jsd through loss.projection) or topk (k1/k3/topk_kl)")
     if full and lc.cross == "projection" and lc.projection:
-        _exists(lc.projection, f"{key}.loss.projection")
+        check_path(lc.projection, f"{key}.loss.projection")
