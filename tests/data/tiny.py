@@ -21,15 +21,9 @@ CORPUS = [
 
 
 def _byte_decoder() -> dict[str, int]:
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
+    from xdistill.tokenization.bytes import bytes_to_unicode
+
+    return {c: b for b, c in bytes_to_unicode().items()}
 
 
 @dataclass
