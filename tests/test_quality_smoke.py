@@ -54,9 +54,15 @@ def test_every_arm_config_is_valid(assets, tmp_path):
 
     from benchmarks.quality.runner import write_config
 
+    from xdistill.train.onpolicy_config import OnPolicyConfig, validate_onpolicy
+
     for arm in ARMS:
         path = write_config(arm_config(arm, 0, assets, TINY_ARMS, str(tmp_path / arm)),
                             tmp_path / f"{arm}.yaml")
+        if arm == "onpolicy":
+            cfg = validate_onpolicy(load_config(OnPolicyConfig, str(path)))
+            assert cfg.loss.offpolicy_lambda == 0.5 and cfg.teachers[0].loss.kind == "k1"
+            continue
         cfg = validate_offpolicy(load_config(OffPolicyConfig, str(path)))
         plan = build_plan(cfg)  # tokenizers, projection pairs, loss kinds vs tokenizer pairs
         assert len(plan.loss_specs) == len(cfg.teachers)
@@ -72,8 +78,8 @@ def test_harness_end_to_end(assets, tmp_path):
     assert load_tokenizer(assets["tok_teacher"]).family == "spm"
     for name in ("teacher_big", "teacher_weak"):
         assert 0.0 <= assets[name]["accuracy"] <= 1.0 and math.isfinite(assets[name]["bpb"])
-    arms = ["ce", "multi"]
-    result = run_harness(assets, arms, [0], TINY_ARMS, tmp_path, log=lambda *_: None)
+    arms = ["ce", "multi", "onpolicy"]
+    result = run_harness(assets, arms, [0], TINY_ARMS, tmp_path, log=lambda *_: None, jobs=2)
     assert set(result["summary"]) == set(arms)
     for r in result["runs"]:
         run_dir = tmp_path / "runs" / r["arm"] / "seed0"
@@ -82,12 +88,14 @@ def test_harness_end_to_end(assets, tmp_path):
         assert metrics[-1]["step"] == TINY_ARMS.steps
         assert r["n"] == TINY_TASK.n_heldout and 0.0 <= r["accuracy"] <= 1.0
         assert math.isfinite(r["bpb"]) and r["bpb"] > 0
+    metrics = [json.loads(x) for x in
+               (tmp_path / "runs" / "multi" / "seed0" / "metrics.jsonl").read_text().splitlines()]
     teacher_terms = [k for k in metrics[0] if k.endswith("/loss")]  # "multi": both teachers
     assert {"cross/loss", "weak/loss"} <= set(teacher_terms)
     # answers are numbers 0..18: all but the one-digit ones are uncommon for GOLD
     assert 0.4 < uncommon_answer_fraction(assets) < 1.0
     md = render(result, {"note": "smoke"})
-    assert "| ce |" in md and "| multi |" in md
+    assert "| ce |" in md and "| multi |" in md and "| onpolicy |" in md
     assert plot_summary(result["summary"], tmp_path / "a.png").stat().st_size > 0
     assert plot_curves(tmp_path, arms, 0, tmp_path / "c.png").stat().st_size > 0
     # a second call reuses every finished run

@@ -14,6 +14,11 @@ same number of steps, with ``loss.ce_weight = 1`` plus its teacher term(s) of we
 ``pkl_corpus``  P-KL through a corpus-statistics projection
 ``alm``         ALM: binary CE of chunk likelihoods, tau = 100
 ``multi``       P-KL (multitoken) to the cross teacher + forward KL to the weak teacher
+``onpolicy``    on-policy reverse KL to the cross teacher (``xdistill train onpolicy``): the
+                student samples answers to training prompts, the teacher scores each aligned
+                chunk, k1 policy-gradient form (advantage = teacher minus student chunk
+                log-likelihood); every other step (lambda = 0.5) is an off-policy step on the
+                same corpus with CE + the teacher's derived off-policy term (ALM)
 ==============  =====================================================================
 """
 
@@ -21,7 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ARMS = ("ce", "same_kd", "uld", "gold", "exact_kl", "pkl_multi", "pkl_corpus", "alm", "multi")
+ARMS = ("ce", "same_kd", "uld", "gold", "exact_kl", "pkl_multi", "pkl_corpus", "alm", "multi",
+        "onpolicy")
 XTOKEN_ARMS = ("gold", "ce", "same_kd", "pkl_multi")  # the paper's ordering, worst to best
 
 
@@ -75,10 +81,17 @@ def teachers_for(arm: str, assets: dict, s: ArmSettings) -> list[dict]:
     raise ValueError(f"unknown arm {arm!r}; choose from {', '.join(ARMS)}")
 
 
+def arm_command(arm: str) -> str:
+    """The ``xdistill train`` subcommand of ``arm``."""
+    return "onpolicy" if arm == "onpolicy" else "offpolicy"
+
+
 def arm_config(arm: str, seed: int, assets: dict, s: ArmSettings, out_dir: str) -> dict:
     """The full run config of ``arm`` with ``seed`` (see the module docstring)."""
     from benchmarks.quality.prepare import model_config
 
+    if arm == "onpolicy":
+        return onpolicy_config(seed, assets, s, out_dir)
     corpus = assets["corpus"]
     return {
         "student": {"model_type": "llama", "model_config": model_config(s.layers, s.hidden),
@@ -97,4 +110,28 @@ def arm_config(arm: str, seed: int, assets: dict, s: ArmSettings, out_dir: str) 
         "checkpoint": {"every": 0, "resume": "", "export_hf": True},
         "eval": {"every": s.eval_every, "paths": [corpus["eval_text"]],
                  "batches": s.eval_batches},
+    }
+
+
+def onpolicy_config(seed: int, assets: dict, s: ArmSettings, out_dir: str) -> dict:
+    """The ``onpolicy`` arm: same student, steps, optimiser and corpus (on the off-policy half)."""
+    from benchmarks.quality.prepare import model_config, prompts_file
+
+    off = arm_config("ce", seed, assets, s, out_dir)
+    cross = _teacher("cross", assets["teacher_big"]["model"], assets["tok_teacher"], "k1", s)
+    cross["loss"] = {"kind": "k1", "weight": 1.0, "temperature": 1.0}
+    return {
+        "student": {"model_type": "llama", "model_config": model_config(s.layers, s.hidden),
+                    "init_seed": seed},
+        "student_tokenizer": assets["tok_student"],
+        "teachers": [cross],
+        "prompts": {"paths": [prompts_file(assets)], "batch_size": s.batch * 2},
+        "rollout": {"backend": "hf", "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 3,
+                    "max_prompt_len": 32, "seed": seed},
+        "loss": {"chunk_size": s.seq_len, "offpolicy_lambda": 0.5},
+        "offpolicy": {"data": off["data"], "ce_weight": 1.0},
+        "optim": off["optim"], "scheduler": off["scheduler"],
+        "train": {k: v for k, v in off["train"].items()
+                  if k in ("steps", "seed", "out_dir", "log_every", "num_threads")},
+        "checkpoint": off["checkpoint"],
     }

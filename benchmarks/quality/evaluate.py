@@ -49,6 +49,26 @@ def _decode(model, tok, ids_BT: torch.Tensor, max_new: int) -> list[str]:
     return [t.split(".")[0].strip() for t in texts]
 
 
+@torch.no_grad()
+def bits_per_byte(model, tok, texts, *, max_len: int = 256) -> float:
+    """Held-out bits per byte: summed next-token NLL (nats) of each text's first ``max_len``
+    tokens / ln 2 / the UTF-8 bytes those tokens cover (the first token has no prediction, so its
+    bytes are not counted). Comparable across tokenizers, as the trainer's ``eval/bpb``."""
+    import math
+
+    model.eval()
+    nats, nbytes = 0.0, 0
+    for text in texts:
+        enc = tok.encode(text, add_special_tokens=False)
+        ids = [int(i) for i in enc.ids[:max_len]]
+        if len(ids) < 2:
+            continue
+        logp_TV = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+        nats -= float(logp_TV[:-1].gather(1, torch.tensor(ids[1:])[:, None]).sum())
+        nbytes += int(enc.ends[len(ids) - 1]) - int(enc.ends[0])
+    return nats / math.log(2) / max(nbytes, 1)
+
+
 def load_model(folder: str):
     from transformers import AutoModelForCausalLM
 

@@ -13,7 +13,7 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks.quality.arms import ArmSettings, arm_config
+from benchmarks.quality.arms import ArmSettings, arm_command, arm_config
 from benchmarks.quality.runner import run_config
 
 
@@ -22,17 +22,22 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def score_run(run_dir: Path, assets: dict) -> dict:
-    """Greedy accuracy of the exported student + the last ``eval/bpb`` of its metrics."""
+    """Greedy accuracy and held-out bits per byte of the exported student (the same scorer for
+    every arm, off- and on-policy)."""
     from xdistill.tokenization import load_tokenizer
 
-    from benchmarks.quality.evaluate import greedy_accuracy, load_model
+    from benchmarks.quality.evaluate import bits_per_byte, greedy_accuracy, load_model
 
-    export = run_dir / "export"
-    acc = greedy_accuracy(load_model(str(export)), load_tokenizer(assets["tok_student"]),
-                          assets["corpus"]["heldout"])
-    bpb = [m["eval/bpb"] for m in read_metrics(run_dir / "metrics.jsonl") if "eval/bpb" in m]
-    return {"accuracy": acc["accuracy"], "n": acc["n"], "bpb": bpb[-1] if bpb else None,
+    model, tok = load_model(str(run_dir / "export")), load_tokenizer(assets["tok_student"])
+    acc = greedy_accuracy(model, tok, assets["corpus"]["heldout"])
+    return {"accuracy": acc["accuracy"], "n": acc["n"], "bpb": bits_per_byte(model, tok, eval_texts(assets)),
             "examples": acc["examples"]}
+
+
+def eval_texts(assets: dict) -> list[str]:
+    """The held-out text passages (``eval_text.jsonl``)."""
+    path = Path(assets["corpus"]["eval_text_jsonl"])
+    return [json.loads(x)["text"] for x in path.read_text(encoding="utf-8").splitlines() if x]
 
 
 def run_arm(arm: str, seed: int, assets: dict, settings: ArmSettings, out: Path, log=print) -> dict:
@@ -43,7 +48,7 @@ def run_arm(arm: str, seed: int, assets: dict, settings: ArmSettings, out: Path,
     t0 = time.perf_counter()
     cfg = arm_config(arm, seed, assets, settings, str(run_dir))
     try:
-        run_config(cfg, run_dir / "config.yaml")
+        run_config(cfg, run_dir / "config.yaml", command=arm_command(arm))
     except RuntimeError as exc:  # a failing arm is reported, the others still run
         last = str(exc).strip().splitlines()[-1]
         log(f"[{arm} seed {seed}] FAILED: {last}")
@@ -57,10 +62,19 @@ def run_arm(arm: str, seed: int, assets: dict, settings: ArmSettings, out: Path,
 
 
 def run_harness(assets: dict, arms, seeds, settings: ArmSettings, out: str | Path,
-                log=print) -> dict:
-    """All runs (cached per run); returns ``{"runs": [...], "summary": {arm: stats}}``."""
+                log=print, jobs: int = 1) -> dict:
+    """All runs (cached per run), ``jobs`` trainer processes at a time; returns
+    ``{"runs": [...], "summary": {arm: stats}, "failed": {arm: error}}``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
     out = Path(out)
-    runs = [run_arm(arm, seed, assets, settings, out, log) for seed in seeds for arm in arms]
+    torch.set_num_threads(max(1, settings.threads))  # scoring in this process
+    todo = [(arm, seed) for seed in seeds for arm in arms]
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        runs = list(pool.map(lambda a_s: run_arm(a_s[0], a_s[1], assets, settings, out, log),
+                             todo))
     failed = {r["arm"]: r["error"] for r in runs if "error" in r}
     return {"runs": runs, "summary": summarize(runs, arms), "failed": failed}
 

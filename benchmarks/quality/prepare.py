@@ -35,11 +35,11 @@ class PrepConfig:
     # cross-tokenizer teacher (teacher tokenizer): layers, width, CE training steps
     big_layers: int = 3
     big_hidden: int = 96
-    big_steps: int = 800
+    big_steps: int = 3000
     # weaker same-tokenizer teacher (student tokenizer)
     weak_layers: int = 2
     weak_hidden: int = 64
-    weak_steps: int = 300
+    weak_steps: int = 600
     # windows per step, tokens per window, learning rate of teacher training
     batch: int = 32
     seq_len: int = 32
@@ -121,12 +121,40 @@ def build_projections(root: Path, tok_s: str, tok_t: str, corpus_jsonl: str) -> 
     return out
 
 
-def prepare_all(root: str | Path, cfg: PrepConfig = PrepConfig(), log=print) -> dict:
-    """Everything the arms need (cached under ``root/<key>``); returns ``assets.json``'s content."""
+TEACHERS = ("teacher_big", "teacher_weak")
+
+
+def prepare_all(root: str | Path, cfg: PrepConfig = PrepConfig(), log=print,
+                teachers=TEACHERS) -> dict:
+    """Everything the arms need (cached under ``root/<key>``); returns ``assets.json``'s content.
+
+    ``teachers`` names the teachers to have ready (the demo needs only ``teacher_big``); one that
+    a later call asks for is trained then and added to the manifest.
+    """
     root = Path(root) / cache_key(cfg)
     manifest = root / "assets.json"
     if manifest.exists():
-        return json.loads(manifest.read_text())
+        assets = json.loads(manifest.read_text())
+    else:
+        assets = _prepare_base(root, cfg, log)
+    missing = [name for name in teachers if name not in assets]
+    for name in missing:
+        tok = assets["tok_teacher"] if name == "teacher_big" else assets["tok_student"]
+        layers, hidden, steps = ((cfg.big_layers, cfg.big_hidden, cfg.big_steps)
+                                 if name == "teacher_big" else
+                                 (cfg.weak_layers, cfg.weak_hidden, cfg.weak_steps))
+        t1 = time.perf_counter()
+        assets[name] = train_teacher(root / name, tok, assets["corpus"], layers, hidden, steps, cfg)
+        assets["timings"][name] = time.perf_counter() - t1
+        log(f"[prepare] {name}: held-out accuracy {assets[name]['accuracy']:.3f}, "
+            f"bpb {assets[name]['bpb']:.3f} ({assets['timings'][name]:.0f}s)")
+    if missing or not manifest.exists():
+        manifest.write_text(json.dumps(assets, indent=1))
+    return assets
+
+
+def _prepare_base(root: Path, cfg: PrepConfig, log) -> dict:
+    """Corpora, both tokenizers and the projections (no teachers)."""
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     corpus = prepare_corpora(root, cfg)
@@ -135,21 +163,25 @@ def prepare_all(root: str | Path, cfg: PrepConfig = PrepConfig(), log=print) -> 
     tok_t = str(toks.train_teacher_tokenizer(root / "tok_teacher", texts))
     tok_s = str(toks.train_student_tokenizer(root / "tok_student", texts))
     _check_tokenizers(tok_s, tok_t)
-    log(f"[prepare] corpora + tokenizers in {time.perf_counter() - t0:.0f}s under {root}")
-    assets = {"root": str(root), "prep": asdict(cfg), "corpus": corpus, "tok_teacher": tok_t,
-              "tok_student": tok_s, "timings": {}}
-    for name, tok, layers, hidden, steps in (
-            ("teacher_big", tok_t, cfg.big_layers, cfg.big_hidden, cfg.big_steps),
-            ("teacher_weak", tok_s, cfg.weak_layers, cfg.weak_hidden, cfg.weak_steps)):
-        t1 = time.perf_counter()
-        assets[name] = train_teacher(root / name, tok, corpus, layers, hidden, steps, cfg)
-        assets["timings"][name] = time.perf_counter() - t1
-        log(f"[prepare] {name}: held-out accuracy {assets[name]['accuracy']:.3f}, "
-            f"bpb {assets[name]['bpb']:.3f} ({assets['timings'][name]:.0f}s)")
-    assets["projections"] = build_projections(root, tok_s, tok_t, corpus["student_jsonl"])
-    assets["timings"]["total"] = time.perf_counter() - t0
-    manifest.write_text(json.dumps(assets, indent=1))
-    return assets
+    projections = build_projections(root, tok_s, tok_t, corpus["student_jsonl"])
+    log(f"[prepare] corpora, tokenizers and projections in {time.perf_counter() - t0:.0f}s "
+        f"under {root}")
+    return {"root": str(root), "prep": asdict(cfg), "corpus": corpus, "tok_teacher": tok_t,
+            "tok_student": tok_s, "projections": projections,
+            "timings": {"base": time.perf_counter() - t0}}
+
+
+def prompts_file(assets: dict) -> str:
+    """``<root>/corpus/prompts.jsonl``: the prompts of the student's training pairs (on-policy arm;
+    written on first use, so caches prepared before it existed still work)."""
+    path = Path(assets["root"]) / "corpus" / "prompts.jsonl"
+    if not path.exists():
+        cfg = task.TaskConfig(**assets["prep"]["task"])
+        train = task.split_pairs(cfg)[0]
+        pairs = train if not cfg.student_pairs else train[:cfg.student_pairs]
+        rows = [json.dumps({"prompt": task.prompt(int(a), int(b))}) + "\n" for a, b in pairs]
+        path.write_text("".join(rows), encoding="utf-8")
+    return str(path)
 
 
 def _check_tokenizers(tok_s: str, tok_t: str) -> None:

@@ -48,7 +48,8 @@ def parse(argv=None):
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--steps", type=int, default=ArmSettings.steps)
     p.add_argument("--eval-every", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per training run")
+    p.add_argument("--jobs", type=int, default=1, help="training runs at a time")
     p.add_argument("--no-report", action="store_true", help="do not touch RESULTS.md / plots")
     return p.parse_args(argv)
 
@@ -58,19 +59,21 @@ def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     t0 = time.perf_counter()
     out = Path(args.out)
-    assets = prepare_all(args.cache or out / "prepared", PrepConfig())
+    need = [t for t, arms_needing in (("teacher_big", set(ARMS) - {"ce", "same_kd"}),
+                                      ("teacher_weak", {"same_kd", "multi"}))
+            if arms_needing & set(args.arms.split(","))]
+    assets = prepare_all(args.cache or out / "prepared", PrepConfig(), teachers=need)
     settings = replace(ArmSettings(), steps=args.steps, eval_every=args.eval_every,
                        threads=args.threads)
     arms = [a for a in args.arms.split(",") if a]
     seeds = [int(s) for s in args.seeds.split(",") if s]
-    result = run_harness(assets, arms, seeds, settings, out)
+    result = run_harness(assets, arms, seeds, settings, out, jobs=args.jobs)
     meta = {"command": "python -m benchmarks.quality.run " + " ".join(sys.argv[1:] if argv is None else argv),
             "hardware": f"{os.cpu_count()}-core CPU ({platform.processor() or platform.machine()}),"
                         " no GPU, shared with other jobs",
             "wall_s_this_invocation": round(time.perf_counter() - t0),
             "arm_settings": asdict(settings), "prep": assets["prep"],
-            "teacher_big": {k: assets["teacher_big"][k] for k in ("accuracy", "bpb")},
-            "teacher_weak": {k: assets["teacher_weak"][k] for k in ("accuracy", "bpb")},
+            **{t: {k: assets[t][k] for k in ("accuracy", "bpb")} for t in need},
             "prep_timings_s": {k: round(v) for k, v in assets["timings"].items()},
             "gold_uncommon_answer_token_fraction": uncommon_answer_fraction(assets)}
     result["meta"] = meta

@@ -21,15 +21,17 @@ def write_config(cfg: dict, path: Path) -> Path:
     return path
 
 
-def run_config(cfg: dict, path: Path, *overrides: str, timeout: float = 3600) -> Path:
-    """Write ``cfg`` to ``path`` and train it; returns the run's ``metrics.jsonl``."""
+def run_config(cfg: dict, path: Path, *overrides: str, timeout: float = 3600,
+               command: str = "offpolicy") -> Path:
+    """Write ``cfg`` to ``path`` and train it with ``xdistill train <command>``; returns the
+    run's ``metrics.jsonl``."""
     write_config(cfg, path)
     threads = str(cfg.get("train", {}).get("num_threads") or 1)
     env = dict(os.environ, OMP_NUM_THREADS=threads, HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    cmd = [sys.executable, "-m", "xdistill.cli", "train", "offpolicy", "--config", str(path),
+    cmd = [sys.executable, "-m", "xdistill.cli", "train", command, "--config", str(path),
            *overrides]
     log_path = path.with_suffix(".log")
     with open(log_path, "w", encoding="utf-8") as log:

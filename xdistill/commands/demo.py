@@ -18,7 +18,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="xdistill demo", description=__doc__)
     parser.add_argument("which", nargs="?", default="tokenizers", choices=["tokenizers", "distill"],
                         help="which demo to run")
-    parser.add_argument("--steps", type=int, default=200, help="student steps per arm (distill)")
+    parser.add_argument("--steps", type=int, default=0,
+                        help="student steps per arm (distill; 0 = the quality harness's budget)")
+    parser.add_argument("--jobs", type=int, default=2, help="training runs at a time (distill)")
     parser.add_argument("--out", default="runs/demo_distill", help="output folder (distill)")
     parser.add_argument("--names", default="gpt2,qwen2,llama3,mistral,bert",
                         help="comma-separated tokenizer asset names to compare pairwise")
@@ -27,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.which == "distill":
         from xdistill.demo.distill import run as run_distill
 
-        run_distill(out_dir=args.out, steps=args.steps)
+        run_distill(out_dir=args.out, steps=args.steps or None, jobs=args.jobs)
         return 0
     from xdistill.demo.tokenizer_pairs import PARAGRAPH, format_reports, run
 

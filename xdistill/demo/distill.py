@@ -39,18 +39,25 @@ def _import_harness():
     return arms, harness, prepare
 
 
-def run(out_dir: str = "runs/demo_distill", *, steps: int = 200, seeds=(0,), arms=DEMO_ARMS,
-        cache: str | None = None, prep=None, settings=None, log=print) -> dict:
-    """Prepare (cached), train each arm, print and return ``{"summary", "runs", "artifacts"}``."""
+def run(out_dir: str = "runs/demo_distill", *, steps: int | None = None, seeds=(0,),
+        arms=DEMO_ARMS, cache: str | None = None, prep=None, settings=None, jobs: int = 2,
+        log=print) -> dict:
+    """Prepare (cached), train each arm (``jobs`` at a time), print and return
+    ``{"summary", "runs", "artifacts"}``. ``steps`` defaults to the harness's budget."""
     arms_mod, harness, prepare = _import_harness()
     from xdistill.assets import asset_dir
 
     t0 = time.perf_counter()
     prep = prep or prepare.PrepConfig()
-    assets = prepare.prepare_all(Path(cache) if cache else asset_dir() / "quality", prep, log=log)
+    teachers = ["teacher_big"] + (["teacher_weak"] if {"same_kd", "multi"} & set(arms) else [])
+    assets = prepare.prepare_all(Path(cache) if cache else asset_dir() / "quality", prep, log=log,
+                                 teachers=teachers)
     t_prep = time.perf_counter() - t0
-    settings = settings or replace(arms_mod.ArmSettings(), steps=steps)
-    result = harness.run_harness(assets, list(arms), list(seeds), settings, Path(out_dir), log=log)
+    settings = settings or arms_mod.ArmSettings()
+    if steps:
+        settings = replace(settings, steps=steps)
+    result = harness.run_harness(assets, list(arms), list(seeds), settings, Path(out_dir), log=log,
+                                 jobs=jobs)
     artifacts = {
         "prepared (tokenizers, corpora, teachers)": assets["root"],
         "projection (multitoken)": assets["projections"]["multitoken"],
