@@ -20,11 +20,20 @@ per-phase split of the full step and each teacher's loss forward+backward alone 
 (plus a plain log-softmax forward KL as the reference for the same-tokenizer loss).
 Models: Llama-architecture student and teachers over BPE tokenizers trained on Shakespeare
 (student and cross teacher with different vocabularies; the second teacher shares the student's).
+
+``--compare-reference`` also runs the whole measurement with the previous P-KL formulation
+(:func:`reference_projected_kl`: autograd through dense @ sparse-CSR ``p @ W`` over ``[n, Vt]``)
+patched in, for before/after figures from one process. ``--pkl-shape B,T,Vs,Vt`` times
+``projected_kl`` alone (forward + backward) at that shape with a random multi-token-like W (~4
+non-zeros per student row, 5% unmapped rows), current vs reference; ``--pkl-only`` skips the train
+step. For single-thread figures on a shared machine: ``OMP_NUM_THREADS=1 taskset -c 1 python
+benchmarks/train_step.py --threads 1``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import statistics
@@ -122,6 +131,15 @@ def loss_parts(run, batch, rounds: int) -> dict:
                         _plain_forward_kl(z, inp.logits_BTtV, batch.loss_mask_BTs).backward()
 
                 out["plain log-softmax forward KL (reference)"] = _best(plain, rounds)
+        if len(inputs) > 1:
+            def together():
+                with torch.enable_grad():
+                    z = z_s.detach().requires_grad_()
+                    loss, _ = run.loss_fn(z, batch.input_ids_BTs, batch.loss_mask_BTs, inputs,
+                                          num_valid=n)
+                    loss.backward()
+
+            out["all teachers in one MultiTeacherLoss"] = _best(together, rounds)
     return out
 
 
@@ -180,6 +198,91 @@ def measure(cfg, steps: int) -> dict:
     return out
 
 
+# ----------------------------------------------------------------------------- P-KL reference
+def reference_projected_kl(student_logits_BTsVs, teacher_logits_BTtVt, align, proj_VsVt, *,
+                           s_loss_mask_BTs=None, t_loss_mask_BTt=None, direction="forward",
+                           beta=0.5, temperature=1.0, teacher_temperature=None, num_valid=None,
+                           chunk_size=256):
+    """The previous P-KL formulation (same math, same signature as ``projected_kl``): autograd
+    through ``p @ W`` (dense @ sparse CSR) and masks over full ``[n, Vt]`` rows."""
+    import xdistill.losses.cross as cross
+    from xdistill.losses.engine import log_softmax_safe
+
+    def safe_log(x):
+        pos = x > 0
+        return torch.where(pos, torch.log(torch.where(pos, x, torch.ones_like(x))),
+                           torch.full_like(x, float("-inf")))
+
+    tau = float(temperature)
+    tau_t = tau if teacher_temperature is None else float(teacher_temperature)
+    dt = torch.float64 if student_logits_BTsVs.dtype == torch.float64 else torch.float32
+    W = proj_VsVt.to(dt)
+    support_Vt = torch.zeros(W.shape[1], dtype=torch.bool)
+    support_Vt[W.col_indices()[W.values() > 0]] = True
+    div = cross._divergence(direction, beta)
+
+    def rows_fn(z_s, z_t):
+        m = torch.exp(log_softmax_safe(z_s / tau)) @ W
+        m = torch.where(support_Vt, m, torch.zeros_like(m))
+        logp = safe_log(m) - safe_log(m.sum(-1, keepdim=True))
+        zt = (z_t / tau_t).masked_fill(~support_Vt, float("-inf"))
+        return div(logp, log_softmax_safe(zt)).sum()
+
+    return cross._chunk_start_loss(student_logits_BTsVs, teacher_logits_BTtVt, align,
+                                   s_loss_mask_BTs, t_loss_mask_BTt, rows_fn, exact_only=False,
+                                   num_valid=num_valid, chunk_size=chunk_size, scale=tau ** 2)
+
+
+def pkl_inputs(B: int, T: int, Vs: int, Vt: int, nnz: int = 4, seed: int = 0):
+    """Random logits, a random chunk alignment (1-2 tokens per side per chunk) and a random
+    multi-token-like projection: ``nnz`` teacher tokens per student token with random weights
+    summing to 1, 5% of student tokens unmapped."""
+    from xdistill.losses import ChunkAlignment, projection_from_csr
+
+    g = torch.Generator().manual_seed(seed)
+    zs = torch.randn(B, T, Vs, generator=g) * 2
+    zt = torch.randn(B, T, Vt, generator=g) * 2
+    s_chunk = torch.full((B, T), -1, dtype=torch.long)
+    t_chunk = torch.full((B, T), -1, dtype=torch.long)
+    n_max = 0
+    for b in range(B):
+        lens = torch.randint(1, 3, (2, T), generator=g).tolist()
+        i = j = k = 0
+        while i + lens[0][k] <= T and j + lens[1][k] <= T:
+            s_chunk[b, i:i + lens[0][k]], t_chunk[b, j:j + lens[1][k]] = k, k
+            i, j, k = i + lens[0][k], j + lens[1][k], k + 1
+        n_max = max(n_max, k)
+    valid = torch.zeros(B, n_max, dtype=torch.bool)
+    for b in range(B):
+        valid[b, :int(s_chunk[b].max()) + 1] = True
+    align = ChunkAlignment(s_chunk, t_chunk, valid, valid & (torch.rand(B, n_max, generator=g) < .5))
+    mapped = torch.rand(Vs, generator=g) >= 0.05
+    w = torch.rand(Vs, nnz, generator=g) * mapped[:, None]
+    w = w / w.sum(1, keepdim=True).clamp_min(1e-30)
+    cols = torch.randint(0, Vt, (Vs, nnz), generator=g)
+    keep = (w > 0).reshape(-1)
+    indptr = torch.zeros(Vs + 1, dtype=torch.long)
+    indptr[1:] = torch.cumsum((w > 0).sum(1), 0)
+    W = projection_from_csr(indptr, cols.reshape(-1)[keep], w.reshape(-1)[keep], (Vs, Vt))
+    return zs, zt, align, W
+
+
+def pkl_alone(shape: tuple[int, int, int, int], rounds: int) -> dict:
+    """``projected_kl`` forward + backward alone, current vs reference formulation (wall, CPU s)."""
+    from xdistill.losses import projected_kl
+
+    B, T, Vs, Vt = shape
+    zs, zt, align, W = pkl_inputs(B, T, Vs, Vt)
+    out = {"rows": int(align.chunk_valid_BC.sum()), "nnz": int(W.values().numel())}
+    for name, fn in (("current", projected_kl), ("reference", reference_projected_kl)):
+        def run(fn=fn):
+            z = zs.clone().requires_grad_()
+            fn(z, zt, align, W, chunk_size=256).backward()
+
+        out[name] = _best(run, rounds if name == "current" else 1)
+    return out
+
+
 def _load() -> str:
     try:
         return "load average (1/5/15 min) %.2f / %.2f / %.2f" % os.getloadavg()
@@ -187,7 +290,7 @@ def _load() -> str:
         return "load average unknown"
 
 
-def report(results: dict, args, load_before: str, load_after: str) -> str:
+def report(results: dict, args, load_before: str, load_after: str, pkl: dict | None = None) -> str:
     lines = ["# Off-policy train step vs the sum of its parts", "",
              f"Hardware: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
              f"{torch.get_num_threads()} torch threads, CPU only (no GPU); torch {torch.__version__}. "
@@ -217,7 +320,28 @@ def report(results: dict, args, load_before: str, load_after: str) -> str:
     for n, r in results.items():
         for name, (w, c) in r["loss_parts"].items():
             lines.append(f"* {n} teacher(s), {name}: {w:.3f} / {c:.3f}")
+    if pkl:
+        (cw, cc), (rw, rc) = pkl["current"], pkl["reference"]
+        lines += ["", f"`projected_kl` alone, forward + backward, B,T,Vs,Vt = {pkl['shape']}, "
+                  f"{pkl['rows']} chunk-start rows, W with {pkl['nnz']} non-zeros (chunk_size 256; "
+                  "wall s / CPU s):", "",
+                  f"* current: {cw:.3f} / {cc:.3f} (best of {pkl['rounds']})",
+                  f"* reference (previous formulation): {rw:.3f} / {rc:.3f} (one run)",
+                  f"* speed-up: {rw / cw:.1f}x wall, {rc / cc:.1f}x CPU"]
     return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def _pkl_impl(fn):
+    """Route MultiTeacherLoss's P-KL through ``fn`` (None: the current implementation)."""
+    import xdistill.losses.cross as cross
+
+    saved = cross.projected_kl
+    cross.projected_kl = fn or saved
+    try:
+        yield
+    finally:
+        cross.projected_kl = saved
 
 
 def main(argv=None) -> int:
@@ -231,14 +355,30 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=str(REPO / "benchmarks/results/train_step.md"))
+    p.add_argument("--compare-reference", action="store_true",
+                   help="also measure with the previous P-KL formulation (before/after)")
+    p.add_argument("--pkl-shape", default="",
+                   help="B,T,Vs,Vt: also time projected_kl alone at this shape, e.g. 4,1024,32000,152064")
+    p.add_argument("--pkl-only", action="store_true", help="skip the train step measurement")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    with tempfile.TemporaryDirectory() as tmp:
-        assets = build_assets(Path(tmp), args)
-        load_before = _load()
-        results = {n: measure(make_config(assets, n, args, Path(tmp) / f"run{n}"), args.steps)
-                   for n in (1, 2)}
-    text = report(results, args, load_before, _load())
+    results, load_before = {}, _load()
+    impls = [("", None)] + ([(", reference P-KL", reference_projected_kl)]
+                            if args.compare_reference else [])
+    if not args.pkl_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            assets = build_assets(Path(tmp), args)
+            load_before = _load()
+            for i, (label, fn) in enumerate(impls):
+                with _pkl_impl(fn):
+                    for n in (1, 2):
+                        cfg = make_config(assets, n, args, Path(tmp) / f"run{n}_{i}")
+                        results[f"{n}{label}"] = measure(cfg, args.steps)
+    pkl = None
+    if args.pkl_shape:
+        shape = tuple(int(x) for x in args.pkl_shape.split(","))
+        pkl = dict(pkl_alone(shape, 3), shape=shape, rounds=3)
+    text = report(results, args, load_before, _load(), pkl)
     print(text)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text, encoding="utf-8")

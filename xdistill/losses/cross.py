@@ -35,6 +35,9 @@ import torch
 from xdistill.losses.chunks import ChunkAlignment, chunk_start_rows, loss_chunks, resolve_count
 from xdistill.losses.divergences import forward_kl_rows, jsd_rows, reverse_kl_rows
 from xdistill.losses.engine import DEFAULT_CHUNK_SIZE, log_softmax_safe, row_block_sum
+from xdistill.losses.projection_ops import (PreparedProjection, gather_support_rows,
+                                            prepare_projection, projected_forward_kl_gather,
+                                            projected_logp, teacher_logq)
 
 def projection_from_csr(indptr, indices, data, shape, *, check: bool = True,
                         atol: float = 1e-3) -> torch.Tensor:
@@ -68,23 +71,14 @@ def projection_from_csr(indptr, indices, data, shape, *, check: bool = True,
         return torch.sparse_csr_tensor(crow, col, val, size=(Vs, Vt))
 
 
-def _prepare_projection(proj_VsVt: torch.Tensor, Vs: int, Vt: int, dtype: torch.dtype):
-    """(CSR [Vs, Vt] in ``dtype``, bool [Vt] columns reachable from some student token)."""
+def _prepare_projection(proj_VsVt: torch.Tensor, Vs: int, Vt: int, dtype: torch.dtype,
+                        device=None) -> PreparedProjection:
+    """W restricted to its support in the fast layouts, in ``dtype`` on ``device`` (cached on
+    ``proj_VsVt``, see :mod:`xdistill.losses.projection_ops`), after checking its shape."""
     if tuple(proj_VsVt.shape) != (Vs, Vt):
         raise ValueError(f"projection shape {tuple(proj_VsVt.shape)} does not match student x "
                          f"teacher vocabularies {(Vs, Vt)}")
-    W = proj_VsVt if proj_VsVt.layout == torch.sparse_csr else proj_VsVt.to_sparse_csr()
-    W = W.to(dtype)
-    cols = W.col_indices()[W.values() > 0]
-    support_Vt = torch.zeros(Vt, dtype=torch.bool, device=W.device)
-    support_Vt[cols] = True
-    return W, support_Vt
-
-
-def _safe_log(x: torch.Tensor) -> torch.Tensor:
-    pos = x > 0
-    return torch.where(pos, torch.log(torch.where(pos, x, torch.ones_like(x))),
-                       torch.full_like(x, float("-inf")))
+    return prepare_projection(proj_VsVt, dtype, device)
 
 
 def count_loss_chunks(align: ChunkAlignment, s_loss_mask_BTs=None, t_loss_mask_BTt=None, *,
@@ -158,14 +152,6 @@ def exact_kl(student_logits_BTsVs, teacher_logits_BTtVt, align: ChunkAlignment, 
                              chunk_size=chunk_size, scale=tau ** 2)
 
 
-def _projected_logp(z_s: torch.Tensor, W, support_Vt) -> torch.Tensor:
-    """log of ``normalise((W^T p)|_support)`` per row, [n, Vt] (-inf off the support)."""
-    p = torch.exp(log_softmax_safe(z_s))
-    m = p @ W
-    m = torch.where(support_Vt, m, torch.zeros_like(m))
-    return _safe_log(m) - _safe_log(m.sum(-1, keepdim=True))
-
-
 def projected_kl(student_logits_BTsVs, teacher_logits_BTtVt, align: ChunkAlignment, proj_VsVt,
                  *, s_loss_mask_BTs=None, t_loss_mask_BTt=None, direction="forward", beta=0.5,
                  temperature=1.0, teacher_temperature=None, num_valid=None,
@@ -180,22 +166,52 @@ def projected_kl(student_logits_BTsVs, teacher_logits_BTtVt, align: ChunkAlignme
     ``P~ = m|_S / sum_S m``, ``Q~ = q|_S / sum_S q``, loss ``tau^2 * D(Q~, P~)`` per chunk (D =
     forward KL by default, reverse or JSD(beta)). Mass on unmapped student tokens is dropped by the
     renormalisation. With W the identity and 1:1 chunks this is exactly the plain token KL.
+    Computed on ``[n, S]`` with closed-form gradients (:mod:`xdistill.losses.projection_ops`;
+    the prepared W, moved to the logits' device, is cached on ``proj_VsVt``, so pass the same
+    tensor, e.g. the CPU one, every step).
     """
     tau = float(temperature)
     tau_t = tau if teacher_temperature is None else float(teacher_temperature)
     Vs, Vt = student_logits_BTsVs.shape[2], teacher_logits_BTtVt.shape[2]
     dt = torch.float64 if student_logits_BTsVs.dtype == torch.float64 else torch.float32
-    W, support_Vt = _prepare_projection(proj_VsVt, Vs, Vt, dt)
+    prep = _prepare_projection(proj_VsVt, Vs, Vt, dt, student_logits_BTsVs.device)
     div = _divergence(direction, beta)
+    fused = direction == "forward" or (direction == "jsd" and float(beta) == 0.0)
 
-    def rows_fn(z_s, z_t):
-        logp = _projected_logp(z_s / tau, W, support_Vt)
-        zt = (z_t / tau_t).masked_fill(~support_Vt, float("-inf"))
-        return div(logp, log_softmax_safe(zt))
+    def rows_fn(z_s, teacher, b_n, t_n):
+        if fused:
+            return projected_forward_kl_gather(z_s, teacher, b_n, t_n, prep, tau, tau_t)
+        zt_nS = gather_support_rows(teacher, b_n, t_n, prep, z_s.dtype)
+        return div(projected_logp(z_s, prep, tau), teacher_logq(zt_nS, tau_t)).sum()
 
-    return _chunk_start_loss(student_logits_BTsVs, teacher_logits_BTtVt, align, s_loss_mask_BTs,
-                             t_loss_mask_BTt, rows_fn, exact_only=False, num_valid=num_valid,
-                             chunk_size=chunk_size, scale=tau ** 2)
+    return _support_chunk_loss(student_logits_BTsVs, teacher_logits_BTtVt, align, prep,
+                               s_loss_mask_BTs, t_loss_mask_BTt, rows_fn, num_valid=num_valid,
+                               chunk_size=chunk_size, scale=tau ** 2)
+
+
+def _support_chunk_loss(student_logits_BTsVs, teacher_logits_BTtVt, align, prep, s_loss_mask,
+                        t_loss_mask, rows_fn, *, num_valid, chunk_size, scale):
+    """:func:`_chunk_start_loss` for P-KL: ``rows_fn(student rows [n, Vs], teacher_BTtVt, b_n,
+    t_n)`` gathers the teacher rows itself, at the support columns only and by small row groups
+    (no ``[n, Vt]`` teacher copy per block)."""
+    B, Ts, _ = student_logits_BTsVs.shape
+    if tuple(align.s_chunk_BTs.shape) != (B, Ts) or align.t_chunk_BTt.shape[0] != B:
+        raise ValueError(f"alignment s_chunk {tuple(align.s_chunk_BTs.shape)} / t_chunk "
+                         f"{tuple(align.t_chunk_BTt.shape)} do not fit student logits [B,T]="
+                         f"{(B, Ts)}")
+    if teacher_logits_BTtVt.shape[:2] != align.t_chunk_BTt.shape:
+        raise ValueError(f"teacher tensor {tuple(teacher_logits_BTtVt.shape)} does not fit "
+                         f"t_chunk {tuple(align.t_chunk_BTt.shape)}")
+    ok_BC = loss_chunks(align, s_loss_mask, t_loss_mask, exact_only=False)
+    b_N, s_row_N, t_row_N = chunk_start_rows(align, ok_BC)
+
+    def term(rows_nV, sl):
+        if prep.n_support == 0:  # no teacher token reachable: both restrictions are empty
+            return rows_nV.sum() * 0.0
+        return rows_fn(rows_nV, teacher_logits_BTtVt, b_N[sl], t_row_N[sl])
+
+    total = row_block_sum(student_logits_BTsVs, b_N, s_row_N, term, chunk_size)
+    return total * scale / resolve_count(num_valid, b_N.numel())
 
 
 def student_space_kl(student_logits_BTsVs, teacher_proj_logp_BTtVs, align: ChunkAlignment, *,

@@ -143,7 +143,7 @@ def teacher_inputs(plan: OnPolicyPlan, name: str, view, out, s_width: int) -> tu
         return align, dict(kw, topk_logp_BTtK=out.topk_logp_BTtK, topk_idx_BTtK=out.topk_idx_BTtK)
     kw["teacher_logits_BTtV"] = logits
     if name in plan.projections:
-        kw["projection"] = plan.projections[name].to(logits.device)
+        kw["projection"] = plan.projections[name]  # moved (and cached) by the loss itself
     if name in plan.shared:
         s_N, t_N = plan.shared[name]
         kw.update(shared_s_idx_N=s_N.to(logits.device), shared_t_idx_N=t_N.to(logits.device))
