@@ -25,8 +25,11 @@ import time
 
 import torch
 
-SAME = ("forward_kl", "reverse_kl", "jsd", "topk_kl", "ce")
-CROSS = ("pkl", "exact_kl", "uld", "gold", "alm")
+SAME = ("forward_kl", "reverse_kl", "jsd", "topk_kl", "ce", "ce+overwrite")
+CROSS = ("pkl", "exact_kl", "uld", "gold", "alm", "alm+overwrite")
+# "+overwrite": the same loss with overwrite_logits=True (opt-in: the gradient is written over the
+# student logits in backward, so no separate [B, T, Vs] gradient buffer exists); same naive version
+OVERWRITE = "+overwrite"
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -173,6 +176,8 @@ def _chunked(name, x, zs, chunk):
     import xdistill.losses as L
     m, align = x["mask"], x["align"]
     kw = dict(chunk_size=chunk)
+    if name.endswith(OVERWRITE):
+        name, kw["overwrite_logits"] = name[: -len(OVERWRITE)], True
     if name == "forward_kl":
         return L.forward_kl(zs, x["zt_same"], m, **kw)
     if name == "reverse_kl":
@@ -205,12 +210,15 @@ def child(args) -> None:
     with PeakRSS() as mem:
         t0 = time.perf_counter()
         if args.impl == "naive":
-            loss = (_naive_same if args.loss in SAME else _naive_cross)(args.loss, x, zs)
+            name = args.loss.removesuffix(OVERWRITE)
+            loss = (_naive_same if args.loss in SAME else _naive_cross)(name, x, zs)
         else:
             loss = _chunked(args.loss, x, zs, args.chunk_size)
+        value = float(loss.detach())
         loss.backward()
         seconds = time.perf_counter() - t0
-    print(json.dumps(dict(loss=args.loss, impl=args.impl, value=float(loss), seconds=seconds,
+    assert zs.grad is not None and zs.grad.shape == zs.shape
+    print(json.dumps(dict(loss=args.loss, impl=args.impl, value=value, seconds=seconds,
                           extra_bytes=mem.peak - mem.base, base_bytes=mem.base)))
 
 
@@ -249,43 +257,57 @@ def main() -> None:
     if args.chunk_size is None:
         args.chunk_size = 64 if args.small else 256
     rows = []
+    args.load = [os.getloadavg()]
     print(f"B={args.B} T={args.T} Vs={args.Vs} Vt={args.Vt} fp32, chunk_size={args.chunk_size}, "
           f"{args.threads} threads; fwd+bwd; extra = peak RSS - RSS before the call", flush=True)
     for loss in args.only or (SAME + CROSS):
         naive, chunked = run_one(args, loss, "naive"), run_one(args, loss, "chunked")
         rows.append((loss, naive, chunked))
-        print(_fmt(loss, naive, chunked), flush=True)
+        print(_fmt(loss, naive, chunked, 4 * args.B * args.T * args.Vs), flush=True)
+    args.load.append(os.getloadavg())
     if args.out:
         _write(args, rows)
 
 
-def _fmt(loss, n, c) -> str:
+def _fmt(loss, n, c, grad_bytes) -> str:
+    """One table row; ``grad_bytes`` is the size of the student gradient (B*T*Vs*4)."""
     if "error" in n or "error" in c:
         return f"| {loss} | error: {n.get('error') or c.get('error')} |"
     gib = 1 / 2 ** 30
+    if loss.endswith(OVERWRITE):  # no separate gradient buffer: nothing to take out
+        no_grad = "(no buffer)"
+    else:
+        no_grad = f"{(c['extra_bytes'] - grad_bytes) / max(n['extra_bytes'] - grad_bytes, 1):.0%}"
     return (f"| {loss} | {n['extra_bytes'] * gib:.2f} | {c['extra_bytes'] * gib:.2f} | "
-            f"{c['extra_bytes'] / max(n['extra_bytes'], 1):.0%} | {n['seconds']:.2f} | "
+            f"{c['extra_bytes'] / max(n['extra_bytes'], 1):.0%} | {no_grad} | {n['seconds']:.2f} | "
             f"{c['seconds']:.2f} | {c['seconds'] / n['seconds']:.2f}x | "
             f"{abs(c['value'] - n['value']) / max(abs(n['value']), 1e-12):.1e} |")
 
 
-HEADER = ("| loss | naive extra GiB | chunked extra GiB | mem ratio | naive s | chunked s | "
-          "time ratio | rel. diff |\n|---|---|---|---|---|---|---|---|")
+HEADER = ("| loss | naive extra GiB | chunked extra GiB | mem ratio | mem ratio excl. grad | "
+          "naive s | chunked s | time ratio | rel. diff |\n|---|---|---|---|---|---|---|---|---|")
 
 
 def _write(args, rows) -> None:
     import platform
     lines = [f"# Loss benchmark ({'small' if args.small else 'full'} size)", "",
              f"Hardware: {platform.machine()} CPU, {os.cpu_count()} cores, no GPU; torch "
-             f"{torch.__version__}; {args.threads} threads; the machine was shared with other jobs.",
+             f"{torch.__version__}; {args.threads} thread(s), CPU affinity "
+             f"{sorted(os.sched_getaffinity(0))}; load average (1/5/15 min) "
+             f"{'/'.join(f'{v:.1f}' for v in args.load[0])} at the start and "
+             f"{'/'.join(f'{v:.1f}' for v in args.load[-1])} at the end (the machine was shared "
+             "with other jobs).",
              f"Shapes: B={args.B}, T={args.T}, Vs={args.Vs}, Vt={args.Vt}, float32 logits; "
              f"chunk_size={args.chunk_size} rows. Forward + backward w.r.t. the student logits.",
              "Memory: peak RSS (sampled every 1 ms from /proc/self/statm in a thread) minus RSS "
              "before the call, each measurement in a fresh subprocess with "
              "MALLOC_MMAP_THRESHOLD_=1MiB (freed blocks go back to the OS, so RSS tracks live "
-             "tensors). The student gradient itself (B*T*Vs*4 bytes) is part of both columns.",
+             "tensors). The student gradient itself (B*T*Vs*4 bytes) is part of both columns; "
+             "'mem ratio excl. grad' subtracts it from both. '+overwrite' rows: "
+             "overwrite_logits=True, the gradient is written over the student logits (no "
+             "separate gradient buffer), against the same naive version.",
              "", HEADER]
-    lines += [_fmt(loss, n, c) for loss, n, c in rows]
+    lines += [_fmt(loss, n, c, 4 * args.B * args.T * args.Vs) for loss, n, c in rows]
     with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")
 

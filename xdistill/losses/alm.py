@@ -33,15 +33,24 @@ _ALM_X_MAX = -1.0e-30
 
 
 def input_position_logprobs(logits_BTV, ids_BT, chunk_BT, *, temperature=1.0,
-                            chunk_size=DEFAULT_CHUNK_SIZE) -> torch.Tensor:
+                            chunk_size=DEFAULT_CHUNK_SIZE, overwrite_logits=False) -> torch.Tensor:
     """``out[b, i] = log p(ids[b, i] | ids[b, <i])`` for aligned tokens ``i >= 1``, else 0, [B, T].
 
     Only tokens inside a chunk (``chunk_BT >= 0``) are evaluated (others cost nothing).
+    ``overwrite_logits``: see :func:`~xdistill.losses.engine.token_logprobs`.
     """
     target_BT = shift_targets(ids_BT, chunk_BT >= 0)
-    logp_out_BT = token_logprobs(logits_BTV, target_BT, temperature, chunk_size)
+    logp_out_BT = token_logprobs(logits_BTV, target_BT, temperature, chunk_size,
+                                 overwrite_logits=overwrite_logits)
     zero = torch.zeros_like(logp_out_BT[:, :1])
     return torch.cat([zero, logp_out_BT[:, :-1].clamp_min(LOGP_FLOOR)], dim=1)
+
+
+def _same_width_rows(chunk_size, v_student: int, v_teacher: int):
+    """Teacher rows per block holding about ``chunk_size`` student rows' worth of values."""
+    if chunk_size is None:
+        return None
+    return max(1, int(chunk_size) * v_student // max(v_teacher, 1))
 
 
 def alm_chunk_divergence(ls_C: torch.Tensor, lt_C: torch.Tensor, *, variant: str = "bce",
@@ -59,13 +68,18 @@ def alm_chunk_divergence(ls_C: torch.Tensor, lt_C: torch.Tensor, *, variant: str
 def alm(student_logits_BTsVs, student_ids_BTs, align: ChunkAlignment, *, teacher_logits_BTtVt=None,
         teacher_ids_BTt=None, teacher_token_logp_BTt=None, s_loss_mask_BTs=None,
         t_loss_mask_BTt=None, variant="bce", alm_temperature=100.0, temperature=1.0,
-        teacher_temperature=None, num_valid=None, chunk_size=DEFAULT_CHUNK_SIZE):
+        teacher_temperature=None, num_valid=None, chunk_size=DEFAULT_CHUNK_SIZE,
+        overwrite_logits=False):
     """ALM chunk-likelihood loss (module doc). The teacher side comes from
     ``teacher_token_logp_BTt`` (``log p_T(t_j | t_<j)`` at input positions) or from
-    ``teacher_logits_BTtVt`` with ``teacher_ids_BTt``; it is never differentiated."""
+    ``teacher_logits_BTtVt`` with ``teacher_ids_BTt``; it is never differentiated. Teacher rows
+    are read in blocks of ``chunk_size * Vs / Vt`` rows, so a block holds about as many values
+    as a student block. ``overwrite_logits`` (opt-in): the student gradient is written over the
+    student logits in backward (:func:`~xdistill.losses.engine.token_logprobs`)."""
     C = align.num_chunks
     ls_BT = input_position_logprobs(student_logits_BTsVs, student_ids_BTs, align.s_chunk_BTs,
-                                    temperature=temperature, chunk_size=chunk_size)
+                                    temperature=temperature, chunk_size=chunk_size,
+                                    overwrite_logits=overwrite_logits)
     with torch.no_grad():
         if teacher_token_logp_BTt is not None:
             lt_BT = teacher_token_logp_BTt.to(ls_BT.dtype)
@@ -74,9 +88,10 @@ def alm(student_logits_BTsVs, student_ids_BTs, align: ChunkAlignment, *, teacher
             lt_BT = torch.where(usable, lt_BT.clamp_min(LOGP_FLOOR), torch.zeros_like(lt_BT))
         elif teacher_logits_BTtVt is not None and teacher_ids_BTt is not None:
             tau_t = temperature if teacher_temperature is None else teacher_temperature
-            lt_BT = input_position_logprobs(teacher_logits_BTtVt, teacher_ids_BTt,
-                                            align.t_chunk_BTt, temperature=tau_t,
-                                            chunk_size=chunk_size).to(ls_BT.dtype)
+            lt_BT = input_position_logprobs(
+                teacher_logits_BTtVt, teacher_ids_BTt, align.t_chunk_BTt, temperature=tau_t,
+                chunk_size=_same_width_rows(chunk_size, student_logits_BTsVs.shape[-1],
+                                            teacher_logits_BTtVt.shape[-1])).to(ls_BT.dtype)
         else:
             raise ValueError("ALM needs the teacher's token log-probs: give teacher_token_logp_BTt"
                              " or teacher_logits_BTtVt with teacher_ids_BTt")

@@ -150,12 +150,81 @@ def topk_tail_kl_rows(z_nV: torch.Tensor, tlogp_nK: torch.Tensor, tidx_nK: torch
     return top + xlogx_minus_xlogy(logq_R, logp_R)
 
 
+def _topk_teacher(tlogp_nK: torch.Tensor, tidx_nK: torch.Tensor, dt: torch.dtype):
+    """Teacher side of the tail-bucket KL: (in_K, safe ids, log q_K, log q_R), all [n, K] / [n].
+
+    Padding entries (``log q = -inf``) get the id of the row's first real entry (or 0 when the
+    row has none), so scatters through the safe ids never disturb another column.
+    """
+    in_K = torch.isfinite(tlogp_nK)
+    first_n1 = in_K.long().argmax(1, keepdim=True)  # 0 when the row has no real entry
+    pad_id = tidx_nK.gather(1, first_n1)
+    pad_id = torch.where(in_K.any(1, keepdim=True), pad_id, torch.zeros_like(pad_id))
+    idx = torch.where(in_K, tidx_nK, pad_id)
+    logq_K = torch.where(in_K, tlogp_nK.to(dt), torch.full_like(tlogp_nK, -math.inf, dtype=dt))
+    mass = safe_logsumexp(logq_K, -1)
+    logq_K = logq_K - mass.clamp_min(0.0).unsqueeze(1)
+    return in_K, idx, logq_K, log1mexp(mass.clamp_max(0.0))
+
+
+def _term_and_weight(logq, logp):
+    """``q (log q - max(log p, LOGP_FLOOR))`` (0 where q = 0) and its weight ``-d/d log p``."""
+    q = torch.exp(logq)
+    live = q > 0
+    term = torch.where(live, q * (logq - logp.clamp_min(LOGP_FLOOR)), torch.zeros_like(q))
+    return term, torch.where(live & (logp >= LOGP_FLOOR), q, torch.zeros_like(q))
+
+
+def topk_tail_kl_block(z_nV: torch.Tensor, tlogp_nK: torch.Tensor, tidx_nK: torch.Tensor,
+                       need_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Fused :func:`topk_tail_kl_rows`: (sum over rows, gradient w.r.t. ``z_nV`` or None).
+
+    ``z_nV`` (tempered student logits, a private copy) is **overwritten** with the gradient.
+    Four passes over the block: max, ``e = exp(z - max)`` in place, ``S = sum e``, and, after
+    zeroing the top-k columns of ``e``, ``S_R = sum e`` (the tail mass without cancellation);
+    ``log p_k = z_k - max - log S``, ``log p_R = log S_R - log S``. With weights
+    ``w_k = q_k`` and ``w_R = q_R`` (0 where ``q = 0`` or ``log p`` is floored) and
+    ``W = sum_k w_k + w_R``, the gradient is ``d/dz_v = p_v W - sum_{k: id_k = v} w_k`` for top-k
+    ids and ``p_v (W - w_R / p_R)`` elsewhere: one more in-place pass plus two ``[n, K]`` scatters.
+    """
+    dt = z_nV.dtype
+    in_K, idx, logq_K, logq_R = _topk_teacher(tlogp_nK, tidx_nK, dt)
+    m = z_nV.amax(-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # all -inf rows: p = 0
+    z_K = z_nV.gather(1, idx)
+    e = z_nV.sub_(m).exp_()
+    S = e.sum(-1, keepdim=True)
+    e_K = e.gather(1, idx)
+    e.scatter_(1, idx, torch.where(in_K.any(1, keepdim=True), torch.zeros_like(e_K), e_K))
+    S_R = e.sum(-1)
+    alive = S > 0
+    log_S = torch.log(torch.where(alive, S, torch.ones_like(S)))
+    logp_K = torch.where(alive, z_K - m - log_S, torch.full_like(z_K, -math.inf))
+    tail = alive.squeeze(1) & (S_R > 0)
+    S_R = torch.where(tail, S_R, torch.ones_like(S_R))  # rows without tail mass: log p_R = -inf
+    logp_R = torch.where(tail, torch.log(S_R) - log_S.squeeze(1), torch.full_like(S_R, -math.inf))
+    term_K, w_K = _term_and_weight(logq_K, logp_K)
+    term_R, w_R = _term_and_weight(logq_R, logp_R)
+    value = term_K.sum() + term_R.sum()
+    if not need_grad:
+        return value, None
+    w_K = torch.where(in_K, w_K, torch.zeros_like(w_K))
+    W = (w_K.sum(-1) + w_R).unsqueeze(1)
+    inv_S = torch.where(alive, 1.0 / S, torch.zeros_like(S))
+    c_R = (w_R / S_R).unsqueeze(1)                    # w_R = 0 wherever S_R was replaced
+    g = e.mul_(W * inv_S - c_R)                       # tail columns; top-k columns are 0 here
+    top = torch.where(in_K.any(1, keepdim=True), e_K * (W * inv_S), g.gather(1, idx))
+    g.scatter_(1, idx, top)
+    return value, g.scatter_add_(1, idx, -w_K)
+
+
 def topk_forward_kl(student_logits_BTV, teacher_topk_logp_BTK, teacher_topk_idx_BTK, loss_mask_BT,
                     *, temperature=1.0, num_valid=None, chunk_size=DEFAULT_CHUNK_SIZE):
     """``tau^2 / num_valid * sum_i`` top-k tail-bucket KL (:func:`topk_tail_kl_rows`).
 
     ``teacher_topk_logp_BTK`` are teacher log-probabilities *at temperature tau* (over the full
     teacher vocabulary, so their exp sums to <= 1), ``teacher_topk_idx_BTK`` their token ids.
+    Evaluated by the fused :func:`topk_tail_kl_block` (hand-written gradient, no autograd graph).
     """
     _check_same_shape(student_logits_BTV, teacher_topk_logp_BTK, loss_mask_BT)
     if teacher_topk_idx_BTK.shape != teacher_topk_logp_BTK.shape:
@@ -164,27 +233,34 @@ def topk_forward_kl(student_logits_BTV, teacher_topk_logp_BTK, teacher_topk_idx_
     tau = float(temperature)
     b_N, t_N = torch.nonzero(loss_mask_BT[:, 1:].bool(), as_tuple=True)
 
-    def term(rows_nV, sl):
+    def term(rows_nV, sl, need_grad):
         tl = teacher_topk_logp_BTK[b_N[sl], t_N[sl]]
         ti = teacher_topk_idx_BTK[b_N[sl], t_N[sl]].long()
-        return topk_tail_kl_rows(rows_nV / tau, tl, ti).sum()
+        if tau != 1.0:
+            rows_nV.div_(tau)
+        value, g = topk_tail_kl_block(rows_nV, tl, ti, need_grad)
+        return value, (g.div_(tau) if g is not None and tau != 1.0 else g)
 
-    total = row_block_sum(student_logits_BTV, b_N, t_N, term, chunk_size)
+    total = row_block_sum(student_logits_BTV, b_N, t_N, term, chunk_size, analytic=True)
     return total * (tau ** 2) / resolve_count(num_valid, b_N.numel())
 
 
 def cross_entropy(student_logits_BTV, labels_BT, *, temperature=1.0, num_valid=None,
-                  chunk_size=DEFAULT_CHUNK_SIZE):
+                  chunk_size=DEFAULT_CHUNK_SIZE, overwrite_logits=False):
     """``-1/num_valid * sum_i log p(labels_i)`` over tokens ``i >= 1`` with ``labels_i >= 0``.
 
     ``labels_BT`` are at input positions (``-100`` = no loss, as in ``DistillBatch.labels_BTs``);
     the prediction of token ``i`` is output row ``i - 1``. The local count is the number of such
     labels. A label with probability 0 (a ``-inf`` logit) costs ``-LOGP_FLOOR``, not inf.
+    ``overwrite_logits`` (opt-in): backward writes the gradient over the student logits instead
+    of a new ``[B, T, V]`` buffer (:func:`~xdistill.losses.engine.token_logprobs` explains when
+    that is safe).
     """
     if tuple(labels_BT.shape) != tuple(student_logits_BTV.shape[:2]):
         raise ValueError(f"labels {tuple(labels_BT.shape)} must be [B,T] = "
                          f"{tuple(student_logits_BTV.shape[:2])}")
     target_BT = shift_targets(labels_BT, labels_BT >= 0)
-    logp_BT = token_logprobs(student_logits_BTV, target_BT, temperature, chunk_size)
+    logp_BT = token_logprobs(student_logits_BTV, target_BT, temperature, chunk_size,
+                             overwrite_logits=overwrite_logits)
     count = int((target_BT >= 0).sum())
     return -logp_BT.clamp_min(LOGP_FLOOR).sum() / resolve_count(num_valid, count)
