@@ -129,3 +129,17 @@ def test_fresh_process_loads_the_compiled_kernel_from_the_cache(setup):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300, check=True).stdout.split()
     assert out == ["1", "0"], out
+
+
+def test_set_align_threads_caps_numba_pool():
+    import numba
+
+    from xdistill.align import set_align_threads
+
+    before = numba.get_num_threads()
+    try:
+        assert set_align_threads(1) == 1 and numba.get_num_threads() == 1
+        assert set_align_threads(10_000) == numba.config.NUMBA_NUM_THREADS
+        assert set_align_threads(0) == 1  # clamped to at least one thread
+    finally:
+        numba.set_num_threads(before)

@@ -4,6 +4,6 @@
 for the definitions (exact O(n+m) path, banded edit-distance DP path, role tokens, chunk variants).
 """
 
-from xdistill.align.api import AlignmentResult, align_batch, align_pair
+from xdistill.align.api import AlignmentResult, align_batch, align_pair, set_align_threads
 
-__all__ = ["AlignmentResult", "align_batch", "align_pair"]
+__all__ = ["AlignmentResult", "align_batch", "align_pair", "set_align_threads"]

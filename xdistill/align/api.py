@@ -143,6 +143,18 @@ def align_pair(s_ids, t_ids, s_table: TokenByteTable, t_table: TokenByteTable, *
                        t_phantom_B=np.array([t_phantom]), chunks=chunks, method=method, **kwargs)
 
 
+def set_align_threads(n: int) -> int:
+    """Cap the aligner's numba worker threads at ``n`` (>= 1, at most numba's pool size); returns
+    the number in effect. The trainers call it with ``train.num_threads``: numba's default pool
+    has one thread per core, and with several training processes per host (or torch using the
+    same cores) the oversubscribed, spinning pools made small CPU steps ~4x slower here."""
+    import numba
+
+    n = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
+    numba.set_num_threads(n)
+    return n
+
+
 def _allocate(B: int, Ts: int, Tt: int, C: int) -> tuple:
     return (np.empty((B, Ts), np.int32), np.empty((B, Tt), np.int32),
             np.zeros((B, C), np.int32), np.zeros((B, C), np.int32), np.zeros((B, C), np.int32),

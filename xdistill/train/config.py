@@ -111,7 +111,8 @@ class TrainConfig:
     # debugging: after the checkpoint of this step, exit at once with code 3 (simulates a crash;
     # 0 = never)
     stop_after: int = 0
-    # torch intra-op threads of the training process (0 = torch's default)
+    # torch intra-op and aligner (numba) threads of the training process (0 = their defaults:
+    # one per core)
     num_threads: int = 0
 
 

@@ -65,8 +65,12 @@ def seed_everything(seed: int) -> None:
 
 
 def set_num_threads(cfg) -> None:
+    """``train.num_threads`` caps torch's intra-op threads and the aligner's numba threads."""
     if cfg.train.num_threads:
+        from xdistill.align import set_align_threads
+
         torch.set_num_threads(cfg.train.num_threads)
+        set_align_threads(cfg.train.num_threads)
 
 
 def build_student_stack(cfg, env, plan) -> tuple:

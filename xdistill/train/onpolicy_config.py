@@ -150,7 +150,7 @@ class OnPolicyTrainConfig:
     log_samples: bool = False
     # debugging: after the checkpoint of this step, exit at once with code 3 (0 = never)
     stop_after: int = 0
-    # torch intra-op threads of the training process (0 = torch's default)
+    # torch intra-op and aligner (numba) threads of the training process (0 = their defaults)
     num_threads: int = 0
 
 
