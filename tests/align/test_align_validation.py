@@ -131,15 +131,21 @@ def test_fresh_process_loads_the_compiled_kernel_from_the_cache(setup):
     assert out == ["1", "0"], out
 
 
-def test_set_align_threads_caps_numba_pool():
+def test_set_align_threads_caps_numba_pool(get_tokenizer):
     import numba
 
-    from xdistill.align import set_align_threads
+    from xdistill.align import align_pair, set_align_threads
+    from xdistill.align import api
 
     before = numba.get_num_threads()
     try:
-        assert set_align_threads(1) == 1 and numba.get_num_threads() == 1
         assert set_align_threads(10_000) == numba.config.NUMBA_NUM_THREADS
         assert set_align_threads(0) == 1  # clamped to at least one thread
+        assert set_align_threads(1) == 1
+        tok = get_tokenizer("gpt2")
+        ids = tok.encode("capped threads", add_special_tokens=False).ids
+        align_pair(ids, ids, tok.table, tok.table)  # the cap is applied where alignment runs
+        assert numba.get_num_threads() == 1
     finally:
+        api._THREAD_CAP[0] = 0
         numba.set_num_threads(before)

@@ -121,6 +121,7 @@ def align_batch(s_ids_BTs, s_len_B, t_ids_BTt, t_len_B, s_table: TokenByteTable,
     out = _allocate(B, s_ids.shape[1], t_ids.shape[1], C)
     status_B = np.zeros(B, np.int8)
     fold = bool(s_table.lossy or t_table.lossy)
+    _apply_thread_cap()
     align_kernel(s_ids, s_len, t_ids, t_len, s_table.offsets_V1, s_table.data, s_table.roles_V,
                  t_table.offsets_V1, t_table.data, t_table.roles_V, s_ph, t_ph, fold,
                  _METHODS[method], chunks == "space", int(max(1, dp_band)), int(dp_max_cells),
@@ -143,16 +144,31 @@ def align_pair(s_ids, t_ids, s_table: TokenByteTable, t_table: TokenByteTable, *
                        t_phantom_B=np.array([t_phantom]), chunks=chunks, method=method, **kwargs)
 
 
+_THREAD_CAP = [0]  # 0 = numba's default pool size
+
+
 def set_align_threads(n: int) -> int:
     """Cap the aligner's numba worker threads at ``n`` (>= 1, at most numba's pool size); returns
     the number in effect. The trainers call it with ``train.num_threads``: numba's default pool
     has one thread per core, and with several training processes per host (or torch using the
-    same cores) the oversubscribed, spinning pools made small CPU steps ~4x slower here."""
+    same cores) the oversubscribed, spinning pools made small CPU steps ~4x slower here.
+
+    The cap is applied lazily, by :func:`align_batch` in the process that aligns (so a parent
+    that only forks data-loader workers never starts numba's threading layer, whose GNU OpenMP
+    backend must not be running across a ``fork``); forked workers inherit it.
+    """
     import numba
 
-    n = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
-    numba.set_num_threads(n)
-    return n
+    _THREAD_CAP[0] = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
+    return _THREAD_CAP[0]
+
+
+def _apply_thread_cap() -> None:
+    if _THREAD_CAP[0]:
+        import numba
+
+        if numba.get_num_threads() != _THREAD_CAP[0]:
+            numba.set_num_threads(_THREAD_CAP[0])
 
 
 def _allocate(B: int, Ts: int, Tt: int, C: int) -> tuple:

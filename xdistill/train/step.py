@@ -110,7 +110,10 @@ def student_logits(model, batch) -> torch.Tensor:
 def compute_loss(loss_fn, ce_weight, logits_BTsVs, batch, inputs, num_valid):
     """(loss tensor, metrics) of one micro-batch, normalised by the global ``num_valid``."""
     if loss_fn is None:
-        loss = ce_weight * cross_entropy(logits_BTsVs, batch.labels_BTs, num_valid=num_valid["ce"])
+        # CE alone: nothing reads the logits after backward, so the gradient is written over
+        # them (no second [B, T, Vs] buffer; see xdistill.losses.engine.token_logprobs)
+        loss = ce_weight * cross_entropy(logits_BTsVs, batch.labels_BTs, num_valid=num_valid["ce"],
+                                         overwrite_logits=logits_BTsVs.requires_grad)
         return loss, {"ce": float(loss.detach()) / ce_weight, "loss": float(loss.detach())}
     return loss_fn(logits_BTsVs, batch.input_ids_BTs, batch.loss_mask_BTs, inputs,
                    labels_BTs=batch.labels_BTs, num_valid=num_valid)
