@@ -1,5 +1,6 @@
 """The `xdistill` console script: help, unknown commands, one-line errors."""
 
+import os
 import subprocess
 import sys
 
@@ -31,3 +32,23 @@ def test_every_command_module_exists():
     for name, (module, _) in COMMANDS.items():
         mod = importlib.import_module(module)
         assert callable(getattr(mod, "main")), name
+
+
+def test_train_num_threads_sizes_numba_pool_before_numba_starts(monkeypatch):
+    import sys
+
+    import numba  # noqa: F401  (present in sys.modules below unless removed)
+
+    from xdistill.commands.train import _limit_numba_pool
+
+    monkeypatch.delenv("NUMBA_NUM_THREADS", raising=False)
+    _limit_numba_pool(1)  # numba already imported here: too late, leave the env alone
+    assert "NUMBA_NUM_THREADS" not in os.environ
+    monkeypatch.delitem(sys.modules, "numba")
+    _limit_numba_pool(0)  # 0 = defaults
+    assert "NUMBA_NUM_THREADS" not in os.environ
+    _limit_numba_pool(1)
+    assert os.environ["NUMBA_NUM_THREADS"] == "1"
+    monkeypatch.setenv("NUMBA_NUM_THREADS", "2")
+    _limit_numba_pool(1)  # an explicit user setting wins
+    assert os.environ["NUMBA_NUM_THREADS"] == "2"

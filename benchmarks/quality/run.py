@@ -54,10 +54,15 @@ def parse(argv=None):
     return p.parse_args(argv)
 
 
+def _load(avg) -> str:
+    return "/".join(f"{x:.1f}" for x in avg)
+
+
 def main(argv=None) -> int:
     args = parse(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     t0 = time.perf_counter()
+    load_start = os.getloadavg()
     out = Path(args.out)
     need = [t for t, arms_needing in (("teacher_big", set(ARMS) - {"ce", "same_kd"}),
                                       ("teacher_weak", {"same_kd", "multi"}))
@@ -70,7 +75,8 @@ def main(argv=None) -> int:
     result = run_harness(assets, arms, seeds, settings, out, jobs=args.jobs)
     meta = {"command": "python -m benchmarks.quality.run " + " ".join(sys.argv[1:] if argv is None else argv),
             "hardware": f"{os.cpu_count()}-core CPU ({platform.processor() or platform.machine()}),"
-                        " no GPU, shared with other jobs",
+                        f" no GPU; load average (1/5/15 min) {_load(load_start)} at the start,"
+                        f" {_load(os.getloadavg())} at the end; {args.jobs} run(s) at a time",
             "wall_s_this_invocation": round(time.perf_counter() - t0),
             "arm_settings": asdict(settings), "prep": assets["prep"],
             **{t: {k: assets[t][k] for k in ("accuracy", "bpb")} for t in need},

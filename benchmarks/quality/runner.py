@@ -27,7 +27,9 @@ def run_config(cfg: dict, path: Path, *overrides: str, timeout: float = 3600,
     run's ``metrics.jsonl``."""
     write_config(cfg, path)
     threads = str(cfg.get("train", {}).get("num_threads") or 1)
-    env = dict(os.environ, OMP_NUM_THREADS=threads, HF_HUB_OFFLINE="1",
+    # NUMBA_NUM_THREADS: numba's pool must be small from the start (set_num_threads only masks
+    # threads that still spin between parallel regions); several runs share the cores
+    env = dict(os.environ, OMP_NUM_THREADS=threads, NUMBA_NUM_THREADS=threads, HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)

@@ -20,6 +20,8 @@ from dataclasses import replace
 from pathlib import Path
 
 DEMO_ARMS = ("ce", "pkl_multi", "alm")
+# teacher training is the demo's longest phase and nothing else runs then: use both cores
+DEMO_PREP_THREADS = 2
 
 
 def _import_harness():
@@ -48,7 +50,7 @@ def run(out_dir: str = "runs/demo_distill", *, steps: int | None = None, seeds=(
     from xdistill.assets import asset_dir
 
     t0 = time.perf_counter()
-    prep = prep or prepare.PrepConfig()
+    prep = prep or prepare.PrepConfig(threads=DEMO_PREP_THREADS)
     teachers = ["teacher_big"] + (["teacher_weak"] if {"same_kd", "multi"} & set(arms) else [])
     assets = prepare.prepare_all(Path(cache) if cache else asset_dir() / "quality", prep, log=log,
                                  teachers=teachers)
