@@ -35,7 +35,7 @@ XTOKEN_ARMS = ("gold", "ce", "same_kd", "pkl_multi")  # the paper's ordering, wo
 class ArmSettings:
     """The shared optimisation budget of every arm."""
 
-    steps: int = 200
+    steps: int = 1000
     batch: int = 16
     seq_len: int = 32
     lr: float = 3e-3

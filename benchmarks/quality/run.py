@@ -47,7 +47,7 @@ def parse(argv=None):
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--steps", type=int, default=ArmSettings.steps)
-    p.add_argument("--eval-every", type=int, default=0)
+    p.add_argument("--eval-every", type=int, default=100, help="held-out bpb every N steps (curves)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per training run")
     p.add_argument("--jobs", type=int, default=1, help="training runs at a time")
     p.add_argument("--no-report", action="store_true", help="do not touch RESULTS.md / plots")

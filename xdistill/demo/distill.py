@@ -84,6 +84,10 @@ def format_report(result: dict, assets: dict, prep_s: float, total_s: float) -> 
         rows.append(f"{arm:<12} {s['accuracy']:>10.3f} {s['bpb']:>10.3f}{gain}")
     for arm, err in result.get("failed", {}).items():
         rows.append(f"{arm:<12} FAILED: {err}")
-    rows += ["", f"time: {prep_s:.0f}s preparation (cached afterwards), {total_s:.0f}s total", "",
+    rows += ["", "One seed only. At this budget the student's accuracy jumps once it 'gets' addition,",
+             "and when that happens varies a lot with the seed, so one seed's gap between arms is",
+             "not evidence. See benchmarks/quality/RESULTS.md for 3 seeds x 10 arms (mean +- std):",
+             "  python -m benchmarks.quality.run --jobs 2",
+             "", f"time: {prep_s:.0f}s preparation (cached afterwards), {total_s:.0f}s total", "",
              "artifacts:"] + [f"  {k}: {v}" for k, v in result["artifacts"].items()]
     return "\n".join(rows)
