@@ -101,3 +101,15 @@ def test_harness_end_to_end(assets, tmp_path):
     # a second call reuses every finished run
     again = run_harness(assets, arms, [0], TINY_ARMS, tmp_path, log=lambda *_: None)
     assert again["runs"] == result["runs"]
+
+
+def test_demo_arms_need_only_the_cross_teacher(assets, tmp_path):
+    """`xdistill demo distill` prepares only teacher_big: its arms must not touch teacher_weak."""
+    from xdistill.demo.distill import DEMO_ARMS
+
+    only_big = {k: v for k, v in assets.items() if k != "teacher_weak"}
+    for arm in (*DEMO_ARMS, "onpolicy"):
+        cfg = arm_config(arm, 0, only_big, TINY_ARMS, str(tmp_path / arm))
+        assert all(t["worker"]["model"] == assets["teacher_big"]["model"] for t in cfg["teachers"])
+    with pytest.raises(KeyError):
+        arm_config("same_kd", 0, only_big, TINY_ARMS, str(tmp_path / "same_kd"))

@@ -61,7 +61,8 @@ def _teacher(name: str, model: str, tokenizer: str, kind: str, settings: ArmSett
 
 
 def teachers_for(arm: str, assets: dict, s: ArmSettings) -> list[dict]:
-    big, weak = assets["teacher_big"]["model"], assets["teacher_weak"]["model"]
+    big = assets["teacher_big"]["model"] if arm not in ("ce", "same_kd") else ""
+    weak = assets["teacher_weak"]["model"] if arm in ("same_kd", "multi") else ""
     tok_t, tok_s = assets["tok_teacher"], assets["tok_student"]
     proj = assets["projections"]
     cross = {"uld": "uld", "gold": "gold", "exact_kl": "exact_kl", "alm": "alm"}
