@@ -87,9 +87,9 @@ def count_loss_chunks(align: ChunkAlignment, s_loss_mask_BTs=None, t_loss_mask_B
     return int(loss_chunks(align, s_loss_mask_BTs, t_loss_mask_BTt, exact_only=exact_only).sum())
 
 
-def _chunk_start_loss(student_logits_BTsVs, teacher_BTtX, align, s_loss_mask, t_loss_mask,
-                      rows_fn, *, exact_only, num_valid, chunk_size, scale):
-    """``scale / count * sum_k rows_fn(student row a_k - 1, teacher row c_k - 1)``."""
+def _loss_chunk_rows(student_logits_BTsVs, teacher_BTtX, align, s_loss_mask, t_loss_mask,
+                     exact_only):
+    """Shapes checked; (batch, student row, teacher row) [N] of every loss chunk's start."""
     B, Ts, _ = student_logits_BTsVs.shape
     if tuple(align.s_chunk_BTs.shape) != (B, Ts) or align.t_chunk_BTt.shape[0] != B:
         raise ValueError(f"alignment s_chunk {tuple(align.s_chunk_BTs.shape)} / t_chunk "
@@ -99,7 +99,14 @@ def _chunk_start_loss(student_logits_BTsVs, teacher_BTtX, align, s_loss_mask, t_
         raise ValueError(f"teacher tensor {tuple(teacher_BTtX.shape)} does not fit t_chunk "
                          f"{tuple(align.t_chunk_BTt.shape)}")
     ok_BC = loss_chunks(align, s_loss_mask, t_loss_mask, exact_only=exact_only)
-    b_N, s_row_N, t_row_N = chunk_start_rows(align, ok_BC)
+    return chunk_start_rows(align, ok_BC)
+
+
+def _chunk_start_loss(student_logits_BTsVs, teacher_BTtX, align, s_loss_mask, t_loss_mask,
+                      rows_fn, *, exact_only, num_valid, chunk_size, scale):
+    """``scale / count * sum_k rows_fn(student row a_k - 1, teacher row c_k - 1)``."""
+    b_N, s_row_N, t_row_N = _loss_chunk_rows(student_logits_BTsVs, teacher_BTtX, align,
+                                             s_loss_mask, t_loss_mask, exact_only)
 
     def term(rows_nV, sl):
         teacher_nX = teacher_BTtX[b_N[sl], t_row_N[sl]].to(rows_nV.dtype)
@@ -194,16 +201,8 @@ def _support_chunk_loss(student_logits_BTsVs, teacher_logits_BTtVt, align, prep,
     """:func:`_chunk_start_loss` for P-KL: ``rows_fn(student rows [n, Vs], teacher_BTtVt, b_n,
     t_n)`` gathers the teacher rows itself, at the support columns only and by small row groups
     (no ``[n, Vt]`` teacher copy per block)."""
-    B, Ts, _ = student_logits_BTsVs.shape
-    if tuple(align.s_chunk_BTs.shape) != (B, Ts) or align.t_chunk_BTt.shape[0] != B:
-        raise ValueError(f"alignment s_chunk {tuple(align.s_chunk_BTs.shape)} / t_chunk "
-                         f"{tuple(align.t_chunk_BTt.shape)} do not fit student logits [B,T]="
-                         f"{(B, Ts)}")
-    if teacher_logits_BTtVt.shape[:2] != align.t_chunk_BTt.shape:
-        raise ValueError(f"teacher tensor {tuple(teacher_logits_BTtVt.shape)} does not fit "
-                         f"t_chunk {tuple(align.t_chunk_BTt.shape)}")
-    ok_BC = loss_chunks(align, s_loss_mask, t_loss_mask, exact_only=False)
-    b_N, s_row_N, t_row_N = chunk_start_rows(align, ok_BC)
+    b_N, s_row_N, t_row_N = _loss_chunk_rows(student_logits_BTsVs, teacher_logits_BTtVt, align,
+                                             s_loss_mask, t_loss_mask, False)
 
     def term(rows_nV, sl):
         if prep.n_support == 0:  # no teacher token reachable: both restrictions are empty
