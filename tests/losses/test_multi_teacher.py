@@ -161,3 +161,25 @@ def test_teacher_temperature_is_not_applied_twice():
     loss, _ = MultiTeacherLoss(spec)(c["zs"], c["ids"], c["mask"], tempered)
     ref = forward_kl(c["zs"], c["near"], c["mask"], temperature=2.0)
     assert float(loss) == pytest.approx(float(ref), rel=1e-6)
+
+
+def test_pkl_with_continuation_adds_the_continuation_term():
+    from xdistill.losses import ContinuationTrie, continuation_kl
+
+    c = _setup(2)
+    rng = np.random.default_rng(2)
+    pieces = [[int(t) for t in rng.integers(0, VT, size=int(rng.integers(1, 4)))]
+              for _ in range(VS)]
+    trie = ContinuationTrie.from_pieces(pieces, VT)
+    x = c["teachers"][2]
+    plain = MultiTeacherLoss([TeacherSpec("x", "pkl", projection=c["P"])])
+    cont = MultiTeacherLoss([TeacherSpec("x", "pkl", projection=c["P"], continuation=trie)])
+    _, m0 = plain(c["zs"], c["ids"], c["mask"], [x])
+    _, m1 = cont(c["zs"], c["ids"], c["mask"], [x])
+    extra = continuation_kl(c["zs"], c["zt"], c["align"], trie, c["ids"], x.input_ids_BTt,
+                            s_loss_mask_BTs=c["mask"])
+    assert m1["x/loss"] == pytest.approx(m0["x/loss"] + float(extra), rel=1e-6)
+    with pytest.raises(ValueError, match="continuation KL extends loss 'pkl'"):
+        TeacherSpec("x", "alm", continuation=trie)
+    with pytest.raises(ValueError, match="direction 'forward'"):
+        TeacherSpec("x", "pkl", projection=c["P"], direction="reverse", continuation=trie)

@@ -207,3 +207,31 @@ def test_chunk_likelihood_and_vocabulary_free_losses_train(tmp_path, tiny_assets
     fresh = build_causal_lm("llama", dict(helpers.TINY_STUDENT, vocab_size=vocab), seed=0)
     assert not torch.equal(trained["model.embed_tokens.weight"],
                            fresh.state_dict()["model.embed_tokens.weight"])
+
+
+def test_pkl_continuation_trains_through_the_cli_config(tmp_path, tiny_assets):
+    """``loss.continuation`` on a pkl teacher whose tokenizer has fewer merges than the student's
+    (400-id student, 320-id teacher: many student tokens are several teacher pieces): the trie is
+    built from the real pair and the term is added to P-KL (step 1 sees the same student and
+    batch for both teachers, so cont > plain)."""
+    from xdistill.config import from_dict
+    from xdistill.projection import BuildConfig, build_projection, save_projection
+    from xdistill.tokenization import load_tokenizer
+    from xdistill.train.config import OffPolicyConfig
+    from xdistill.train.offpolicy import run_offpolicy
+
+    s, t = load_tokenizer(tiny_assets["tok_t"]), load_tokenizer(tiny_assets["tok_s"])
+    proj = save_projection(build_projection(s, t, BuildConfig(methods=("multitoken", "exact"))),
+                           tmp_path / "proj_t_s.npz")[0]
+    cfg = base_config(tiny_assets, tmp_path / "run")
+    cfg["student_tokenizer"] = tiny_assets["tok_t"]
+    cross = dict(cfg["teachers"][0], tokenizer=tiny_assets["tok_s"],
+                 worker=dict(cfg["teachers"][0]["worker"], model=tiny_assets["same"]),
+                 loss={"kind": "pkl", "weight": 1.0, "projection": str(proj)})
+    cont = dict(cross, name="cont", loss=dict(cross["loss"], continuation=True))
+    cfg["teachers"] = [dict(cross, name="plain"), cont]
+    cfg["train"].update(steps=2, log_samples=False)
+    run_offpolicy(from_dict(OffPolicyConfig, cfg))
+    first = _train_records(tmp_path / "run")[0]
+    assert math.isfinite(first["cont/loss"])
+    assert first["cont/loss"] > first["plain/loss"] > 0

@@ -83,6 +83,13 @@ def test_same_tokenizer_loss_needs_same_tokenizer(tmp_path, tiny_assets, capsys)
     assert "teachers.0.loss.kind" in err and "cross-tokenizer loss" in err
 
 
+def test_continuation_needs_forward_pkl_on_logits(tmp_path, tiny_assets, capsys):
+    cfg = helpers.base_config(tiny_assets, tmp_path / "run", cross_kind="alm")
+    cfg["teachers"][0]["loss"]["continuation"] = True
+    err = _fails(tmp_path, cfg, capsys)
+    assert "teachers.0.loss.continuation" in err and "'alm'" in err
+
+
 def test_stop_after_needs_a_checkpoint(tmp_path, tiny_assets, capsys):
     cfg = helpers.base_config(tiny_assets, tmp_path / "run")
     cfg["train"]["stop_after"] = 3

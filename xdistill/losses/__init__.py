@@ -3,7 +3,8 @@
 Same tokenizer (``divergences``): :func:`forward_kl`, :func:`reverse_kl`, :func:`jsd`,
 :func:`topk_forward_kl` (tail bucket), :func:`cross_entropy`. Cross tokenizer over aligned chunks
 (``cross``, ``uld``, ``alm``): :func:`exact_kl`, :func:`projected_kl`, :func:`student_space_kl`,
-:func:`uld`, :func:`gold_hybrid`, :func:`alm`; :func:`projection_from_csr` builds ``proj_VsVt``.
+:func:`uld`, :func:`gold_hybrid`, :func:`alm`; :func:`continuation_kl` (P-KL inside
+multi-piece student tokens, over a :class:`ContinuationTrie`); :func:`projection_from_csr` builds ``proj_VsVt``.
 Several teachers: :class:`MultiTeacherLoss` with :class:`TeacherSpec` and
 :class:`TeacherLossInput`. Everything is computed in float32, in blocks of ``chunk_size`` rows
 (forward and backward), normalised by a given global count ``num_valid``.
@@ -11,6 +12,7 @@ Several teachers: :class:`MultiTeacherLoss` with :class:`TeacherSpec` and
 
 from xdistill.losses.alm import alm
 from xdistill.losses.chunks import ChunkAlignment, loss_chunks
+from xdistill.losses.continuation import ContinuationTrie, continuation_kl
 from xdistill.losses.cross import (count_loss_chunks, exact_kl, projected_kl, projection_from_csr,
                                    student_space_kl)
 from xdistill.losses.divergences import (count_valid_tokens, cross_entropy, forward_kl, jsd,
@@ -18,7 +20,7 @@ from xdistill.losses.divergences import (count_valid_tokens, cross_entropy, forw
 from xdistill.losses.multi_teacher import MultiTeacherLoss, TeacherLossInput, TeacherSpec
 from xdistill.losses.uld import gold_hybrid, uld
 
-__all__ = ["ChunkAlignment", "MultiTeacherLoss", "TeacherLossInput", "TeacherSpec", "alm",
-           "count_loss_chunks", "count_valid_tokens", "cross_entropy", "exact_kl", "forward_kl",
+__all__ = ["ChunkAlignment", "ContinuationTrie", "MultiTeacherLoss", "TeacherLossInput", "TeacherSpec", "alm",
+           "continuation_kl", "count_loss_chunks", "count_valid_tokens", "cross_entropy", "exact_kl", "forward_kl",
            "gold_hybrid", "jsd", "loss_chunks", "projected_kl", "projection_from_csr",
            "reverse_kl", "student_space_kl", "topk_forward_kl", "uld"]

@@ -32,6 +32,7 @@ from xdistill.losses import divergences as _div
 from xdistill.losses.uld import gold_hybrid as _gold_hybrid
 from xdistill.losses.uld import uld as _uld_loss
 from xdistill.losses.chunks import ChunkAlignment
+from xdistill.losses.continuation import ContinuationTrie, continuation_kl
 from xdistill.losses.engine import DEFAULT_CHUNK_SIZE
 from xdistill.losses.scores import coverage, loss_units, teacher_score
 
@@ -55,6 +56,9 @@ class TeacherSpec:
     temperature: float = 1.0
     # sparse proj_VsVt for "pkl" (see projection_from_csr)
     projection: torch.Tensor | None = None
+    # "pkl" only: add the continuation KL inside multi-piece student tokens (ContinuationTrie of
+    # this tokenizer pair, see xdistill.losses.continuation); None = chunk starts only
+    continuation: ContinuationTrie | None = None
     # identical-bytes vocabulary map for "exact_kl" / "gold": student ids and teacher ids, [N]
     shared_s_idx_N: torch.Tensor | None = None
     shared_t_idx_N: torch.Tensor | None = None
@@ -75,6 +79,9 @@ class TeacherSpec:
                              f"{SAME_TOKENIZER_LOSSES + CROSS_TOKENIZER_LOSSES}")
         if self.loss == "pkl" and self.projection is None:
             raise ValueError(f"teacher {self.name!r}: loss 'pkl' needs a projection")
+        if self.continuation is not None and (self.loss != "pkl" or self.direction != "forward"):
+            raise ValueError(f"teacher {self.name!r}: the continuation KL extends loss 'pkl' "
+                             f"with direction 'forward' (got {self.loss!r}, {self.direction!r})")
         if self.loss in ("exact_kl", "gold") and (self.shared_s_idx_N is None
                                                   or self.shared_t_idx_N is None):
             raise ValueError(f"teacher {self.name!r}: loss {self.loss!r} needs shared_s_idx_N "
@@ -154,13 +161,21 @@ def _cross_loss(spec, inp, s_logits, s_ids, s_mask, num_valid, chunk_size):
                         teacher_temperature=_teacher_tau(spec, inp), **kw)
     if spec.loss == "pkl" and inp.logits_BTtV is None and inp.proj_logp_BTtVs is not None:
         _check_pretempered(spec, inp, "projected")
+        if spec.continuation is not None:
+            raise ValueError(f"teacher {spec.name!r}: the continuation KL needs teacher logits, "
+                             "not outputs already projected to the student vocabulary")
         return _cross.student_space_kl(s_logits, inp.proj_logp_BTtVs, align,
                                        direction=spec.direction, beta=spec.beta, **kw)
     t_logits = _need(inp, "logits_BTtV", spec)
     kw["teacher_temperature"] = _teacher_tau(spec, inp)
     if spec.loss == "pkl":
-        return _cross.projected_kl(s_logits, t_logits, align, spec.projection,
+        loss = _cross.projected_kl(s_logits, t_logits, align, spec.projection,
                                    direction=spec.direction, beta=spec.beta, **kw)
+        if spec.continuation is None:
+            return loss
+        trie = spec.continuation.to(s_logits.device)
+        return loss + continuation_kl(s_logits, t_logits, align, trie, s_ids,
+                                      _need(inp, "input_ids_BTt", spec), **kw)
     if spec.loss == "exact_kl":
         return _cross.exact_kl(s_logits, t_logits, align, spec.shared_s_idx_N, spec.shared_t_idx_N,
                                direction=spec.direction, beta=spec.beta, **kw)

@@ -211,6 +211,20 @@ def retokenize(src_table: TokenByteTable, src_ids: np.ndarray, dst_tok, *, batch
     return out
 
 
+def continuation_pieces(student, teacher, *, batch_size: int = 4096,
+                        progress: bool = False) -> list[list[int]]:
+    """``pieces[s]``: the teacher ids spelling student token ``s``'s bytes (:func:`retokenize`;
+    empty for tokens without text bytes), for every id of the student vocabulary -- the input of
+    ``xdistill.losses.ContinuationTrie.from_pieces``."""
+    s_ids = text_ids(student.table)
+    out: list[list[int]] = [[] for _ in range(student.table.vocab_size)]
+    pieces = retokenize(student.table, s_ids, teacher, batch_size=batch_size, progress=progress,
+                        desc="continuation pieces")
+    for s, p in zip(s_ids.tolist(), pieces):
+        out[s] = p
+    return out
+
+
 def piece_weights(n: int, decay: float) -> np.ndarray:
     """Normalised weights ``decay**i / sum_j decay**j`` of ``n`` pieces (float64)."""
     w = np.power(float(decay), np.arange(n, dtype=np.float64))

@@ -36,6 +36,11 @@ class TeacherLossConfig:
     temperature: float = 1.0
     # projection artifact (.npz from `xdistill projection build`) for kind pkl
     projection: str = ""
+    # kind pkl: also compare the teacher's next-token distributions inside each chunk's first
+    # student token when the teacher spells it in several pieces (a whole-number student token
+    # vs digit pieces; see xdistill/losses/continuation.py); needs direction forward and
+    # worker.output logits
+    continuation: bool = False
     # KL direction of the cross-tokenizer KL losses: forward, reverse or jsd
     direction: Literal["forward", "reverse", "jsd"] = "forward"
     # JSD beta (kind jsd or direction jsd)
@@ -293,6 +298,11 @@ def _validate_teacher(t: TeacherRunConfig, key: str) -> None:
             raise ConfigError(f"{key}.loss.projection: loss 'pkl' needs a projection artifact "
                               "(build one with `xdistill projection build`)")
         check_path(t.loss.projection, f"{key}.loss.projection")
+    if t.loss.continuation and (kind != "pkl" or t.loss.direction != "forward"
+                                or t.worker.output != "logits"):
+        raise ConfigError(f"{key}.loss.continuation: needs loss.kind 'pkl', loss.direction "
+                          f"'forward' and worker.output 'logits' (got {kind!r}, "
+                          f"{t.loss.direction!r}, {t.worker.output!r})")
     if kind == "topk_kl" and t.worker.output != "topk":
         raise ConfigError(f"{key}: loss 'topk_kl' needs worker.output = 'topk', "
                           f"got {t.worker.output!r}")

@@ -26,7 +26,7 @@ import torch
 
 from xdistill.data.collator import TeacherSpec as CollatorTeacher
 from xdistill.errors import ConfigError, ProjectionError
-from xdistill.losses import MultiTeacherLoss, TeacherSpec, projection_from_csr
+from xdistill.losses import ContinuationTrie, MultiTeacherLoss, TeacherSpec, projection_from_csr
 from xdistill.losses.multi_teacher import SAME_TOKENIZER_LOSSES
 from xdistill.train.config import OffPolicyConfig, TeacherRunConfig
 
@@ -82,11 +82,19 @@ def _projection(t: TeacherRunConfig, key: str, student, teacher) -> torch.Tensor
     return projection_from_csr(m.indptr, m.indices, m.data, m.shape)
 
 
-def _loss_spec(t: TeacherRunConfig, proj, shared) -> TeacherSpec:
+def continuation_trie(student, teacher) -> ContinuationTrie:
+    """The student tokens' teacher pieces as a trie (``loss.continuation``)."""
+    from xdistill.projection.methods import continuation_pieces
+
+    return ContinuationTrie.from_pieces(continuation_pieces(student, teacher),
+                                        teacher.table.vocab_size)
+
+
+def _loss_spec(t: TeacherRunConfig, proj, shared, trie=None) -> TeacherSpec:
     lc = t.loss
-    kw = {}
+    kw = {"continuation": trie}
     if shared is not None:
-        kw = {"shared_s_idx_N": shared[0], "shared_t_idx_N": shared[1]}
+        kw.update(shared_s_idx_N=shared[0], shared_t_idx_N=shared[1])
     return TeacherSpec(name=t.name, loss=lc.kind, weight=lc.weight, temperature=lc.temperature,
                        projection=proj if lc.kind == "pkl" else None, direction=lc.direction,
                        beta=lc.beta, alm_variant=lc.alm_variant, alm_temperature=lc.alm_temperature,
@@ -122,7 +130,8 @@ def build_plan(cfg: OffPolicyConfig) -> Plan:
             raise ConfigError(f"{key}.worker.output: 'topk' outputs only feed loss 'topk_kl'")
         if t.worker.output == "projected" and t.loss.kind != "pkl":
             raise ConfigError(f"{key}.worker.output: 'projected' outputs only feed loss 'pkl'")
-        plan.loss_specs.append(_loss_spec(t, proj, shared))
+        trie = continuation_trie(student, tok) if t.loss.continuation else None
+        plan.loss_specs.append(_loss_spec(t, proj, shared, trie))
     return plan
 
 
