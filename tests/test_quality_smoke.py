@@ -2,14 +2,16 @@
 
 A few steps each, tiny models, a 10x10 addition table: this checks the harness path end to end
 (tokenizer invariants, teacher training through ``xdistill train offpolicy``, projections, the
-generated arm configs for every loss family, greedy scoring, bits per byte, the report), not
-quality. The real numbers come from ``python -m benchmarks.quality.run``.
+generated arm configs for every loss family, greedy scoring, bits per byte, checkpoints scored
+into accuracy curves, the report), not quality. The real numbers come from
+``python -m benchmarks.quality.run``.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -25,7 +27,9 @@ from benchmarks.quality.prepare import PrepConfig  # noqa: E402
 TINY_TASK = task.TaskConfig(max_operand=9, n_heldout=20, passes=2, text_fraction=0.2)
 TINY_PREP = PrepConfig(task=TINY_TASK, big_layers=1, big_hidden=32, big_steps=4, weak_layers=1,
                        weak_hidden=32, weak_steps=3, batch=8, seq_len=32)
-TINY_ARMS = ArmSettings(steps=3, batch=8, seq_len=32, layers=1, hidden=32, eval_batches=1)
+# a checkpoint (accuracy curve) and a held-out bpb evaluation every 2 steps: curve steps 2, 4
+TINY_ARMS = ArmSettings(steps=4, batch=8, seq_len=32, layers=1, hidden=32, eval_every=2,
+                        eval_batches=1)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +76,6 @@ def test_harness_end_to_end(assets, tmp_path):
     from xdistill.tokenization import load_tokenizer
 
     from benchmarks.quality.harness import run_harness, uncommon_answer_fraction
-    from benchmarks.quality.report import plot_curves, plot_summary, render
 
     assert load_tokenizer(assets["tok_student"]).family == "byte_bpe"
     assert load_tokenizer(assets["tok_teacher"]).family == "spm"
@@ -88,19 +91,83 @@ def test_harness_end_to_end(assets, tmp_path):
         assert metrics[-1]["step"] == TINY_ARMS.steps
         assert r["n"] == TINY_TASK.n_heldout and 0.0 <= r["accuracy"] <= 1.0
         assert math.isfinite(r["bpb"]) and r["bpb"] > 0
+        # every checkpoint scored (the last one is the exported student), then deleted
+        assert [st for st, _ in r["curve"]] == [2, 4]
+        assert all(0.0 <= acc <= 1.0 for _, acc in r["curve"])
+        assert r["curve"][-1][1] == pytest.approx(r["accuracy"])
+        assert not (run_dir / "checkpoints").exists()
+        if r["arm"] != "onpolicy":  # held-out bpb curve from the trainer's evaluation
+            assert [m["step"] for m in metrics if "eval/bpb" in m] == [2, 4]
     metrics = [json.loads(x) for x in
                (tmp_path / "runs" / "multi" / "seed0" / "metrics.jsonl").read_text().splitlines()]
     teacher_terms = [k for k in metrics[0] if k.endswith("/loss")]  # "multi": both teachers
     assert {"cross/loss", "weak/loss"} <= set(teacher_terms)
     # answers are numbers 0..18: all but the one-digit ones are uncommon for GOLD
     assert 0.4 < uncommon_answer_fraction(assets) < 1.0
-    md = render(result, {"note": "smoke"})
-    assert "| ce |" in md and "| multi |" in md and "| onpolicy |" in md
-    assert plot_summary(result["summary"], tmp_path / "a.png").stat().st_size > 0
-    assert plot_curves(tmp_path, arms, 0, tmp_path / "c.png").stat().st_size > 0
+    _check_report(result, arms, tmp_path)
     # a second call reuses every finished run
     again = run_harness(assets, arms, [0], TINY_ARMS, tmp_path, log=lambda *_: None)
     assert again["runs"] == result["runs"]
+
+
+def _check_report(result: dict, arms: list[str], tmp_path: Path) -> None:
+    """Table (with the learning-speed column), significance lines and both plots render."""
+    from benchmarks.quality.harness import acc_auc
+    from benchmarks.quality.report import plot_curves, plot_summary, render
+
+    for arm in arms:
+        s = result["summary"][arm]
+        assert s["auc_seeds"] == 1 and 0.0 <= s["acc_auc"] <= 1.0
+        run = next(r for r in result["runs"] if r["arm"] == arm)
+        assert s["acc_auc"] == pytest.approx(acc_auc(run))
+    md = render(result, {"note": "smoke"})
+    assert "| mean accuracy over training |" in md
+    for arm in arms:
+        row = next(x for x in md.splitlines() if x.startswith(f"| {arm} |"))
+        assert row.split("|")[3].strip() != "-"  # the acc_auc column is filled
+    assert "- multi: final accuracy" in md and "(1 seed, no std)" in md
+    assert plot_summary(result["summary"], tmp_path / "a.png").stat().st_size > 0
+    assert plot_curves(tmp_path, arms, [0], tmp_path / "c.png").stat().st_size > 0
+
+
+def test_learning_speed_and_paired_significance_from_scores(tmp_path):
+    """summarize/format_table/paired_significance on hand-made scores (3 seeds, CE vs one arm,
+    plus an old score.json without a curve), checked against values computed by hand."""
+    from benchmarks.quality.harness import format_table, summarize
+    from benchmarks.quality.report import mean_band, paired_diffs, paired_significance
+
+    def run(arm, seed, acc, curve=None):
+        r = {"arm": arm, "seed": seed, "accuracy": acc, "bpb": 3.0, "train_s": 1.0}
+        return {**r, "curve": curve} if curve is not None else r
+
+    runs = [run("ce", 0, 0.5, [[10, 0.1], [20, 0.5]]), run("ce", 1, 0.2, [[10, 0.0], [20, 0.2]]),
+            run("ce", 2, 0.3, [[10, 0.1], [20, 0.3]]),
+            run("kd", 0, 0.6, [[10, 0.3], [20, 0.6]]), run("kd", 1, 0.4, [[10, 0.2], [20, 0.4]]),
+            run("kd", 2, 0.4, [[10, 0.2], [20, 0.4]]), run("old", 0, 0.1),
+            {"arm": "kd", "seed": 3, "error": "boom"}]
+    summary = summarize(runs, ["ce", "kd", "old"])
+    assert summary["ce"]["acc_auc"] == pytest.approx((0.3 + 0.1 + 0.2) / 3)
+    assert summary["kd"]["acc_auc"] == pytest.approx((0.45 + 0.3 + 0.3) / 3)
+    assert summary["kd"]["acc_auc_std"] == pytest.approx(statistics.stdev([0.45, 0.3, 0.3]))
+    assert summary["old"]["auc_seeds"] == 0 and summary["old"]["acc_auc"] is None
+    table = format_table(summary)
+    assert "| old | 0.100 ± 0.000 | - |" in table
+    assert "| kd | 0.467 ± 0.115 | 0.350 ± 0.087 |" in table
+    # paired: kd - ce per seed = +0.1, +0.2, +0.1 (accuracy); +0.15, +0.2, +0.1 (acc_auc)
+    p = paired_diffs(runs, "kd")
+    assert p["seeds"] == [0, 1, 2] and p["accuracy"] == pytest.approx([0.1, 0.2, 0.1])
+    assert p["acc_auc"] == pytest.approx([0.15, 0.2, 0.1])
+    t = 0.4 / 3 / (statistics.stdev([0.1, 0.2, 0.1]) / math.sqrt(3))
+    lines = paired_significance(runs, ["ce", "kd", "old"])
+    assert "|t| > 4.30 at n = 3" in lines[0]
+    kd = next(x for x in lines if x.startswith("- kd:"))
+    assert f"+0.133 ± 0.058 (t = {t:+.1f})" in kd and "better on 3/3" in kd
+    assert "mean accuracy over training +0.150 ± 0.050 (t = +5.2)" in kd
+    old = next(x for x in lines if x.startswith("- old:"))
+    assert "(1 seed, no std)" in old and "over training" not in old
+    steps, mean, std = mean_band([[[10, 0.1], [20, 0.5]], [[10, 0.3], [20, 0.5], [30, 0.9]]])
+    assert steps == [10, 20] and mean == pytest.approx([0.2, 0.5])
+    assert std == pytest.approx([statistics.stdev([0.1, 0.3]), 0.0])
 
 
 def test_demo_arms_need_only_the_cross_teacher(assets, tmp_path):

@@ -12,6 +12,9 @@ same number of steps, with ``loss.ce_weight = 1`` plus its teacher term(s) of we
 ``exact_kl``    KL over the shared vocabulary of exact 1:1 chunks
 ``pkl_multi``   P-KL through a multitoken projection (top-4)
 ``pkl_corpus``  P-KL through a corpus-statistics projection
+``pkl_cont``    P-KL (multitoken) + the continuation KL inside multi-piece student tokens
+                (``loss.continuation``: the teacher's digit-by-digit distributions inside a
+                whole-number student token, :mod:`xdistill.losses.continuation`)
 ``alm``         ALM: binary CE of chunk likelihoods, tau = 100
 ``multi``       P-KL (multitoken) to the cross teacher + forward KL to the weak teacher
 ``onpolicy``    on-policy reverse KL to the cross teacher (``xdistill train onpolicy``): the
@@ -26,8 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ARMS = ("ce", "same_kd", "uld", "gold", "exact_kl", "pkl_multi", "pkl_corpus", "alm", "multi",
-        "onpolicy")
+ARMS = ("ce", "same_kd", "uld", "gold", "exact_kl", "pkl_multi", "pkl_corpus", "pkl_cont", "alm",
+        "multi", "onpolicy")
 XTOKEN_ARMS = ("gold", "ce", "same_kd", "pkl_multi")  # the paper's ordering, worst to best
 
 
@@ -41,7 +44,8 @@ class ArmSettings:
     lr: float = 3e-3
     layers: int = 2
     hidden: int = 48
-    # evaluate bits per byte every this many steps (learning curves); 0 = only at the end
+    # evaluate bits per byte, and save a checkpoint whose held-out accuracy is scored after the
+    # run, every this many steps (learning curves); 0 = only at the end
     eval_every: int = 0
     eval_batches: int = 4
     threads: int = 1
@@ -50,10 +54,12 @@ class ArmSettings:
 
 
 def _teacher(name: str, model: str, tokenizer: str, kind: str, settings: ArmSettings,
-             projection: str = "") -> dict:
+             projection: str = "", continuation: bool = False) -> dict:
     loss = {"kind": kind, "weight": 1.0, "temperature": settings.temperature}
     if projection:
         loss["projection"] = projection
+    if continuation:
+        loss["continuation"] = True
     return {"name": name, "tokenizer": tokenizer,
             "worker": {"model": model, "placement": "inprocess", "output": "logits",
                        "micro_batch_size": settings.batch},
@@ -76,6 +82,8 @@ def teachers_for(arm: str, assets: dict, s: ArmSettings) -> list[dict]:
         return [_teacher("cross", big, tok_t, "pkl", s, proj["multitoken"])]
     if arm == "pkl_corpus":
         return [_teacher("cross", big, tok_t, "pkl", s, proj["corpus"])]
+    if arm == "pkl_cont":
+        return [_teacher("cross", big, tok_t, "pkl", s, proj["multitoken"], continuation=True)]
     if arm == "multi":
         return [_teacher("cross", big, tok_t, "pkl", s, proj["multitoken"]),
                 _teacher("weak", weak, tok_s, "forward_kl", s)]
@@ -108,7 +116,7 @@ def arm_config(arm: str, seed: int, assets: dict, s: ArmSettings, out_dir: str) 
         "train": {"steps": s.steps, "global_batch_size": s.batch, "seed": seed,
                   "out_dir": out_dir, "log_every": max(1, s.steps // 30), "tensorboard": False,
                   "num_threads": s.threads},
-        "checkpoint": {"every": 0, "resume": "", "export_hf": True},
+        "checkpoint": {"every": s.eval_every, "keep_last": 0, "resume": "", "export_hf": True},
         "eval": {"every": s.eval_every, "paths": [corpus["eval_text"]],
                  "batches": s.eval_batches},
     }

@@ -70,6 +70,11 @@ def bits_per_byte(model, tok, texts, *, max_len: int = 256) -> float:
 
 
 def load_model(folder: str):
+    """The HF model in ``folder``. Switches transformers' progress bars off for this process (a
+    "Loading weights" bar per scored checkpoint would flood the harness log); switched off for
+    good rather than restored, since scoring threads of the harness load models concurrently."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     return AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)

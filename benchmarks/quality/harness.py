@@ -2,13 +2,21 @@
 
 Per run ``<out>/runs/<arm>/seed<k>``: the generated ``config.yaml`` and its log, the trainer's
 ``metrics.jsonl`` and ``export/`` (the HF student), and ``score.json``: held-out greedy accuracy,
-final held-out bits per byte, wall time. A run whose ``score.json`` exists is not repeated, so an
-interrupted harness resumes where it stopped.
+final held-out bits per byte, wall time and ``curve``: ``[[step, held-out accuracy], ...]`` of the
+checkpoints saved every ``ArmSettings.eval_every`` steps (and at the last step), which are deleted
+once scored. A run whose ``score.json`` exists is not repeated, so an interrupted harness resumes
+where it stopped.
+
+Learning speed: ``acc_auc`` = the mean of a run's curve accuracies, i.e. the area under the
+accuracy-vs-step curve (step rule, one point per ``eval_every`` steps) divided by the steps. It is
+defined only for curves of at least two points (``eval_every = 0`` leaves just the final
+checkpoint, whose accuracy is the final accuracy, not a learning speed).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -30,8 +38,30 @@ def score_run(run_dir: Path, assets: dict) -> dict:
 
     model, tok = load_model(str(run_dir / "export")), load_tokenizer(assets["tok_student"])
     acc = greedy_accuracy(model, tok, assets["corpus"]["heldout"])
-    return {"accuracy": acc["accuracy"], "n": acc["n"], "bpb": bits_per_byte(model, tok, eval_texts(assets)),
-            "examples": acc["examples"]}
+    return {"accuracy": acc["accuracy"], "n": acc["n"],
+            "bpb": bits_per_byte(model, tok, eval_texts(assets)), "examples": acc["examples"]}
+
+
+def accuracy_curve(run_dir: Path, assets: dict, prune: bool = True) -> list:
+    """``[[step, held-out accuracy], ...]`` of every checkpoint the run saved (each loaded, as a
+    resume would, into the architecture of the run's ``export/``); checkpoints are deleted
+    afterwards unless ``prune`` is false (``export/`` stays)."""
+    import shutil
+
+    from xdistill.tokenization import load_tokenizer
+    from xdistill.train.checkpoint import list_checkpoints, load_checkpoint
+
+    from benchmarks.quality.evaluate import greedy_accuracy, load_model
+
+    tok, curve = load_tokenizer(assets["tok_student"]), []
+    root = run_dir / "checkpoints"
+    for step, path in list_checkpoints(root):
+        model = load_model(str(run_dir / "export"))
+        load_checkpoint(path, model, restore_rng=False)
+        curve.append([step, greedy_accuracy(model, tok, assets["corpus"]["heldout"])["accuracy"]])
+    if prune and root.is_dir():
+        shutil.rmtree(root)
+    return curve
 
 
 def eval_texts(assets: dict) -> list[str]:
@@ -40,7 +70,8 @@ def eval_texts(assets: dict) -> list[str]:
     return [json.loads(x)["text"] for x in path.read_text(encoding="utf-8").splitlines() if x]
 
 
-def run_arm(arm: str, seed: int, assets: dict, settings: ArmSettings, out: Path, log=print) -> dict:
+def run_arm(arm: str, seed: int, assets: dict, settings: ArmSettings, out: Path, log=print,
+            keep_checkpoints: bool = False) -> dict:
     run_dir = out / "runs" / arm / f"seed{seed}"
     score_path = run_dir / "score.json"
     if score_path.exists():
@@ -54,7 +85,8 @@ def run_arm(arm: str, seed: int, assets: dict, settings: ArmSettings, out: Path,
         log(f"[{arm} seed {seed}] FAILED: {last}")
         return {"arm": arm, "seed": seed, "error": last, "log": str(run_dir / "config.log")}
     train_s = time.perf_counter() - t0
-    score = {"arm": arm, "seed": seed, **score_run(run_dir, assets), "train_s": train_s}
+    score = {"arm": arm, "seed": seed, **score_run(run_dir, assets), "train_s": train_s,
+             "curve": accuracy_curve(run_dir, assets, prune=not keep_checkpoints)}
     score_path.write_text(json.dumps(score, indent=1))
     log(f"[{arm} seed {seed}] accuracy {score['accuracy']:.3f}  bpb {score['bpb']:.3f}  "
         f"({train_s:.0f}s)")
@@ -62,9 +94,10 @@ def run_arm(arm: str, seed: int, assets: dict, settings: ArmSettings, out: Path,
 
 
 def run_harness(assets: dict, arms, seeds, settings: ArmSettings, out: str | Path,
-                log=print, jobs: int = 1) -> dict:
+                log=print, jobs: int = 1, keep_checkpoints: bool = False) -> dict:
     """All runs (cached per run), ``jobs`` trainer processes at a time; returns
-    ``{"runs": [...], "summary": {arm: stats}, "failed": {arm: error}}``."""
+    ``{"runs": [...], "summary": {arm: stats}, "failed": {arm: error}}``. Each run's
+    ``checkpoints/`` is deleted once scored into its curve unless ``keep_checkpoints``."""
     from concurrent.futures import ThreadPoolExecutor
 
     import torch
@@ -73,8 +106,8 @@ def run_harness(assets: dict, arms, seeds, settings: ArmSettings, out: str | Pat
     torch.set_num_threads(max(1, settings.threads))  # scoring in this process
     todo = [(arm, seed) for seed in seeds for arm in arms]
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        runs = list(pool.map(lambda a_s: run_arm(a_s[0], a_s[1], assets, settings, out, log),
-                             todo))
+        runs = list(pool.map(lambda a_s: run_arm(a_s[0], a_s[1], assets, settings, out, log,
+                                                 keep_checkpoints), todo))
     failed = {r["arm"]: r["error"] for r in runs if "error" in r}
     return {"runs": runs, "summary": summarize(runs, arms), "failed": failed}
 
@@ -86,7 +119,19 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
+def acc_auc(run: dict) -> float | None:
+    """Mean held-out accuracy over the run's curve points; None without a curve of >= 2 points
+    (score.json files written before curves existed have none)."""
+    curve = run.get("curve") or []
+    if len(curve) < 2:
+        return None
+    return statistics.fmean(float(acc) for _, acc in curve)
+
+
 def summarize(runs: list[dict], arms) -> dict:
+    """Per arm, over its successful seeds: mean and std of final accuracy, bits per byte and
+    ``acc_auc`` (None where no run has a curve, so results.json stays strict JSON; ``auc_seeds``
+    counts the runs that have one)."""
     out = {}
     for arm in arms:
         rs = [r for r in runs if r["arm"] == arm and "error" not in r]
@@ -94,17 +139,31 @@ def summarize(runs: list[dict], arms) -> dict:
             continue
         acc, acc_sd = _mean_std([r["accuracy"] for r in rs])
         bpb, bpb_sd = _mean_std([r["bpb"] for r in rs])
+        aucs = [acc_auc(r) for r in rs]
+        auc, auc_sd = _mean_std(aucs) if any(a is not None for a in aucs) else (None, None)
         out[arm] = {"accuracy": acc, "accuracy_std": acc_sd, "bpb": bpb, "bpb_std": bpb_sd,
+                    "acc_auc": auc, "acc_auc_std": auc_sd,
+                    "auc_seeds": sum(a is not None for a in aucs),
                     "seeds": len(rs), "train_s": statistics.fmean(r["train_s"] for r in rs)}
     return out
 
 
+def _pm(mean, std) -> str:
+    """``mean ± std`` with 3 decimals, ``-`` when missing (nan/None)."""
+    if mean is None or math.isnan(mean):
+        return "-"
+    return f"{mean:.3f} ± {std:.3f}"
+
+
 def format_table(summary: dict) -> str:
-    lines = ["| arm | held-out accuracy | bits per byte | seeds | train s/run |",
-             "|---|---|---|---|---|"]
+    """Markdown table: final accuracy, mean accuracy over training (``acc_auc``), bits per byte,
+    mean ± std over seeds."""
+    lines = ["| arm | held-out accuracy | mean accuracy over training | bits per byte | seeds "
+             "| train s/run |", "|---|---|---|---|---|---|"]
     for arm, s in summary.items():
-        lines.append(f"| {arm} | {s['accuracy']:.3f} ± {s['accuracy_std']:.3f} | "
-                     f"{s['bpb']:.3f} ± {s['bpb_std']:.3f} | {s['seeds']} | {s['train_s']:.0f} |")
+        auc = _pm(s.get("acc_auc"), s.get("acc_auc_std"))
+        lines.append(f"| {arm} | {_pm(s['accuracy'], s['accuracy_std'])} | {auc} | "
+                     f"{_pm(s['bpb'], s['bpb_std'])} | {s['seeds']} | {s['train_s']:.0f} |")
     return "\n".join(lines)
 
 

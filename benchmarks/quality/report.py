@@ -1,16 +1,19 @@
 """RESULTS.md and plots from a harness result (``results.json``).
 
 Plots (matplotlib, Agg): ``accuracy_bpb.png`` (mean +- std per arm, two panels) and
-``curves.png`` (training CE and, when evaluated during training, held-out bits per byte, per arm,
-seed 0 of each arm).
+``curves.png`` (learning curves per arm, mean over seeds with a shaded +-std band: held-out
+accuracy of the checkpoints, from each run's ``score.json`` ``curve``, and held-out bits per byte
+from the trainer's ``eval/bpb`` in ``metrics.jsonl``; runs without them are skipped).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from pathlib import Path
 
-from benchmarks.quality.harness import format_table, read_metrics
+from benchmarks.quality.harness import acc_auc, format_table, read_metrics
 
 
 def plot_summary(summary: dict, path: Path) -> Path:
@@ -33,26 +36,69 @@ def plot_summary(summary: dict, path: Path) -> Path:
     return path
 
 
-def plot_curves(out: Path, arms, seed: int, path: Path) -> Path:
+def mean_band(series: list[list]) -> tuple[list, list, list]:
+    """``(steps, mean, std)`` over the steps every series in ``[[[step, value], ...], ...]`` has
+    (std 0 for a single series)."""
+    steps = sorted(set.intersection(*(set(int(st) for st, _ in ser) for ser in series))
+                   if series else set())
+    by_step = [{int(st): float(v) for st, v in ser} for ser in series]
+    mean, std = [], []
+    for st in steps:
+        vals = [d[st] for d in by_step]
+        mean.append(statistics.fmean(vals))
+        std.append(statistics.stdev(vals) if len(vals) > 1 else 0.0)
+    return steps, mean, std
+
+
+def _run_curves(out: Path, arm: str, seeds) -> tuple[list, list]:
+    """Accuracy curves (score.json) and bpb curves (metrics.jsonl) of ``arm``'s runs."""
+    acc, bpb = [], []
+    for seed in seeds:
+        run_dir = out / "runs" / arm / f"seed{seed}"
+        score_path = run_dir / "score.json"
+        curve = json.loads(score_path.read_text()).get("curve") if score_path.exists() else None
+        if curve:
+            acc.append(curve)
+        if (run_dir / "metrics.jsonl").exists():
+            ev = [[m["step"], m["eval/bpb"]] for m in read_metrics(run_dir / "metrics.jsonl")
+                  if "eval/bpb" in m]
+            if ev:
+                bpb.append(ev)
+    return acc, bpb
+
+
+def plot_curves(out: Path, arms, seeds, path: Path) -> Path:
+    """``curves.png``: per arm, held-out accuracy and bits per byte vs step, mean over ``seeds``
+    with a shaded +-std band (CE-only dashed black)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    for arm in arms:
-        mpath = out / "runs" / arm / f"seed{seed}" / "metrics.jsonl"
-        if not mpath.exists():
-            continue
-        ms = read_metrics(mpath)
-        tr = [(m["step"], m["ce"]) for m in ms if "ce" in m and "eval/bpb" not in m]
-        ev = [(m["step"], m["eval/bpb"]) for m in ms if "eval/bpb" in m]
-        if tr:
-            axes[0].plot(*zip(*tr), label=arm)
-        if ev:
-            axes[1].plot(*zip(*ev), marker="o", label=arm)
-    axes[0].set(title="training CE (student tokens, nats)", xlabel="step")
-    axes[1].set(title="held-out bits per byte", xlabel="step")
-    axes[0].legend(fontsize=7)
+    from benchmarks.quality.arms import ARMS
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    colors = plt.get_cmap("tab10")
+    for i, arm in enumerate(arms):  # the same colour for an arm in every plot
+        color = colors((ARMS.index(arm) if arm in ARMS else i) % 10)
+        style = {"color": "black", "ls": "--"} if arm == "ce" else {"color": color}
+        for ax, series in zip(axes, _run_curves(Path(out), arm, seeds)):
+            steps, mean, std = mean_band(series)
+            if not steps:
+                continue
+            ax.plot(steps, mean, lw=1.3, marker="o", ms=2, label=f"{arm} ({len(series)})", **style)
+            ax.fill_between(steps, [m - d for m, d in zip(mean, std)],
+                            [m + d for m, d in zip(mean, std)], color=style["color"], alpha=0.12,
+                            lw=0)
+    axes[0].set(title="held-out exact-match accuracy", xlabel="step")
+    axes[1].set(title="held-out bits per byte (lower is better)", xlabel="step")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6.5, ncol=2, title="arm (seeds); band = ±std",
+                      title_fontsize=6.5)
+        else:
+            ax.text(0.5, 0.5, "no curves (runs without checkpoints / eval)", ha="center",
+                    transform=ax.transAxes, color="gray")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -91,13 +137,66 @@ def significance(summary: dict) -> list[str]:
     return lines
 
 
+def paired_diffs(runs: list[dict], arm: str, base: str = "ce") -> dict:
+    """Per seed both ``arm`` and ``base`` finished: ``arm - base`` of final accuracy and of
+    ``acc_auc`` (the latter only where both runs have a curve). Same seed = same initial weights
+    and data order, so the difference removes the seed's own luck from the comparison."""
+    ok = {(r["arm"], r["seed"]): r for r in runs if "error" not in r}
+    seeds = sorted(sd for a, sd in ok if a == arm and (base, sd) in ok)
+    acc = [ok[arm, sd]["accuracy"] - ok[base, sd]["accuracy"] for sd in seeds]
+    aucs = [(acc_auc(ok[arm, sd]), acc_auc(ok[base, sd])) for sd in seeds]
+    return {"seeds": seeds, "accuracy": acc,
+            "acc_auc": [a - b for a, b in aucs if a is not None and b is not None]}
+
+
+def _paired_text(diffs: list[float]) -> str:
+    """``mean ± std (t = ...)`` of per-seed differences; t = mean / (std / sqrt(n))."""
+    if not diffs:
+        return "-"
+    mean = statistics.fmean(diffs)
+    if len(diffs) < 2:
+        return f"{mean:+.3f} (1 seed, no std)"
+    sd = statistics.stdev(diffs)
+    t = mean / (sd / math.sqrt(len(diffs))) if sd > 0 else math.copysign(math.inf, mean)
+    return f"{mean:+.3f} ± {sd:.3f} (t = {t:+.1f})"
+
+
+def paired_significance(runs: list[dict], arms) -> list[str]:
+    """One line per arm: paired-by-seed difference to CE-only of final accuracy (with the
+    per-seed values) and of the mean accuracy over training, plus a header with the two-sided 5%
+    critical |t| (Student's t, n - 1 degrees of freedom) for the seed counts present."""
+    from scipy.stats import t as student_t
+
+    pairs = {a: paired_diffs(runs, a) for a in arms if a != "ce"}
+    pairs = {a: p for a, p in pairs.items() if p["seeds"]}
+    if not pairs:
+        return []
+    ns = sorted({len(p["seeds"]) for p in pairs.values() if len(p["seeds"]) > 1})
+    crit = ", ".join(f"{student_t.ppf(0.975, n - 1):.2f} at n = {n}" for n in ns)
+    lines = ["Paired by seed (arm − CE-only on the same seed = same initial weights and data "
+             "order; mean ± std over seeds, t = mean / (std / √n)"
+             + (f"; two-sided 5% needs |t| > {crit}):" if crit else "):"), ""]
+    for arm, p in pairs.items():
+        per_seed = "/".join(f"{d:+.2f}" for d in p["accuracy"])
+        better = sum(d > 0 for d in p["accuracy"])
+        auc = (f"; mean accuracy over training {_paired_text(p['acc_auc'])}" if p["acc_auc"]
+               else "")
+        lines.append(f"- {arm}: final accuracy {_paired_text(p['accuracy'])}, per seed "
+                     f"{per_seed} (better on {better}/{len(p['seeds'])}){auc}")
+    return lines
+
+
 def render(result: dict, meta: dict) -> str:
     """The generated part of RESULTS.md (table, ordering, significance, setup)."""
     summary = result["summary"]
     lines = ["## Table (generated)", "", format_table(summary), "",
+             "Mean accuracy over training = the mean held-out accuracy of the checkpoints saved "
+             "every `eval_every` steps (area under the accuracy curve / steps): higher = learns "
+             "faster; `-` = no curve.", "",
              f"X-Token arms by held-out accuracy (worst to best): {xtoken_ordering(summary)}", "",
              "Gain over CE-only (accuracy, in units of the larger of the two stds):", "",
              *significance(summary), "",
+             *paired_significance(result.get("runs", []), list(summary)), "",
              *[f"FAILED arm {a}: {e}" for a, e in result.get("failed", {}).items()], "",
              "## Setup (generated)", "", "```",
              json.dumps(meta, indent=1), "```", ""]

@@ -3,9 +3,10 @@
     python -m benchmarks.quality.run                       # full: all arms, 3 seeds
     python -m benchmarks.quality.run --arms ce,pkl_multi,alm --seeds 0 --steps 100
 
-Writes ``<out>/results.json``, ``benchmarks/quality/accuracy_bpb.png``, ``curves.png`` and the
-generated section of ``benchmarks/quality/RESULTS.md`` (between the GENERATED markers; the
-hand-written discussion around them is kept).
+Writes ``<out>/results.json``, ``benchmarks/quality/accuracy_bpb.png``, ``curves.png`` (accuracy
+and bits per byte vs step, mean +- std over seeds) and the generated section of
+``benchmarks/quality/RESULTS.md`` (between the GENERATED markers; the hand-written discussion
+around them is kept).
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ def parse(argv=None):
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--steps", type=int, default=ArmSettings.steps)
-    p.add_argument("--eval-every", type=int, default=100, help="held-out bpb every N steps (curves)")
+    p.add_argument("--eval-every", type=int, default=100,
+                   help="held-out bpb, and a checkpoint scored for held-out accuracy, every N "
+                        "steps (learning curves, mean accuracy over training); 0 = final only")
     p.add_argument("--threads", type=int, default=1, help="torch threads per training run")
     p.add_argument("--jobs", type=int, default=1, help="training runs at a time")
     p.add_argument("--no-report", action="store_true", help="do not touch RESULTS.md / plots")
@@ -87,7 +90,7 @@ def main(argv=None) -> int:
     print(render(result, meta))
     if not args.no_report:
         plot_summary(result["summary"], HERE / "accuracy_bpb.png")
-        plot_curves(out, arms, seeds[0], HERE / "curves.png")
+        plot_curves(out, arms, seeds, HERE / "curves.png")
         update_results_md(render(result, meta))
     return 0
 
