@@ -38,7 +38,7 @@ test: assets
 # the demo: (1) real tokenizer pairs compared by bytes vs raw strings; (2) the shortened quality
 # harness (benchmarks/quality): a digit-splitting teacher (trained here by `xdistill train
 # offpolicy`, cached under the asset folder) distilled into a student with another tokenizer;
-# CE-only vs P-KL vs ALM on held-out accuracy and bits per byte, each arm a real trainer run
+# CE-only vs P-KL (+ continuation) vs ALM on held-out accuracy and bits per byte, each arm a real trainer run
 DEMO_OUT := runs/demo_distill
 demo: assets
 	$(VENV)/bin/xdistill demo tokenizers

@@ -48,6 +48,10 @@ def parse(argv=None):
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--steps", type=int, default=ArmSettings.steps)
+    p.add_argument("--teacher-steps", type=int, default=PrepConfig.big_steps,
+                   help="CE training steps of the cross-tokenizer teacher")
+    p.add_argument("--temperature", type=float, default=ArmSettings.temperature,
+                   help="distillation temperature of every teacher loss (both sides)")
     p.add_argument("--eval-every", type=int, default=100,
                    help="held-out bpb, and a checkpoint scored for held-out accuracy, every N "
                         "steps (learning curves, mean accuracy over training); 0 = final only")
@@ -70,9 +74,10 @@ def main(argv=None) -> int:
     need = [t for t, arms_needing in (("teacher_big", set(ARMS) - {"ce", "same_kd"}),
                                       ("teacher_weak", {"same_kd", "multi"}))
             if arms_needing & set(args.arms.split(","))]
-    assets = prepare_all(args.cache or out / "prepared", PrepConfig(), teachers=need)
+    prep = replace(PrepConfig(), big_steps=args.teacher_steps)
+    assets = prepare_all(args.cache or out / "prepared", prep, teachers=need)
     settings = replace(ArmSettings(), steps=args.steps, eval_every=args.eval_every,
-                       threads=args.threads)
+                       threads=args.threads, temperature=args.temperature)
     arms = [a for a in args.arms.split(",") if a]
     seeds = [int(s) for s in args.seeds.split(",") if s]
     result = run_harness(assets, arms, seeds, settings, out, jobs=args.jobs)

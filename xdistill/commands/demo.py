@@ -4,7 +4,8 @@
 real tokenizer pairs of different families on a bundled paragraph (vocabulary overlap by bytes vs.
 raw strings, alignment chunks and coverage). ``distill``: the shortened quality harness
 (``benchmarks/quality``, needs the repository checkout): a digit-splitting teacher distilled into
-a student with another tokenizer, CE-only vs P-KL vs ALM on held-out accuracy and bits per byte.
+a student with another tokenizer, CE-only vs P-KL (+ continuation) vs ALM on held-out accuracy
+and bits per byte.
 """
 
 from __future__ import annotations

@@ -4,12 +4,12 @@ The shortened quality harness (``benchmarks/quality``), same code path: the same
 + Shakespeare corpus, the same tokenizer pair (teacher splits digits in ``▁`` style, student keeps
 1-3 digit numbers whole in ``Ġ`` style), teachers trained by ``xdistill train offpolicy`` in CE-only
 mode, projections from ``xdistill.projection.build_projection``, and each arm a generated config
-run through ``xdistill train offpolicy --config``. Only the budget is smaller (one seed, three
-arms, fewer steps).
+run through ``xdistill train offpolicy --config``. Only the budget is smaller (one seed, four
+arms: CE-only, P-KL, P-KL + continuation KL, ALM).
 
 Prepared artifacts (tokenizers, corpora, teachers, projections) are cached under
 ``$XDISTILL_ASSETS/quality/<key>`` and reused by later runs; the arms' runs (configs, metrics,
-checkpoints, HF students) go to ``out_dir``.
+HF students, scores) go to ``out_dir``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-DEMO_ARMS = ("ce", "pkl_multi", "alm")
+DEMO_ARMS = ("ce", "pkl_multi", "pkl_cont", "alm")
 # teacher training is the demo's longest phase and nothing else runs then: use both cores
 DEMO_PREP_THREADS = 2
 
@@ -64,7 +64,7 @@ def run(out_dir: str = "runs/demo_distill", *, steps: int | None = None, seeds=(
         "prepared (tokenizers, corpora, teachers)": assets["root"],
         "projection (multitoken)": assets["projections"]["multitoken"],
         "projection (corpus)": assets["projections"]["corpus"],
-        "runs (config.yaml, metrics.jsonl, checkpoints/, export/ = HF student)":
+        "runs (config.yaml, metrics.jsonl, export/ = HF student, score.json)":
             str(Path(out_dir) / "runs"),
     }
     result["artifacts"] = artifacts
