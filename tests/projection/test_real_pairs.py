@@ -205,3 +205,27 @@ def test_reverse_pass_adds_single_token_matches(get_tokenizer):
     assert student.encode("Hello").ids.size == 1
     assert t in rev.row(s) and t not in fwd.row(s)
     assert rev.meta["params"]["reverse"] is True
+
+
+@pytest.mark.parametrize("names", [("gpt2", "qwen2"), ("gpt2", "mistral")])
+def test_continuation_pieces_spell_the_student_token(get_tokenizer, names):
+    """``continuation_pieces`` (the continuation KL's trie input): every student text token's
+    teacher pieces concatenate to its bytes (no phantom prefix), and gpt2's ``" 123"`` is Qwen2's
+    space + three digits."""
+    from xdistill.losses import ContinuationTrie
+    from xdistill.projection.methods import continuation_pieces
+
+    student, teacher = get_tokenizer(names[0]), get_tokenizer(names[1])
+    pieces = continuation_pieces(student, teacher)
+    assert len(pieces) == student.table.vocab_size
+    s_bytes, t_bytes = all_bytes(student.table), all_bytes(teacher.table)
+    roles = student.table.roles_V.tolist()
+    text = [s for s in range(len(pieces)) if roles[s] == ROLE_TEXT and s_bytes[s]]
+    bad = [s for s in text if b"".join(t_bytes[t] for t in pieces[s]) != s_bytes[s]]
+    assert len(bad) <= len(text) // 1000, [(s_bytes[s], pieces[s]) for s in bad[:5]]
+    if teacher.name == "qwen2":
+        idx = teacher_bytes_index(teacher)
+        want = [idx[b" "][0]] + [idx[d][0] for d in (b"1", b"2", b"3")]
+        assert pieces[_id_of(student, b" 123")] == want
+    trie = ContinuationTrie.from_pieces(pieces, teacher.table.vocab_size)
+    assert int((trie.n_pieces_Vs >= 2).sum()) > 1000
