@@ -86,7 +86,7 @@ def format_report(result: dict, assets: dict, prep_s: float, total_s: float) -> 
         rows.append(f"{arm:<12} FAILED: {err}")
     rows += ["", "One seed only. At this budget the student's accuracy jumps once it 'gets' addition,",
              "and when that happens varies a lot with the seed, so one seed's gap between arms is",
-             "not evidence. See benchmarks/quality/RESULTS.md for 3 seeds x 10 arms (mean +- std):",
+             "not evidence. See benchmarks/quality/RESULTS.md for 3 seeds x 11 arms (mean +- std):",
              "  python -m benchmarks.quality.run --jobs 2",
              "", f"time: {prep_s:.0f}s preparation (cached afterwards), {total_s:.0f}s total", "",
              "artifacts:"] + [f"  {k}: {v}" for k, v in result["artifacts"].items()]
