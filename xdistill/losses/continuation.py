@@ -155,7 +155,7 @@ def continuation_rows(align: ChunkAlignment, trie: ContinuationTrie, student_ids
 
 
 def _segment_logsumexp(x_M: torch.Tensor, seg_M: torch.Tensor, S: int) -> torch.Tensor:
-    """``log sum exp`` of ``x`` per segment id (``-inf`` for empty segments), [S]."""
+    """``log sum exp`` of ``x`` per segment id, [S] (empty segments: log of the smallest float)."""
     top = torch.full((S,), float("-inf"), dtype=x_M.dtype, device=x_M.device)
     top = top.scatter_reduce(0, seg_M, x_M.detach(), "amax")
     shift = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
