@@ -55,8 +55,9 @@ def accuracy_curve(run_dir: Path, assets: dict, prune: bool = True) -> list:
 
     tok, curve = load_tokenizer(assets["tok_student"]), []
     root = run_dir / "checkpoints"
-    for step, path in list_checkpoints(root):
-        model = load_model(str(run_dir / "export"))
+    found = list_checkpoints(root)
+    model = load_model(str(run_dir / "export")) if found else None  # every weight is overwritten
+    for step, path in found:
         load_checkpoint(path, model, restore_rng=False)
         curve.append([step, greedy_accuracy(model, tok, assets["corpus"]["heldout"])["accuracy"]])
     if prune and root.is_dir():
