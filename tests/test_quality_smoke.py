@@ -51,6 +51,41 @@ def test_task_is_deterministic_and_heldout_is_disjoint():
     assert not any(line in held_lines for d in docs for line in d.split("\n"))
 
 
+def test_answer_noise_corrupts_only_the_student_corpus_answers():
+    from dataclasses import replace
+
+    from benchmarks.quality.prepare import cache_key
+
+    noisy_cfg = replace(TINY_TASK, answer_noise=0.5, passes=20)
+    clean_cfg = replace(noisy_cfg, answer_noise=0.0)
+    train = task.split_pairs(noisy_cfg)[0]
+    noisy = task.documents(train, [], noisy_cfg, salt=3, noisy=True)
+    clean = task.documents(train, [], clean_cfg, salt=3, noisy=True)
+    assert clean == task.documents(train, [], noisy_cfg, salt=3)  # noisy=False: clean answers
+    n_wrong = n = 0
+    for d_noisy, d_clean in zip(noisy, clean):  # same order, same problems, only answers differ
+        for ln, lc in zip(d_noisy.split("\n"), d_clean.split("\n")):
+            q, ans = ln[:-1].split("A:")
+            assert lc.startswith(q) and lc.endswith(".")
+            a, b = map(int, q[3:].split("=")[0].split("+"))
+            assert 0 <= int(ans) <= 2 * noisy_cfg.max_operand
+            n_wrong += int(ans) != a + b
+            n += 1
+    assert n == 20 * len(train) and abs(n_wrong / n - 0.5) < 0.05
+    # a noisy preparation gets its own cache; a clean one keeps the key it had before the
+    # option existed (the hash of the config without the field)
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    assert cache_key(replace(TINY_PREP, task=clean_cfg)) != cache_key(replace(TINY_PREP, task=noisy_cfg))
+    clean_prep = replace(TINY_PREP, task=clean_cfg)
+    old = asdict(clean_prep)
+    del old["task"]["answer_noise"]
+    old_key = hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:12]
+    assert cache_key(clean_prep) == old_key
+
+
 def test_every_arm_config_is_valid(assets, tmp_path):
     from xdistill.config import load_config
     from xdistill.train.config import OffPolicyConfig, validate_offpolicy
@@ -108,6 +143,11 @@ def test_harness_end_to_end(assets, tmp_path):
     # a second call reuses every finished run
     again = run_harness(assets, arms, [0], TINY_ARMS, tmp_path, log=lambda *_: None)
     assert again["runs"] == result["runs"]
+    # ... but never one made under another config (here: another step budget)
+    from dataclasses import replace
+
+    with pytest.raises(RuntimeError, match=r"runs/ce/seed0 holds a finished run .*differs in train"):
+        run_harness(assets, ["ce"], [0], replace(TINY_ARMS, steps=6), tmp_path, log=lambda *_: None)
 
 
 def _check_report(result: dict, arms: list[str], tmp_path: Path) -> None:
@@ -170,6 +210,45 @@ def test_learning_speed_and_paired_significance_from_scores(tmp_path):
     assert std == pytest.approx([statistics.stdev([0.1, 0.3]), 0.0])
 
 
+def test_acceptance_line_and_identical_paired_differences():
+    """The criterion line names the best cross-tokenizer-only arm (``multi`` and ``same_kd`` have a
+    same-tokenizer teacher and do not count) and divides its gain by the larger std; per-seed
+    differences that are all equal print no (infinite) t."""
+    from benchmarks.quality.harness import summarize
+    from benchmarks.quality.report import _paired_text, acceptance
+
+    def run(arm, seed, acc):
+        return {"arm": arm, "seed": seed, "accuracy": acc, "bpb": 3.0, "train_s": 1.0}
+
+    runs = [run("ce", 0, 0.0), run("ce", 1, 0.1), run("ce", 2, 0.05),
+            run("alm", 0, 0.3), run("alm", 1, 0.5), run("alm", 2, 0.4),
+            run("multi", 0, 0.9), run("multi", 1, 0.9), run("multi", 2, 0.9),
+            run("gold", 0, 0.1), run("gold", 1, 0.1), run("gold", 2, 0.1)]
+    summary = summarize(runs, ["ce", "alm", "multi", "gold"])
+    line = acceptance(summary)
+    assert line.startswith("Best cross-tokenizer arm: alm, +0.350")
+    assert "= 3.5 x the larger std (0.100)" in line and line.endswith("met.")
+    runs[4], runs[5] = run("alm", 1, 0.25), run("alm", 2, 0.05)  # mean 0.2, std 0.132: 1.1 std
+    assert acceptance(summarize(runs, ["ce", "alm", "gold"])).endswith("NOT met.")
+    assert acceptance(summarize(runs[:3], ["ce"])) == ""
+    assert _paired_text([0.1 + 1e-17, 0.1, 0.1]) == "+0.100 ± 0.000 (identical on every seed)"
+
+
+def test_results_md_keeps_hand_written_text_and_tagged_blocks(tmp_path):
+    from benchmarks.quality.run import update_results_md
+
+    path = tmp_path / "RESULTS.md"
+    update_results_md("first", path)
+    path.write_text(path.read_text() + "\nhand-written\n")
+    update_results_md("clean table", path, tag="clean")
+    update_results_md("second", path)
+    update_results_md("clean table 2", path, tag="clean")
+    out = path.read_text()
+    assert "first" not in out and "clean table\n" not in out and "hand-written" in out
+    assert out.count("<!-- GENERATED:BEGIN -->\nsecond\n<!-- GENERATED:END -->") == 1
+    assert "<!-- GENERATED:clean:BEGIN -->\nclean table 2\n<!-- GENERATED:clean:END -->" in out
+
+
 def test_demo_arms_need_only_the_cross_teacher(assets, tmp_path):
     """`xdistill demo distill` prepares only teacher_big: its arms must not touch teacher_weak."""
     from xdistill.demo.distill import DEMO_ARMS
@@ -180,3 +259,21 @@ def test_demo_arms_need_only_the_cross_teacher(assets, tmp_path):
         assert all(t["worker"]["model"] == assets["teacher_big"]["model"] for t in cfg["teachers"])
     with pytest.raises(KeyError):
         arm_config("same_kd", 0, only_big, TINY_ARMS, str(tmp_path / "same_kd"))
+
+
+def test_demo_run_prints_the_table_and_artifacts(tmp_path):
+    """`xdistill demo distill`'s run(): the harness path at a tiny budget; the printed table holds
+    each arm's measured accuracy and gain over CE-only and names the noisy-corpus setup."""
+    from xdistill.demo.distill import run
+
+    printed = []
+    result = run(str(tmp_path / "demo"), arms=("ce", "pkl_cont"), cache=str(tmp_path / "cache"),
+                 prep=TINY_PREP, settings=TINY_ARMS, jobs=1, log=printed.append)
+    report = printed[-1]
+    s = result["summary"]
+    gain = s["pkl_cont"]["accuracy"] - s["ce"]["accuracy"]
+    assert "pkl_cont" in report and f"({gain:+.3f} vs CE-only)" in report
+    assert "50% of its answers wrong" in report
+    for path in result["artifacts"].values():
+        assert Path(path).exists()
+    assert (tmp_path / "demo" / "runs" / "pkl_cont" / "seed0" / "export" / "config.json").exists()

@@ -75,10 +75,11 @@ def run_arm(arm: str, seed: int, assets: dict, settings: ArmSettings, out: Path,
             keep_checkpoints: bool = False) -> dict:
     run_dir = out / "runs" / arm / f"seed{seed}"
     score_path = run_dir / "score.json"
+    cfg = arm_config(arm, seed, assets, settings, str(run_dir))
     if score_path.exists():
+        check_same_config(run_dir, cfg)
         return json.loads(score_path.read_text())
     t0 = time.perf_counter()
-    cfg = arm_config(arm, seed, assets, settings, str(run_dir))
     try:
         run_config(cfg, run_dir / "config.yaml", command=arm_command(arm))
     except RuntimeError as exc:  # a failing arm is reported, the others still run
@@ -92,6 +93,23 @@ def run_arm(arm: str, seed: int, assets: dict, settings: ArmSettings, out: Path,
     log(f"[{arm} seed {seed}] accuracy {score['accuracy']:.3f}  bpb {score['bpb']:.3f}  "
         f"({train_s:.0f}s)")
     return score
+
+
+def check_same_config(run_dir: Path, cfg: dict) -> None:
+    """A finished run is reused only under the config that made it: another task (e.g.
+    ``--answer-noise``), teacher or budget in the same ``--out`` is an error, not a silent mix."""
+    import yaml
+
+    def where_free(c: dict) -> dict:  # a run moved or copied from another --out is the same run
+        return {**c, "train": {k: v for k, v in c.get("train", {}).items() if k != "out_dir"}}
+
+    path = run_dir / "config.yaml"
+    old = where_free(yaml.safe_load(path.read_text(encoding="utf-8"))) if path.exists() else {}
+    if old != where_free(cfg):
+        diff = sorted(k for k in set(cfg) | set(old) if old.get(k) != where_free(cfg).get(k))
+        raise RuntimeError(f"{run_dir} holds a finished run made with another config (differs in "
+                           f"{', '.join(diff) or 'everything'}: e.g. another --answer-noise, "
+                           f"--teacher-steps or --steps); pick another --out or delete that run")
 
 
 def run_harness(assets: dict, arms, seeds, settings: ArmSettings, out: str | Path,

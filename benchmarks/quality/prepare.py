@@ -52,7 +52,10 @@ def model_config(layers: int, hidden: int) -> dict:
 
 
 def cache_key(cfg: PrepConfig) -> str:
-    blob = json.dumps(asdict(cfg), sort_keys=True).encode()
+    d = asdict(cfg)
+    if not d["task"]["answer_noise"]:  # caches made before the option existed stay valid
+        del d["task"]["answer_noise"]
+    blob = json.dumps(d, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
@@ -140,6 +143,12 @@ def prepare_all(root: str | Path, cfg: PrepConfig = PrepConfig(), log=print,
     missing = [name for name in teachers if name not in assets]
     for name in missing:
         tok = assets["tok_teacher"] if name == "teacher_big" else assets["tok_student"]
+        reused = reusable_teacher(root, assets, name, tok)
+        if reused:
+            assets[name] = reused
+            log(f"[prepare] {name}: reusing {reused['model']} (same teacher settings, corpus "
+                f"and tokenizer; held-out accuracy {reused['accuracy']:.3f})")
+            continue
         layers, hidden, steps = ((cfg.big_layers, cfg.big_hidden, cfg.big_steps)
                                  if name == "teacher_big" else
                                  (cfg.weak_layers, cfg.weak_hidden, cfg.weak_steps))
@@ -151,6 +160,39 @@ def prepare_all(root: str | Path, cfg: PrepConfig = PrepConfig(), log=print,
     if missing or not manifest.exists():
         manifest.write_text(json.dumps(assets, indent=1))
     return assets
+
+
+# task fields that only change the student's distillation corpus, not what a teacher trains on
+STUDENT_ONLY = ("student_pairs", "answer_noise")
+
+
+def _teacher_side(prep: dict) -> dict:
+    task_cfg = {k: v for k, v in prep["task"].items() if k not in STUDENT_ONLY}
+    return {**prep, "task": task_cfg}
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    return a.is_file() and b.is_file() and a.read_bytes() == b.read_bytes()
+
+
+def reusable_teacher(root: Path, assets: dict, name: str, tok: str) -> dict | None:
+    """The ``name`` entry of a sibling cache (``root.parent/*``) prepared with the same
+    teacher-side settings, whose teacher corpus and tokenizer files are byte-identical to this
+    cache's (preparations that differ only in the student's corpus share their teachers)."""
+    mine = Path(tok)
+    for manifest in sorted(root.parent.glob("*/assets.json")):
+        other = json.loads(manifest.read_text())
+        if manifest.parent == root or name not in other:
+            continue
+        if _teacher_side(other["prep"]) != _teacher_side(assets["prep"]):
+            continue
+        other_tok = Path(other["tok_teacher"] if name == "teacher_big" else other["tok_student"])
+        corpus = ("corpus", "teacher.jsonl")
+        if (_same_file(mine / "tokenizer.json", other_tok / "tokenizer.json")
+                and _same_file(root.joinpath(*corpus), manifest.parent.joinpath(*corpus))
+                and Path(other[name]["model"], "config.json").exists()):
+            return other[name]
+    return None
 
 
 def _prepare_base(root: Path, cfg: PrepConfig, log) -> dict:

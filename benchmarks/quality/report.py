@@ -137,6 +137,27 @@ def significance(summary: dict) -> list[str]:
     return lines
 
 
+# arms whose only teacher has the other tokenizer (``multi`` also has a same-tokenizer teacher)
+CROSS_ONLY = ("uld", "gold", "exact_kl", "pkl_multi", "pkl_corpus", "pkl_cont", "alm", "onpolicy")
+
+
+def acceptance(summary: dict) -> str:
+    """The issue's criterion on the best cross-tokenizer-only arm: its held-out accuracy gain
+    over CE-only divided by the larger of the two stds must exceed 2."""
+    present = [a for a in CROSS_ONLY if a in summary]
+    if "ce" not in summary or not present:
+        return ""
+    best = max(present, key=lambda a: summary[a]["accuracy"])
+    s, base = summary[best], summary["ce"]
+    sd = max(s["accuracy_std"], base["accuracy_std"])
+    gain = s["accuracy"] - base["accuracy"]
+    if min(s["seeds"], base["seeds"]) < 2 or sd == 0:
+        return f"Best cross-tokenizer arm: {best} ({gain:+.3f} vs CE-only; fewer than 2 seeds)."
+    verdict = "met" if gain > 2 * sd else "NOT met"
+    return (f"Best cross-tokenizer arm: {best}, {gain:+.3f} held-out accuracy over CE-only = "
+            f"{gain / sd:.1f} x the larger std ({sd:.3f}); criterion (> 2 std): {verdict}.")
+
+
 def paired_diffs(runs: list[dict], arm: str, base: str = "ce") -> dict:
     """Per seed both ``arm`` and ``base`` finished: ``arm - base`` of final accuracy and of
     ``acc_auc`` (the latter only where both runs have a curve). Same seed = same initial weights
@@ -157,7 +178,9 @@ def _paired_text(diffs: list[float]) -> str:
     if len(diffs) < 2:
         return f"{mean:+.3f} (1 seed, no std)"
     sd = statistics.stdev(diffs)
-    t = mean / (sd / math.sqrt(len(diffs))) if sd > 0 else math.copysign(math.inf, mean)
+    if sd <= 1e-12 * max(1.0, abs(mean)):  # identical differences (rounding noise): no t
+        return f"{mean:+.3f} ± {sd:.3f} (identical on every seed)"
+    t = mean / (sd / math.sqrt(len(diffs)))
     return f"{mean:+.3f} ± {sd:.3f} (t = {t:+.1f})"
 
 
@@ -195,7 +218,7 @@ def render(result: dict, meta: dict) -> str:
              "faster; `-` = no curve.", "",
              f"X-Token arms by held-out accuracy (worst to best): {xtoken_ordering(summary)}", "",
              "Gain over CE-only (accuracy, in units of the larger of the two stds):", "",
-             *significance(summary), "",
+             *significance(summary), "", acceptance(summary), "",
              *paired_significance(result.get("runs", []), list(summary)), "",
              *[f"FAILED arm {a}: {e}" for a, e in result.get("failed", {}).items()], "",
              "## Setup (generated)", "", "```",

@@ -1,7 +1,9 @@
 """One command for the whole harness: prepare (cached), run every arm x seed, write results.
 
-    python -m benchmarks.quality.run                       # full: all arms, 3 seeds
+    python -m benchmarks.quality.run --jobs 2              # full: all arms, 3 seeds
     python -m benchmarks.quality.run --arms ce,pkl_multi,alm --seeds 0 --steps 100
+    python -m benchmarks.quality.run --jobs 2 --answer-noise 0 --out runs/quality_clean \
+        --tag clean                                        # the clean-answer protocol
 
 Writes ``<out>/results.json``, ``benchmarks/quality/accuracy_bpb.png``, ``curves.png`` (accuracy
 and bits per byte vs step, mean +- std over seeds) and the generated section of
@@ -26,14 +28,20 @@ from benchmarks.quality.prepare import PrepConfig, prepare_all
 from benchmarks.quality.report import plot_curves, plot_summary, render, write_results_json
 
 HERE = Path(__file__).resolve().parent
-BEGIN, END = "<!-- GENERATED:BEGIN -->", "<!-- GENERATED:END -->"
 
 
-def update_results_md(text: str, path: Path = HERE / "RESULTS.md") -> Path:
-    block = f"{BEGIN}\n{text}\n{END}"
-    old = path.read_text(encoding="utf-8") if path.exists() else f"# Quality harness\n\n{BEGIN}\n{END}\n"
-    if BEGIN in old and END in old:
-        new = old[:old.index(BEGIN)] + block + old[old.index(END) + len(END):]
+def markers(tag: str = "") -> tuple[str, str]:
+    """The generated block's markers; a ``tag`` names a second block (another protocol)."""
+    name = f"GENERATED:{tag}" if tag else "GENERATED"
+    return f"<!-- {name}:BEGIN -->", f"<!-- {name}:END -->"
+
+
+def update_results_md(text: str, path: Path = HERE / "RESULTS.md", tag: str = "") -> Path:
+    begin, end = markers(tag)
+    block = f"{begin}\n{text}\n{end}"
+    old = path.read_text(encoding="utf-8") if path.exists() else f"# Quality harness\n\n{begin}\n{end}\n"
+    if begin in old and end in old:
+        new = old[:old.index(begin)] + block + old[old.index(end) + len(end):]
     else:
         new = old.rstrip() + "\n\n" + block + "\n"
     path.write_text(new, encoding="utf-8")
@@ -50,6 +58,9 @@ def parse(argv=None):
     p.add_argument("--steps", type=int, default=ArmSettings.steps)
     p.add_argument("--teacher-steps", type=int, default=PrepConfig.big_steps,
                    help="CE training steps of the cross-tokenizer teacher")
+    p.add_argument("--answer-noise", type=float, default=PrepConfig().task.answer_noise,
+                   help="fraction of wrong answers in the student's distillation corpus "
+                        "(teachers train on clean answers)")
     p.add_argument("--temperature", type=float, default=ArmSettings.temperature,
                    help="distillation temperature of every teacher loss (both sides)")
     p.add_argument("--eval-every", type=int, default=100,
@@ -58,6 +69,10 @@ def parse(argv=None):
     p.add_argument("--threads", type=int, default=1, help="torch threads per training run")
     p.add_argument("--jobs", type=int, default=1, help="training runs at a time")
     p.add_argument("--no-report", action="store_true", help="do not touch RESULTS.md / plots")
+    p.add_argument("--tag", default="",
+                   help="report under this name: RESULTS.md block GENERATED:<tag>, plots "
+                        "accuracy_bpb_<tag>.png and curves_<tag>.png (another protocol's results "
+                        "next to the default one's)")
     return p.parse_args(argv)
 
 
@@ -74,7 +89,9 @@ def main(argv=None) -> int:
     need = [t for t, arms_needing in (("teacher_big", set(ARMS) - {"ce", "same_kd"}),
                                       ("teacher_weak", {"same_kd", "multi"}))
             if arms_needing & set(args.arms.split(","))]
-    prep = replace(PrepConfig(), big_steps=args.teacher_steps)
+    base = PrepConfig()
+    prep = replace(base, big_steps=args.teacher_steps,
+                   task=replace(base.task, answer_noise=args.answer_noise))
     assets = prepare_all(args.cache or out / "prepared", prep, teachers=need)
     settings = replace(ArmSettings(), steps=args.steps, eval_every=args.eval_every,
                        threads=args.threads, temperature=args.temperature)
@@ -94,9 +111,10 @@ def main(argv=None) -> int:
     write_results_json(result, out / "results.json")
     print(render(result, meta))
     if not args.no_report:
-        plot_summary(result["summary"], HERE / "accuracy_bpb.png")
-        plot_curves(out, arms, seeds, HERE / "curves.png")
-        update_results_md(render(result, meta))
+        suffix = f"_{args.tag}" if args.tag else ""
+        plot_summary(result["summary"], HERE / f"accuracy_bpb{suffix}.png")
+        plot_curves(out, arms, seeds, HERE / f"curves{suffix}.png")
+        update_results_md(render(result, meta), tag=args.tag)
     return 0
 
 

@@ -11,6 +11,9 @@ Splits (all deterministic in ``seed``):
   appear in any training corpus (teacher or student);
 * ``teacher`` corpus: documents of ``per_doc`` problems over all remaining pairs, plus text;
 * ``student`` corpus: the distillation corpus (``student_pairs`` of the remaining pairs), plus text;
+  with ``answer_noise > 0`` that fraction of its worked answers is wrong (each occurrence
+  independently: a uniformly drawn other sum), like scraped solutions; the teachers' corpus is
+  always clean, so the teachers know more than the student's labels;
 * ``eval_text``: passages of the held-out play (bits per byte).
 """
 
@@ -46,10 +49,23 @@ class TaskConfig:
     # characters per text passage
     passage_chars: int = 240
     seed: int = 0
+    # fraction of the answers in the student's distillation corpus that are wrong (drawn per
+    # occurrence: uniformly among the other sums 0..2*max_operand); teachers' corpus stays clean.
+    # 0.5 is the published protocol (the teacher knows more than the labels); 0 = clean answers
+    answer_noise: float = 0.5
 
 
-def problem(a: int, b: int) -> str:
-    return f"Q: {a}+{b}=? A:{a + b}."
+def problem(a: int, b: int, answer: int | None = None) -> str:
+    """``Q: a+b=? A:<answer>.``; ``answer`` defaults to the correct sum."""
+    return f"Q: {a}+{b}=? A:{a + b if answer is None else answer}."
+
+
+def noisy_answer(a: int, b: int, cfg: TaskConfig, rng: np.random.Generator) -> int:
+    """The correct sum, or with probability ``cfg.answer_noise`` a uniformly drawn other sum."""
+    if cfg.answer_noise <= 0 or rng.random() >= cfg.answer_noise:
+        return a + b
+    wrong = int(rng.integers(0, 2 * cfg.max_operand))  # 2*max_operand values besides a+b
+    return wrong + (wrong >= a + b)
 
 
 def prompt(a: int, b: int) -> str:
@@ -89,14 +105,22 @@ def split_pairs(cfg: TaskConfig) -> tuple[np.ndarray, np.ndarray]:
     return grid[perm[cfg.n_heldout:]], grid[perm[:cfg.n_heldout]]
 
 
-def documents(pairs: np.ndarray, texts: list[str], cfg: TaskConfig, salt: int) -> list[str]:
-    """Problem documents (``per_doc`` problems each, ``passes`` shuffled passes) + text docs."""
+def documents(pairs: np.ndarray, texts: list[str], cfg: TaskConfig, salt: int,
+              noisy: bool = False) -> list[str]:
+    """Problem documents (``per_doc`` problems each, ``passes`` shuffled passes) + text docs;
+    ``noisy``: answers go through :func:`noisy_answer` (own random stream, so the documents'
+    order and text are the clean corpus's)."""
     rng = np.random.default_rng([cfg.seed, salt])
+    noise_rng = np.random.default_rng([cfg.seed, salt, 7])
     docs = []
     for _ in range(cfg.passes):
         order = rng.permutation(len(pairs))
         for i in range(0, len(order), cfg.per_doc):
-            docs.append("\n".join(problem(*map(int, pairs[j])) for j in order[i:i + cfg.per_doc]))
+            lines = []
+            for j in order[i:i + cfg.per_doc]:
+                a, b = map(int, pairs[j])
+                lines.append(problem(a, b, noisy_answer(a, b, cfg, noise_rng) if noisy else None))
+            docs.append("\n".join(lines))
     n_text = int(round(len(docs) * cfg.text_fraction / max(1e-9, 1 - cfg.text_fraction)))
     if texts and n_text:
         docs += [texts[int(k) % len(texts)] for k in rng.permutation(max(n_text, 1))[:n_text]]
@@ -117,7 +141,8 @@ def build_corpora(out: Path, cfg: TaskConfig) -> dict:
     eval_texts = shakespeare_passages(cfg.passage_chars, heldout=True)
     paths = {
         "teacher_jsonl": write_jsonl(out / "teacher.jsonl", documents(train, texts, cfg, 2)),
-        "student_jsonl": write_jsonl(out / "student.jsonl", documents(student, texts, cfg, 3)),
+        "student_jsonl": write_jsonl(out / "student.jsonl",
+                                     documents(student, texts, cfg, 3, noisy=True)),
         "eval_text_jsonl": write_jsonl(out / "eval_text.jsonl", eval_texts[:120]),
     }
     (out / "heldout.json").write_text(json.dumps(held.tolist()), encoding="utf-8")

@@ -84,10 +84,14 @@ def format_report(result: dict, assets: dict, prep_s: float, total_s: float) -> 
         rows.append(f"{arm:<12} {s['accuracy']:>10.3f} {s['bpb']:>10.3f}{gain}")
     for arm, err in result.get("failed", {}).items():
         rows.append(f"{arm:<12} FAILED: {err}")
-    rows += ["", "One seed only. At this budget the student's accuracy jumps once it 'gets' addition,",
-             "and when that happens varies a lot with the seed, so one seed's gap between arms is",
-             "not evidence. See benchmarks/quality/RESULTS.md for 3 seeds x 11 arms (mean +- std):",
-             "  python -m benchmarks.quality.run --jobs 2",
+    noise = assets["prep"]["task"].get("answer_noise", 0.0)
+    if noise:
+        rows += ["", f"The student's corpus has {noise:.0%} of its answers wrong (the teachers "
+                     "trained on clean ones):", "CE-only learns from those labels; the "
+                     "distillation arms also get the teacher's distributions."]
+    rows += ["", "One seed only: one seed's gap between arms is not evidence. See",
+             "benchmarks/quality/RESULTS.md for 3 seeds x 11 arms (mean +- std), and for the",
+             "clean-answer protocol:", "  python -m benchmarks.quality.run --jobs 2",
              "", f"time: {prep_s:.0f}s preparation (cached afterwards), {total_s:.0f}s total", "",
              "artifacts:"] + [f"  {k}: {v}" for k, v in result["artifacts"].items()]
     return "\n".join(rows)
