@@ -90,8 +90,10 @@ def format_report(result: dict, assets: dict, prep_s: float, total_s: float) -> 
                      "trained on clean ones):", "CE-only learns from those labels; the "
                      "distillation arms also get the teacher's distributions."]
     rows += ["", "One seed only: one seed's gap between arms is not evidence. See",
-             "benchmarks/quality/RESULTS.md for 3 seeds x 11 arms (mean +- std), and for the",
-             "clean-answer protocol:", "  python -m benchmarks.quality.run --jobs 2",
+             "benchmarks/quality/RESULTS.md for 3 seeds x 11 arms (mean +- std) in this protocol",
+             "and with clean answers:", "  python -m benchmarks.quality.run --jobs 2",
+             "  python -m benchmarks.quality.run --jobs 2 --answer-noise 0 --out "
+             "runs/quality_clean --tag clean",
              "", f"time: {prep_s:.0f}s preparation (cached afterwards), {total_s:.0f}s total", "",
              "artifacts:"] + [f"  {k}: {v}" for k, v in result["artifacts"].items()]
     return "\n".join(rows)
