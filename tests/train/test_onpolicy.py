@@ -251,3 +251,42 @@ def test_offpolicy_mixing(tmp_path, tiny_assets, sharp):
     recs = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "loss" in r]
     assert [r["offpolicy"] for r in recs] == [0.0, 1.0]
     assert recs[1]["same/loss"] > 0 and recs[1]["cross/loss"] > 0 and recs[1]["ce"] > 0
+
+
+def test_two_ranks_shard_prompts_and_train_one_student(tmp_path, tiny_assets, sharp):
+    """``torchrun`` with 2 gloo ranks through the real CLI: every rank samples its own shard of the
+    prompts (disjoint; one epoch of the 12 prompts over 3 steps), generation stays in lockstep
+    although responses end at different lengths, unit counts and losses are reduced over ranks,
+    and one student is exported."""
+    import importlib.util
+    import math
+
+    import yaml
+
+    from xdistill.metrics import read_metrics
+
+    spec = importlib.util.spec_from_file_location("train_conftest_cli",
+                                                  Path(__file__).resolve().parent / "conftest.py")
+    helpers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helpers)
+    out = tmp_path / "two"
+    d = _two_teacher_dict(tiny_assets, sharp, out, same_kind="k3", steps=3)
+    d["prompts"]["batch_size"] = 2  # per rank: 2 ranks x 2 prompts x 3 steps = the 12 prompts
+    d["checkpoint"]["export_hf"] = True
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump(d), encoding="utf-8")
+    proc = helpers.run_cli(["train", "onpolicy", "--config", str(path)], nproc=2)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    shards = []
+    for rank in (0, 1):
+        rows = [json.loads(x) for x in (out / f"samples_rank{rank}.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == [1, 2, 3]
+        shards.append([i for r in rows for i in r["prompts"]])
+    assert not set(shards[0]) & set(shards[1])
+    assert sorted(shards[0] + shards[1]) == list(range(12))
+    steps = [m for m in read_metrics(out / "metrics.jsonl") if "units/cross" in m]
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    for m in steps:
+        assert m["units/same"] > 0 and m["units/cross"] > 0
+        assert math.isfinite(m["same/loss"]) and math.isfinite(m["cross/loss"])
+    assert (out / "export" / "model.safetensors").is_file()
