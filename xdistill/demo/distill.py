@@ -22,6 +22,8 @@ from pathlib import Path
 DEMO_ARMS = ("ce", "pkl_multi", "pkl_cont", "alm")
 # teacher training is the demo's longest phase and nothing else runs then: use both cores
 DEMO_PREP_THREADS = 2
+# a checkpoint (scored for held-out accuracy, then pruned) and a held-out bpb every N steps: curves
+DEMO_EVAL_EVERY = 100
 
 
 def _import_harness():
@@ -55,17 +57,22 @@ def run(out_dir: str = "runs/demo_distill", *, steps: int | None = None, seeds=(
     assets = prepare.prepare_all(Path(cache) if cache else asset_dir() / "quality", prep, log=log,
                                  teachers=teachers)
     t_prep = time.perf_counter() - t0
-    settings = settings or arms_mod.ArmSettings()
+    settings = settings or replace(arms_mod.ArmSettings(), eval_every=DEMO_EVAL_EVERY)
     if steps:
         settings = replace(settings, steps=steps)
     result = harness.run_harness(assets, list(arms), list(seeds), settings, Path(out_dir), log=log,
                                  jobs=jobs)
+    from benchmarks.quality.report import plot_curves
+
+    curves = plot_curves(Path(out_dir), list(arms), list(seeds), Path(out_dir) / "curves.png")
     artifacts = {
         "prepared (tokenizers, corpora, teachers)": assets["root"],
         "projection (multitoken)": assets["projections"]["multitoken"],
         "projection (corpus)": assets["projections"]["corpus"],
         "runs (config.yaml, metrics.jsonl, export/ = HF student, score.json)":
             str(Path(out_dir) / "runs"),
+        "learning curves (held-out accuracy of checkpoints every eval_every steps, then pruned;"
+        " bits per byte)": str(curves),
     }
     result["artifacts"] = artifacts
     log(format_report(result, assets, t_prep, time.perf_counter() - t0))
