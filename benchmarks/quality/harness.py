@@ -105,8 +105,9 @@ def check_same_config(run_dir: Path, cfg: dict) -> None:
 
     path = run_dir / "config.yaml"
     old = where_free(yaml.safe_load(path.read_text(encoding="utf-8"))) if path.exists() else {}
-    if old != where_free(cfg):
-        diff = sorted(k for k in set(cfg) | set(old) if old.get(k) != where_free(cfg).get(k))
+    new = where_free(cfg)
+    if old != new:
+        diff = sorted(k for k in set(new) | set(old) if old.get(k) != new.get(k))
         raise RuntimeError(f"{run_dir} holds a finished run made with another config (differs in "
                            f"{', '.join(diff) or 'everything'}: e.g. another --answer-noise, "
                            f"--teacher-steps or --steps); pick another --out or delete that run")
