@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -136,16 +137,66 @@ def test_set_align_threads_caps_numba_pool(get_tokenizer):
 
     from xdistill.align import align_pair, set_align_threads
     from xdistill.align import api
+    from xdistill.align._batch import align_kernel, align_kernel_serial
 
     before = numba.get_num_threads()
     try:
         assert set_align_threads(10_000) == numba.config.NUMBA_NUM_THREADS
         assert set_align_threads(0) == 1  # clamped to at least one thread
         assert set_align_threads(1) == 1
-        tok = get_tokenizer("gpt2")
-        ids = tok.encode("capped threads", add_special_tokens=False).ids
-        align_pair(ids, ids, tok.table, tok.table)  # the cap is applied where alignment runs
-        assert numba.get_num_threads() == 1
+        assert api._kernel() is align_kernel_serial  # one thread: no threading layer at all
+        if numba.config.NUMBA_NUM_THREADS >= 2:
+            assert set_align_threads(2) == 2
+            tok = get_tokenizer("gpt2")
+            ids = tok.encode("capped threads", add_special_tokens=False).ids
+            numba.set_num_threads(1)
+            align_pair(ids, ids, tok.table, tok.table)  # the cap is applied where alignment runs
+            assert numba.get_num_threads() == 2
+            assert api._kernel() is align_kernel
     finally:
         api._THREAD_CAP[0] = 0
         numba.set_num_threads(before)
+
+
+_FORK_SCRIPT = """
+import sys, numpy as np, torch
+from torch.utils.data import DataLoader, Dataset
+from xdistill.tokenization.table import TokenByteTable
+from xdistill.align import align_batch
+
+table = TokenByteTable.from_bytes_list([bytes([i]) for i in range(256)] + [b"ab", b"abc"])
+
+class Rows(Dataset):
+    def __len__(self):
+        return 4
+    def __getitem__(self, i):
+        s = np.random.default_rng(i).integers(0, 256, size=(8, 32))
+        return int(align_batch(s, np.full(8, 32), s.copy(), np.full(8, 32), table,
+                               table).n_chunks_B.sum())
+
+torch.set_num_threads(2)
+a = torch.randn(512, 512)
+(a @ a).sum()                      # torch's OpenMP pool now runs in the parent
+if sys.argv[1] == "parent-aligns":  # numba's threading layer too
+    s = np.zeros((4, 3), np.int64)
+    align_batch(s, np.full(4, 3), s, np.full(4, 3), table, table)
+print(int(sum(b.sum() for b in DataLoader(Rows(), batch_size=2, num_workers=1, timeout=120))))
+"""
+
+
+@pytest.mark.parametrize("mode", ["parent-aligns", "parent-idle"])
+def test_forked_loader_worker_aligns_after_parent_ran_openmp(mode, tmp_path):
+    """Regression: a forked data-loader worker waited forever in the aligner's parallel region
+    once the parent's torch had run OpenMP (GNU OpenMP is not fork-safe). Two threads, no
+    OMP_NUM_THREADS, as users run it."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "fork.py"
+    script.write_text(_FORK_SCRIPT)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "NUMBA_THREADING_LAYER")}
+    out = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True,
+                         timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == str(4 * 8 * 32)

@@ -55,6 +55,24 @@ def align_kernel(s_ids_BTs, s_len_B, t_ids_BTt, t_len_B, s_off, s_data, s_roles,
             ct1_BC[b], cvalid_BC[b], cexact_BC[b], n_chunks_B, s_cov_B, t_cov_B, used_dp_B, b)
 
 
+@njit(cache=True)
+def align_kernel_serial(s_ids_BTs, s_len_B, t_ids_BTt, t_len_B, s_off, s_data, s_roles, t_off,
+                        t_data, t_roles, s_ph_B, t_ph_B, fold, method, space, band, max_cells,
+                        anchor_k, s_chunk_BTs, t_chunk_BTt, cs0_BC, cs1_BC, ct0_BC, ct1_BC,
+                        cvalid_BC, cexact_BC, n_chunks_B, s_cov_B, t_cov_B, used_dp_B, status_B):
+    """:func:`align_kernel` on the calling thread only: no numba threading layer is started.
+
+    Used in forked processes (data-loader workers): GNU OpenMP, numba's default threading layer
+    here, is not fork-safe, and a parent whose torch already ran OpenMP regions (any model load or
+    matmul) makes a forked child that starts a parallel region wait forever."""
+    for b in range(s_ids_BTs.shape[0]):
+        status_B[b] = _align_row(
+            s_ids_BTs[b], s_len_B[b], t_ids_BTt[b], t_len_B[b], s_off, s_data, s_roles,
+            t_off, t_data, t_roles, s_ph_B[b], t_ph_B[b], fold, method, space, band, max_cells,
+            anchor_k, s_chunk_BTs[b], t_chunk_BTt[b], cs0_BC[b], cs1_BC[b], ct0_BC[b],
+            ct1_BC[b], cvalid_BC[b], cexact_BC[b], n_chunks_B, s_cov_B, t_cov_B, used_dp_B, b)
+
+
 @njit
 def _align_row(ids_s, n, ids_t, m, s_off, s_data, s_roles, t_off, t_data, t_roles, ph_s, ph_t,
                fold, method, space, band, max_cells, anchor_k, s_chunk, t_chunk, cs0, cs1, ct0,
@@ -183,3 +201,4 @@ def _key_cache_on_all_sources(dispatcher) -> None:
 
 
 _key_cache_on_all_sources(align_kernel)
+_key_cache_on_all_sources(align_kernel_serial)

@@ -39,6 +39,7 @@ otherwise every new process recompiles for several seconds).
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass
 
@@ -101,8 +102,6 @@ def align_batch(s_ids_BTs, s_len_B, t_ids_BTt, t_len_B, s_table: TokenByteTable,
     ``dp_anchor``: length K of the unique exact K-gram anchors between which the DP runs (0: no
     interior anchors, only the common prefix and suffix; see ``_anchor``).
     """
-    from xdistill.align._batch import align_kernel
-
     if chunks not in _CHUNKS:
         raise AlignmentError(f"chunks must be one of {_CHUNKS}, got {chunks!r}")
     if method not in _METHODS:
@@ -121,8 +120,8 @@ def align_batch(s_ids_BTs, s_len_B, t_ids_BTt, t_len_B, s_table: TokenByteTable,
     out = _allocate(B, s_ids.shape[1], t_ids.shape[1], C)
     status_B = np.zeros(B, np.int8)
     fold = bool(s_table.lossy or t_table.lossy)
-    _apply_thread_cap()
-    align_kernel(s_ids, s_len, t_ids, t_len, s_table.offsets_V1, s_table.data, s_table.roles_V,
+    kernel = _kernel()
+    kernel(s_ids, s_len, t_ids, t_len, s_table.offsets_V1, s_table.data, s_table.roles_V,
                  t_table.offsets_V1, t_table.data, t_table.roles_V, s_ph, t_ph, fold,
                  _METHODS[method], chunks == "space", int(max(1, dp_band)), int(dp_max_cells),
                  int(max(0, dp_anchor)), *out, status_B)
@@ -145,6 +144,15 @@ def align_pair(s_ids, t_ids, s_table: TokenByteTable, t_table: TokenByteTable, *
 
 
 _THREAD_CAP = [0]  # 0 = numba's default pool size
+# True in a process created by fork() from one that imported this module (data-loader workers)
+_FORKED = [False]
+
+
+def _mark_forked() -> None:
+    _FORKED[0] = True
+
+
+os.register_at_fork(after_in_child=_mark_forked)
 
 
 def set_align_threads(n: int) -> int:
@@ -153,9 +161,7 @@ def set_align_threads(n: int) -> int:
     has one thread per core, and with several training processes per host (or torch using the
     same cores) the oversubscribed, spinning pools made small CPU steps ~4x slower here.
 
-    The cap is applied lazily, by :func:`align_batch` in the process that aligns (so a parent
-    that only forks data-loader workers never starts numba's threading layer, whose GNU OpenMP
-    backend must not be running across a ``fork``); forked workers inherit it.
+    The cap is applied lazily, by :func:`align_batch` in the process that aligns.
     """
     import numba
 
@@ -163,12 +169,26 @@ def set_align_threads(n: int) -> int:
     return _THREAD_CAP[0]
 
 
-def _apply_thread_cap() -> None:
+def _kernel():
+    """The compiled kernel for this process: the serial one in a forked process or under a
+    one-thread cap, else the ``prange`` one with the thread cap applied.
+
+    Fork safety: numba's threading layer here is GNU OpenMP, which is not fork-safe. Once the
+    parent's torch has run an OpenMP region (loading a model is enough), a forked child that
+    starts a numba parallel region waits forever on threads that do not exist. Forked children
+    (data-loader workers) therefore never start numba's threading layer; they align on their own
+    thread, and the loader's worker processes provide the parallelism.
+    """
+    from xdistill.align._batch import align_kernel, align_kernel_serial
+
+    if _FORKED[0] or _THREAD_CAP[0] == 1:
+        return align_kernel_serial
     if _THREAD_CAP[0]:
         import numba
 
         if numba.get_num_threads() != _THREAD_CAP[0]:
             numba.set_num_threads(_THREAD_CAP[0])
+    return align_kernel
 
 
 def _allocate(B: int, Ts: int, Tt: int, C: int) -> tuple:

@@ -30,6 +30,9 @@ class DataConfig:
     # how workers are started: fork is fast and safe for this CPU-only pipeline; spawn when the
     # training process holds CUDA state or threads that must not be forked
     multiprocessing_context: Literal["fork", "spawn", "forkserver"] = "fork"
+    # watchdog: end the run with an error naming the worker when no batch arrives from the
+    # loader workers for this many seconds (0: wait forever; only with num_workers > 0)
+    timeout_s: float = 600.0
     # seed of the per-epoch document permutation
     seed: int = 0
     # shuffle documents each epoch (False: file order)

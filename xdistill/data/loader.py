@@ -13,7 +13,7 @@ from xdistill.data.collator import CrossTokenizerCollator, TeacherSpec
 from xdistill.data.config import DataConfig
 from xdistill.data.dataset import PackedDataset
 from xdistill.data.source import DocumentSource
-from xdistill.errors import ConfigError
+from xdistill.errors import ConfigError, DataError
 
 
 def _dist_position(rank, world_size) -> tuple[int, int]:
@@ -57,6 +57,51 @@ def build_loader(cfg: DataConfig, student, teachers=(), *, source=None, rank=Non
     extra = {}
     if workers > 0:
         extra = {"prefetch_factor": cfg.prefetch_factor,
-                 "multiprocessing_context": cfg.multiprocessing_context}
+                 "multiprocessing_context": cfg.multiprocessing_context,
+                 "timeout": float(cfg.timeout_s)}
     return StatefulDataLoader(dataset, batch_size=cfg.batch_size, num_workers=workers,
                               collate_fn=build_collator(cfg, student, list(teachers)), **extra)
+
+
+class WatchedIterator:
+    """``next()`` over a loader that turns the loader's worker timeout into one clear error.
+
+    With ``num_workers > 0`` and ``timeout`` set, torch raises a bare ``RuntimeError`` when no
+    batch arrives in time; this names the loader, the worker the batch was expected from and the
+    config key to change. Every other error passes through unchanged.
+    """
+
+    def __init__(self, loader, name: str = "data"):
+        self.loader, self.name = loader, name
+        self._it = iter(loader)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return next(self._it)
+        except RuntimeError as e:
+            if "timed out" not in str(e):
+                raise
+            raise DataLoaderTimeout(self._timeout_message()) from None
+
+    def _timeout_message(self) -> str:
+        it = self._it
+        worker = None
+        info = getattr(it, "_task_info", {}).get(getattr(it, "_rcvd_idx", None))
+        if info:
+            worker = info[0]
+        pid = None
+        workers = getattr(it, "_workers", None)
+        if worker is not None and workers and worker < len(workers):
+            pid = getattr(workers[worker], "pid", None)
+        who = (f"worker {worker}" + (f" (pid {pid})" if pid else "")) if worker is not None \
+            else "its workers"
+        return (f"no batch from the {self.name} loader for {self.loader.timeout:.0f} s (waiting "
+                f"on {who}); a worker is stuck or too slow. Raise data.timeout_s (0 disables the "
+                "watchdog) if batches legitimately take this long")
+
+
+class DataLoaderTimeout(DataError):
+    """No batch arrived from a loader's workers within ``data.timeout_s``."""

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from xdistill import distributed as xdist
+from xdistill.data.loader import WatchedIterator
 from xdistill.log import get_logger, init_logging
 from xdistill.metrics import MetricsWriter
 from xdistill.train import setup
@@ -264,7 +265,7 @@ def maybe_stop(run, step: int) -> None:
 
 def train_loop(run: Run) -> dict:
     """Steps ``start_step+1 .. train.steps``; returns the last step's metrics."""
-    iters = [iter(loader) for loader in run.loaders]
+    iters = [WatchedIterator(loader) for loader in run.loaders]
     metrics: dict = {}
     for step in range(run.start_step + 1, run.cfg.train.steps + 1):
         metrics = train_step(run, iters, step)

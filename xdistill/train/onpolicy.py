@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from xdistill import distributed as xdist
+from xdistill.data.loader import WatchedIterator
 from xdistill.log import init_logging
 from xdistill.metrics import MetricsWriter
 from xdistill.train import setup
@@ -244,7 +245,8 @@ def console_keys(cfg: OnPolicyConfig) -> list[str]:
 
 def train_loop(run: OnPolicyRun) -> dict:
     """Steps ``start_step+1 .. train.steps``; returns the last step's metrics."""
-    run.iters = [iter(ld) for ld in run.loaders]
+    run.iters = [WatchedIterator(ld, "prompt" if i == 0 else "data")
+                 for i, ld in enumerate(run.loaders)]
     metrics: dict = {}
     for step in range(run.start_step + 1, run.cfg.train.steps + 1):
         metrics = onpolicy_train_step(run, step)
