@@ -4,7 +4,7 @@
 
 In one process, on the same pre-fetched batches (so data loading is excluded):
 
-* ``full``: the trainer's own step (:func:`xdistill.train.offpolicy.train_step` pieces: global
+* ``full``: the trainer's own step (:func:`xdistill.train.core.train_step` pieces: global
   counts, per micro-batch teachers -> student forward -> MultiTeacherLoss -> backward, then clip +
   AdamW + scheduler);
 * ``teacher``: the teacher forwards alone (``TeacherPool.forward`` on the same batches);
@@ -45,9 +45,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))
-
-import make_tiny_models as mk  # noqa: E402
+import xdistill.tiny as mk  # noqa: E402
 
 
 def build_assets(root: Path, args) -> dict:
@@ -153,11 +151,16 @@ def measure(cfg, steps: int) -> dict:
     """Interleaved rounds (teacher, student, full on the same batch, in turn) so that the load of
     a shared machine hits the three alike; per quantity the minimum and the median over rounds of
     wall time and of process CPU time."""
-    from xdistill.train.offpolicy import build_run, optimizer_step
+    from xdistill.train import core
+    from xdistill.train.offpolicy import OffPolicyMode
     from xdistill.train.step import Timers, global_counts, micro_step, student_logits
 
-    run = build_run(cfg)
+    run = core.build(cfg, OffPolicyMode())
     run.pool.start()
+
+    def optimizer_step(run):
+        core.optimizer_step(run, 1, {"loss": 0.0})
+
     try:
         it = iter(run.loaders[0])
         batches = [next(it) for _ in range(steps + 1)]
@@ -331,6 +334,87 @@ def report(results: dict, args, load_before: str, load_after: str, pkl: dict | N
     return "\n".join(lines) + "\n"
 
 
+# ----------------------------------------------------------------------------- pipelined teachers
+def pipeline_config(a: dict, args, out: Path, pipelined: bool):
+    """One same-tokenizer subprocess teacher (forward KL), ``teacher_layers`` deep so that its
+    forward takes about as long as the student's whole step; one thread each, so the two can
+    run on the two cores at once."""
+    from xdistill.config import from_dict
+    from xdistill.train.config import OffPolicyConfig
+
+    return from_dict(OffPolicyConfig, {
+        "student": {"model_type": "llama", "model_config": dict(a["size"], vocab_size=args.vocab_s),
+                    "init_seed": 0},
+        "student_tokenizer": a["tok_s"],
+        "teachers": [{"name": "sub", "tokenizer": a["tok_s"],
+                      "worker": {"model": a["deep"], "placement": "subprocess", "num_threads": 1,
+                                 "slots": 2, "micro_batch_size": args.batch},
+                      "loss": {"kind": "forward_kl"}}],
+        "data": {"paths": [a["train"]], "seq_len": args.seq_len, "batch_size": args.batch,
+                 "num_workers": 0},
+        "loss": {"chunk_size": 256, "ce_weight": 0.1}, "optim": {"implementation": "foreach"},
+        "train": {"steps": args.pipeline_steps, "out_dir": str(out), "tensorboard": False,
+                  "num_threads": 1, "pipeline_teachers": pipelined, "log_every": 1},
+        "checkpoint": {"export_hf": True, "resume": ""}})
+
+
+def measure_pipeline(assets: dict, args, root: Path) -> dict:
+    """Sequential then pipelined runs of the real trainer (``core.train``) on the same config.
+
+    From the sequential run (nothing overlaps): ``teacher`` = the step's teacher wait (forward +
+    transport), ``student`` = the rest of the step minus data loading. Step times are medians
+    over the steps after ``--warmup``. The pipelined run must equal the sequential one bitwise
+    (per-step losses and the exported weights)."""
+    from safetensors.torch import load_file
+
+    from xdistill.metrics import read_metrics
+    from xdistill.tiny import save_tiny_lm
+    from xdistill.train.offpolicy import run_offpolicy
+
+    deep = dict(assets["size"], num_hidden_layers=args.teacher_layers)
+    assets = dict(assets, deep=str(save_tiny_lm(root / "deep", assets["tok_s"], seed=3, **deep)))
+    runs = {}
+    for name, pipelined in (("sequential", False), ("pipelined", True)):
+        out = root / f"pipe_{name}"
+        run_offpolicy(pipeline_config(assets, args, out, pipelined))
+        recs = [r for r in read_metrics(out / "metrics.jsonl") if "loss" in r][args.warmup:]
+        med = lambda k: statistics.median(r.get(k, 0.0) for r in recs)  # noqa: E731
+        runs[name] = {"step": med("step_s"), "teacher": med("time/teacher"),
+                      "data": med("time/data"), "losses": [r["loss"] for r in recs],
+                      "weights": load_file(str(out / "export" / "model.safetensors"))}
+    seq, pipe = runs["sequential"], runs["pipelined"]
+    student = seq["step"] - seq["teacher"] - seq["data"]
+    same_w = all(torch.equal(seq["weights"][k], pipe["weights"][k]) for k in seq["weights"])
+    return {"sequential_step": seq["step"], "pipelined_step": pipe["step"],
+            "teacher": seq["teacher"], "student": student,
+            "bound": max(seq["teacher"], student), "sum": seq["teacher"] + student,
+            "bitwise_losses": seq["losses"] == pipe["losses"], "bitwise_weights": same_w}
+
+
+def pipeline_report(r: dict, args, load_before: str, load_after: str) -> str:
+    ratio = r["pipelined_step"] / r["bound"]
+    return "\n".join([
+        "# Pipelined teachers: subprocess teacher overlapping the student", "",
+        f"Hardware: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, CPU only; "
+        f"torch {torch.__version__}. {load_before} before, {load_after} after.",
+        f"Student: Llama hidden {args.hidden}, {args.layers} layers, vocab {args.vocab_s}, one "
+        f"thread; teacher: the same with {args.teacher_layers} layers in a subprocess (one thread, "
+        f"2 slots, shared memory); batch {args.batch} x {args.seq_len}; {args.pipeline_steps} steps "
+        f"(medians after {args.warmup} warm-up steps), `core.train` with "
+        "train.pipeline_teachers false, then true.", "",
+        "| quantity | seconds |", "|---|---|",
+        f"| teacher (forward + transport, sequential run) | {r['teacher']:.3f} |",
+        f"| student (rest of the sequential step) | {r['student']:.3f} |",
+        f"| max(teacher, student) | {r['bound']:.3f} |",
+        f"| teacher + student | {r['sum']:.3f} |",
+        f"| sequential step | {r['sequential_step']:.3f} |",
+        f"| pipelined step | {r['pipelined_step']:.3f} |", "",
+        f"pipelined / max(teacher, student) = {ratio:.2f} (target <= 1.15); "
+        f"sequential / pipelined = {r['sequential_step'] / r['pipelined_step']:.2f}.",
+        f"Bitwise equal to the sequential run: losses {r['bitwise_losses']}, exported weights "
+        f"{r['bitwise_weights']}.", ""])
+
+
 @contextlib.contextmanager
 def _pkl_impl(fn):
     """Route MultiTeacherLoss's P-KL through ``fn`` (None: the current implementation)."""
@@ -360,9 +444,24 @@ def main(argv=None) -> int:
     p.add_argument("--pkl-shape", default="",
                    help="B,T,Vs,Vt: also time projected_kl alone at this shape, e.g. 4,1024,32000,152064")
     p.add_argument("--pkl-only", action="store_true", help="skip the train step measurement")
+    p.add_argument("--pipeline", action="store_true",
+                   help="only the pipelined-teacher benchmark (subprocess teacher vs student)")
+    p.add_argument("--teacher-layers", type=int, default=12)
+    p.add_argument("--pipeline-steps", type=int, default=14)
+    p.add_argument("--warmup", type=int, default=3)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     results, load_before = {}, _load()
+    if args.pipeline:
+        with tempfile.TemporaryDirectory() as tmp:
+            assets = build_assets(Path(tmp), args)
+            load_before = _load()
+            r = measure_pipeline(assets, args, Path(tmp))
+        text = pipeline_report(r, args, load_before, _load())
+        print(text)
+        out = Path(args.out).with_name("train_step_pipeline.md")
+        out.write_text(text, encoding="utf-8")
+        return 0 if r["bitwise_losses"] and r["bitwise_weights"] else 1
     impls = [("", None)] + ([(", reference P-KL", reference_projected_kl)]
                             if args.compare_reference else [])
     if not args.pkl_only:

@@ -18,9 +18,7 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools"))
-
-import make_tiny_models as mk  # noqa: E402
+import xdistill.tiny as mk  # noqa: E402
 
 TINY_STUDENT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,

@@ -120,8 +120,7 @@ def test_real_tokenizers_end_to_end(tmp_path, tiny_assets):
 
     from transformers import AutoModelForCausalLM
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-    import make_tiny_models as mk
+    import xdistill.tiny as mk
 
     from xdistill.config import from_dict
     from xdistill.train.config import OffPolicyConfig

@@ -27,7 +27,7 @@ from xdistill.train.step import Timers  # noqa: E402
 
 @pytest.fixture(scope="module")
 def sharp(tiny_assets, tmp_path_factory):
-    import make_tiny_models as mk
+    import xdistill.tiny as mk
 
     root = tmp_path_factory.mktemp("onpolicy")
     texts = mk.passages(limit=60)

@@ -22,7 +22,8 @@ probability) and the entropy is that of the top-k + tail-bucket distribution (a 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import torch
 
@@ -115,6 +116,54 @@ class TeacherLossInput:
     temperature: float = 1.0
 
 
+@dataclass(frozen=True)
+class TeacherReport:
+    """What one teacher contributed to a loss call (detached values)."""
+
+    # its loss term L_i, normalised by its unit count (0 when its weight is 0), 0-dim tensor
+    loss: torch.Tensor
+    # its weight w_i in this call
+    weight: float
+    # fraction of student loss tokens its loss covers
+    coverage: float
+    # its batch score (dynamic / pick_best weighting), else None
+    score: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class LossReport(Mapping):
+    """Typed metrics of one :class:`MultiTeacherLoss` call (values detached, on the logits'
+    device). Reading it as a mapping gives the flat keys ``loss``, ``ce``, ``<name>/loss``,
+    ``<name>/weight``, ``<name>/coverage``, ``<name>/score`` as Python floats."""
+
+    # the weighted total (detached)
+    total: torch.Tensor
+    # the CE term before its weight, or None without CE
+    ce: torch.Tensor | None
+    # teacher name -> its report, in spec order
+    teachers: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, float]:
+        out = {"loss": float(self.total)}
+        if self.ce is not None:
+            out["ce"] = float(self.ce)
+        for name, t in self.teachers.items():
+            out[f"{name}/loss"], out[f"{name}/weight"] = float(t.loss), t.weight
+            out[f"{name}/coverage"] = t.coverage
+            if t.score is not None:
+                out[f"{name}/score"] = float(t.score)
+        return out
+
+    def __getitem__(self, key: str) -> float:
+        return self.as_dict()[key]
+
+    def __iter__(self):
+        return iter(self.as_dict())
+
+    def __len__(self) -> int:
+        return len(self.as_dict())
+
+
 def _teacher_tau(spec: TeacherSpec, inp: TeacherLossInput) -> float:
     """Extra division of ``inp.logits_BTtV`` (= z / T) needed to reach ``z / spec.temperature``."""
     return spec.temperature / inp.temperature
@@ -194,9 +243,9 @@ class MultiTeacherLoss:
     same-tokenizer teacher, one with it is scored over aligned chunks. ``num_valid`` maps teacher
     name (and ``"ce"``) to the trainer's global count of loss units (tokens for same-tokenizer
     losses, loss chunks for cross-tokenizer ones); :meth:`count_valid` gives the local counts to
-    all-reduce. ``metrics`` holds, per teacher, ``{name}/loss``, ``{name}/weight``,
-    ``{name}/coverage`` (fraction of student loss tokens its loss covers) and ``{name}/score``
-    (when scores are used), plus ``ce`` and ``loss`` (python floats).
+    all-reduce. The second result is a :class:`LossReport` (per teacher: loss term, weight,
+    coverage = fraction of student loss tokens its loss covers, score when scores are used; plus
+    the CE term and the total), readable as a flat mapping of Python floats.
     """
 
     def __init__(self, specs, *, weighting: str = "static", score: str = "neg_ce",
@@ -254,15 +303,13 @@ class MultiTeacherLoss:
             scores = [teacher_score(inp, self.score, student_ids_BTs, student_loss_mask_BTs,
                                     self.chunk_size) for inp in inputs]
         w = self.weights(scores)
-        total, metrics = None, {}
+        total, reports = None, {}
+        zero = student_logits_BTsVs.new_zeros((), dtype=torch.float32)
         for i, (spec, inp) in enumerate(zip(self.specs, inputs)):
-            metrics[f"{spec.name}/weight"] = float(w[i])
-            metrics[f"{spec.name}/coverage"] = coverage(inp, student_loss_mask_BTs,
-                                                        spec.loss == "exact_kl")
-            if scores is not None:
-                metrics[f"{spec.name}/score"] = float(scores[i])
+            cov = coverage(inp, student_loss_mask_BTs, spec.loss == "exact_kl")
+            score = scores[i].detach() if scores is not None else None
             if float(w[i]) == 0.0:
-                metrics[f"{spec.name}/loss"] = 0.0
+                reports[spec.name] = TeacherReport(zero, 0.0, cov, score)
                 continue
             args = (spec, inp, student_logits_BTsVs)
             if spec.loss in SAME_TOKENIZER_LOSSES:
@@ -271,16 +318,16 @@ class MultiTeacherLoss:
             else:
                 term = _cross_loss(*args, student_ids_BTs, student_loss_mask_BTs,
                                    num_valid.get(spec.name), self.chunk_size)
-            metrics[f"{spec.name}/loss"] = float(term.detach())
+            reports[spec.name] = TeacherReport(term.detach(), float(w[i]), cov, score)
             total = float(w[i]) * term if total is None else total + float(w[i]) * term
+        ce = None
         if self.ce_weight > 0:
             if labels_BTs is None:
                 raise ValueError("ce_weight > 0 needs labels_BTs")
             ce = _div.cross_entropy(student_logits_BTsVs, labels_BTs, num_valid=num_valid.get("ce"),
                                     chunk_size=self.chunk_size)
-            metrics["ce"] = float(ce.detach())
             total = self.ce_weight * ce if total is None else total + self.ce_weight * ce
+            ce = ce.detach()
         if total is None:
             total = (student_logits_BTsVs.sum() * 0.0).float()
-        metrics["loss"] = float(total.detach())
-        return total, metrics
+        return total, LossReport(total.detach(), ce, reports)

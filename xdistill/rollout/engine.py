@@ -313,11 +313,15 @@ def build_engine(config: RolloutConfig, model, tokenizer) -> RolloutEngine:
     raise ConfigError(f"unknown rollout.backend {config.backend!r}; allowed: hf, vllm")
 
 
-def sampling_for_step(config: RolloutConfig, step: int, rank: int = 0) -> SamplingParams:
-    """The sampling parameters of optimizer step ``step`` on data-parallel rank ``rank``.
+def sampling_for_step(config: RolloutConfig, step: int, rank: int = 0,
+                      micro: int | None = None) -> SamplingParams:
+    """The sampling parameters of optimizer step ``step`` on data-parallel rank ``rank`` (and
+    gradient-accumulation micro-batch ``micro`` when a step has several).
 
-    The seed is derived from ``(config.seed, step, rank)`` (numpy ``SeedSequence``), so every
-    rank samples differently and a resumed run samples exactly like the uninterrupted one.
+    The seed is derived from ``(config.seed, step, rank[, micro])`` (numpy ``SeedSequence``), so
+    every rank and micro-batch samples differently and a resumed run samples exactly like the
+    uninterrupted one.
     """
-    seed = int(np.random.SeedSequence([int(config.seed), int(step), int(rank)]).generate_state(1)[0])
+    key = [int(config.seed), int(step), int(rank)] + ([] if micro is None else [int(micro)])
+    seed = int(np.random.SeedSequence(key).generate_state(1)[0])
     return SamplingParams(config.temperature, config.top_p, config.max_new_tokens, seed)

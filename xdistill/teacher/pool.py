@@ -124,6 +124,47 @@ class TeacherPool:
         """Every teacher's output for ``batch`` (DistillBatch or sequence of TeacherViews)."""
         return self.collect(self.submit(batch))
 
+    @property
+    def has_remote(self) -> bool:
+        """True when some teacher runs outside the training process (subprocess or Ray)."""
+        return any(c.placement != "inprocess" for c in self.clients.values())
+
+    @property
+    def remote_slots(self) -> int:
+        """The smallest slot ring of the remote teachers (0 without remote teachers)."""
+        slots = [c.config.slots for c in self.clients.values() if c.placement != "inprocess"]
+        return min(slots) if slots else 0
+
+    def submit_remote(self, batch) -> dict[str, int]:
+        """Send ``batch`` to the remote teachers only (they compute while this process works);
+        :meth:`complete` later runs the in-process teachers and collects everything."""
+        views = self._views(batch)
+        steps = {}
+        try:
+            for client in self.clients.values():
+                if client.placement != "inprocess" and client.name in views:
+                    steps[client.name] = client.submit(views[client.name])
+        except BaseException:
+            self._drain(steps)
+            raise
+        return steps
+
+    def complete(self, batch, remote_steps: dict[str, int] | None) -> TeacherResults:
+        """Every teacher's output for ``batch`` whose remote part was submitted ahead
+        (``remote_steps`` from :meth:`submit_remote`; None = submit everything now)."""
+        if remote_steps is None:
+            return self.forward(batch)
+        views = self._views(batch)
+        steps = dict(remote_steps)
+        try:
+            for client in self.clients.values():
+                if client.placement == "inprocess" and client.name in views:
+                    steps[client.name] = client.submit(views[client.name])
+        except BaseException:
+            self._drain(steps)
+            raise
+        return self.collect(steps)
+
     def close(self) -> None:
         errors = []
         for client in self.clients.values():

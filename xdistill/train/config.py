@@ -90,26 +90,29 @@ class LossConfig:
 
 @dataclass
 class TrainConfig:
-    """The optimisation loop."""
+    """The optimisation loop (shared by ``train offpolicy`` and ``train onpolicy``)."""
 
     # optimizer steps to run
     steps: int = 100
-    # windows per optimizer step over all ranks; must be a multiple of
-    # data.batch_size * world size (the quotient is the number of gradient-accumulation steps)
-    global_batch_size: int = 8
-    # global seed (python, numpy, torch)
+    # rows per optimizer step over all ranks: windows (off-policy) or prompts (on-policy). A
+    # multiple of the per-rank micro-batch (data.batch_size, or prompts.batch_size on-policy) x
+    # the data ranks; the quotient is the number of gradient-accumulation micro-batches. 0 = one
+    # micro-batch per data rank (no accumulation)
+    global_batch_size: int = 0
+    # global seed (python, numpy, torch; data and prompt order)
     seed: int = 0
     # log a metrics line every this many steps
     log_every: int = 1
-    # run directory: metrics.jsonl, checkpoints/, export/
-    out_dir: str = "runs/offpolicy"
+    # run directory: metrics.jsonl, checkpoints/, export/ ("" = runs/offpolicy or runs/onpolicy)
+    out_dir: str = ""
     # device of the student: "auto" (cuda:<local rank> when available, else cpu), "cpu", "cuda"
     device: str = "auto"
-    # data shards (virtual data-parallel ranks) the corpus is split into; 0 = the world size.
-    # Must be a multiple of the world size: each process reads data_ranks / world loaders, so one
-    # process with data_ranks = N sees exactly the global batches of an N-rank run
+    # off-policy: data shards (virtual data-parallel ranks) the corpus is split into; 0 = the
+    # world size. Must be a multiple of the world size: each process reads data_ranks / world
+    # loaders, so one process with data_ranks = N sees exactly the global batches of an N-rank run
     data_ranks: int = 0
-    # write a hash of every window each rank trains on to out_dir/samples_rank<R>.jsonl
+    # write a hash of every window (off-policy) or response (on-policy) each rank trains on to
+    # out_dir/samples_rank<R>.jsonl
     log_samples: bool = False
     # also log metrics to TensorBoard (out_dir/tb) when the tensorboard package is installed
     tensorboard: bool = True
@@ -119,6 +122,13 @@ class TrainConfig:
     # torch intra-op and aligner (numba) threads of the training process (0 = their defaults:
     # one per core)
     num_threads: int = 0
+    # a step whose loss or gradient norm is NaN/inf is skipped (no optimizer update) and logged
+    # with the teachers whose terms were non-finite; the run stops with an error after this many
+    # such steps in a row (or when no step of the run was finite)
+    max_nonfinite_steps: int = 3
+    # off-policy: remote (subprocess / Ray) teachers score the next micro-batches while the
+    # student computes (same results as the sequential path; needs teacher worker.slots >= 2)
+    pipeline_teachers: bool = True
 
 
 @dataclass
@@ -196,20 +206,30 @@ def data_ranks(cfg: OffPolicyConfig, world_size: int) -> int:
     return n
 
 
-def grad_accum_steps(cfg: OffPolicyConfig, world_size: int) -> int:
+def grad_accum_steps(cfg, world_size: int, micro_batch: int | None = None) -> int:
     """Micro-batches per optimizer step from each data shard; ConfigError when sizes don't divide.
 
-    ``global_batch_size = data.batch_size * data_ranks * grad_accum_steps``.
+    ``global_batch_size = micro_batch * data_ranks * grad_accum_steps`` (``micro_batch`` is
+    ``data.batch_size`` off-policy, ``prompts.batch_size`` on-policy; ``global_batch_size = 0``
+    means one micro-batch per data rank).
     """
     shards = data_ranks(cfg, world_size)
-    per_step = cfg.data.batch_size * shards
-    if cfg.data.batch_size < 1 or cfg.train.global_batch_size < 1 or \
-            cfg.train.global_batch_size % per_step:
+    micro = cfg.data.batch_size if micro_batch is None else int(micro_batch)
+    key = "data.batch_size" if micro_batch is None else "prompts.batch_size"
+    per_step = micro * shards
+    total = cfg.train.global_batch_size or per_step
+    if micro < 1 or total < 1 or total % per_step:
         raise ConfigError(
-            f"train.global_batch_size ({cfg.train.global_batch_size}) must be a positive multiple "
-            f"of data.batch_size ({cfg.data.batch_size}) x data ranks ({shards}, the world size "
-            f"unless train.data_ranks is set) = {per_step}")
-    return cfg.train.global_batch_size // per_step
+            f"train.global_batch_size ({cfg.train.global_batch_size}) must be 0 or a positive "
+            f"multiple of {key} ({micro}) x data ranks ({shards}, the world size unless "
+            f"train.data_ranks is set) = {per_step}")
+    return total // per_step
+
+
+def default_out_dir(cfg, kind: str) -> None:
+    """``train.out_dir = ""`` becomes ``runs/<kind>``."""
+    if not cfg.train.out_dir:
+        cfg.train.out_dir = f"runs/{kind}"
 
 
 def check_path(path: str, key: str, kind: str = "any") -> None:
@@ -231,6 +251,9 @@ def validate_run_sections(cfg) -> None:
     cfg.scheduler.validate()
     if cfg.train.steps < 1:
         raise ConfigError(f"train.steps must be >= 1, got {cfg.train.steps}")
+    if cfg.train.max_nonfinite_steps < 1:
+        raise ConfigError(f"train.max_nonfinite_steps must be >= 1, got "
+                          f"{cfg.train.max_nonfinite_steps}")
     if cfg.train.stop_after and (cfg.checkpoint.every <= 0
                                  or cfg.train.stop_after % cfg.checkpoint.every):
         raise ConfigError(f"train.stop_after ({cfg.train.stop_after}) must be a multiple of "
@@ -268,6 +291,7 @@ def check_loss_scale(loss, key: str) -> None:
 def validate_offpolicy(cfg: OffPolicyConfig, world_size: int = 1) -> OffPolicyConfig:
     """Checks that need no compute; raises ConfigError naming the key. Fills derived defaults."""
     validate_run_sections(cfg)
+    default_out_dir(cfg, "offpolicy")
     if cfg.eval.paths and cfg.eval.batches < 1:
         raise ConfigError(f"eval.batches must be >= 1, got {cfg.eval.batches}")
     grad_accum_steps(cfg, world_size)

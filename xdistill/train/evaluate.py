@@ -49,10 +49,10 @@ def evaluate(model, loss_fn, pool, loaders, plan, cfg, device) -> dict:
     sums: dict[str, float] = defaultdict(float)
     timers = Timers()
     for batch in batches:
-        metrics = micro_step(model, loss_fn, pool, batch, num_valid, timers, device=device,
-                             ce_weight=cfg.loss.ce_weight, backward=False,
-                             hook=lambda logits, b: _accumulate(sums, logits, b, lengths_V))
-        for k, v in metrics.items():
+        report = micro_step(model, loss_fn, pool, batch, num_valid, timers, device=device,
+                            ce_weight=cfg.loss.ce_weight, backward=False,
+                            hook=lambda logits, b: _accumulate(sums, logits, b, lengths_V))
+        for k, v in report.as_dict().items():
             sums["terms/" + k] += v
             sums["n/" + k] += 1
     model.train(was_training)

@@ -17,8 +17,9 @@ from xdistill.losses.onpolicy import CROSS_ROUTES, ONPOLICY_LOSSES
 from xdistill.rollout.engine import RolloutConfig
 from xdistill.student.config import StudentConfig
 from xdistill.teacher.config import TeacherConfig
-from xdistill.train.config import (CheckpointConfig, RunSchedulerConfig, check_loss_scale,
-                                   check_path, check_teacher_names, validate_run_sections,
+from xdistill.train.config import (CheckpointConfig, RunSchedulerConfig, TrainConfig,
+                                   check_loss_scale, check_path, check_teacher_names,
+                                   default_out_dir, validate_run_sections,
                                    validate_student_source, validate_teacher_worker)
 from xdistill.train.optim import OptimConfig
 
@@ -77,7 +78,8 @@ class PromptsConfig:
     prompt_column: str = "prompt"
     # column/key of chat prompts (a list of {role, content})
     messages_column: str = "messages"
-    # prompts per rank per optimizer step (one rollout each)
+    # prompts per rank per micro-batch (one rollout each); train.global_batch_size (prompts per
+    # optimizer step over all ranks) may ask for several micro-batches per step
     batch_size: int = 8
     # shuffle the prompts every epoch (permutation seeded by train.seed and the epoch)
     shuffle: bool = True
@@ -133,28 +135,6 @@ class OffPolicyMixConfig:
 
 
 @dataclass
-class OnPolicyTrainConfig:
-    """The optimisation loop."""
-
-    # optimizer steps to run
-    steps: int = 100
-    # global seed (python, numpy, torch; prompt order)
-    seed: int = 0
-    # log a metrics line every this many steps
-    log_every: int = 1
-    # run directory: metrics.jsonl, checkpoints/, export/
-    out_dir: str = "runs/onpolicy"
-    # device of the student: auto (cuda:<local rank> when available, else cpu), cpu, cuda
-    device: str = "auto"
-    # write the prompt indices and a hash of every response to out_dir/samples_rank<R>.jsonl
-    log_samples: bool = False
-    # debugging: after the checkpoint of this step, exit at once with code 3 (0 = never)
-    stop_after: int = 0
-    # torch intra-op and aligner (numba) threads of the training process (0 = their defaults)
-    num_threads: int = 0
-
-
-@dataclass
 class OnPolicyConfig:
     """``xdistill train onpolicy``: the student samples responses, teachers score them."""
 
@@ -178,8 +158,8 @@ class OnPolicyConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     # learning-rate schedule (total_steps defaults to train.steps when left at 0)
     scheduler: RunSchedulerConfig = field(default_factory=RunSchedulerConfig)
-    # loop, seed, output directory
-    train: OnPolicyTrainConfig = field(default_factory=OnPolicyTrainConfig)
+    # loop, seed, output directory (the same section as train offpolicy's)
+    train: TrainConfig = field(default_factory=TrainConfig)
     # checkpoints (with the prompt loader state), resume and export
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
@@ -187,7 +167,11 @@ class OnPolicyConfig:
 def validate_onpolicy(cfg: OnPolicyConfig) -> OnPolicyConfig:
     """Checks that need no compute; raises ConfigError naming the key. Fills derived defaults."""
     validate_run_sections(cfg)
+    default_out_dir(cfg, "onpolicy")
     validate_student_source(cfg)
+    if cfg.train.data_ranks:
+        raise ConfigError("train.data_ranks: off-policy only (on-policy prompts are sharded over "
+                          "the world size); leave it 0")
     if not cfg.prompts.paths:
         raise ConfigError("prompts.paths: no prompt files given")
     for i, p in enumerate(cfg.prompts.paths):

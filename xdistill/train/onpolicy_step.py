@@ -103,14 +103,6 @@ def local_units(plan: OnPolicyPlan, batch) -> dict[str, int]:
     return out
 
 
-def global_units(plan: OnPolicyPlan, batch) -> dict[str, int]:
-    """:func:`local_units` summed over ranks."""
-    local = local_units(plan, batch)
-    keys = sorted(local)
-    summed = xdist.all_reduce_sum(torch.tensor([local[k] for k in keys], dtype=torch.int64))
-    return {k: int(v) for k, v in zip(keys, summed.tolist())}
-
-
 def _fit_width(t_logits, width: int, name: str):
     """A same-tokenizer teacher's logits cut to the student's logit width (padded columns)."""
     if t_logits.shape[-1] == width:
@@ -150,29 +142,32 @@ def teacher_inputs(plan: OnPolicyPlan, name: str, view, out, s_width: int) -> tu
     return align, kw
 
 
-def onpolicy_losses(plan, logits_BTsV, batch, outputs, num_valid, *, sample_weight_B=None,
-                    chunk_size=None) -> tuple[torch.Tensor, dict]:
-    """``sum_i w_i L_i`` (normalised by the global ``num_valid[name]``) and its metrics."""
-    total, metrics = None, {}
+def onpolicy_losses(plan, logits_BTsVs, batch, outputs, num_valid, metrics, *,
+                    sample_weight_B=None, chunk_size=None) -> torch.Tensor:
+    """``sum_i w_i L_i`` (normalised by the global ``num_valid[name]``); records each teacher's
+    term (summed), weight (averaged), clamp counters and log-ratio sums (summed) in
+    ``metrics`` (a :class:`xdistill.train.metrics.StepMetrics`)."""
+    total = None
     for name, spec in plan.specs.items():
         view = batch.teacher(name)
-        align, kw = teacher_inputs(plan, name, view, outputs[name], logits_BTsV.shape[-1])
+        align, kw = teacher_inputs(plan, name, view, outputs[name], logits_BTsVs.shape[-1])
         if chunk_size is not None:
             kw["chunk_size"] = chunk_size
-        res = onpolicy_loss(spec, logits_BTsV, batch.input_ids_BTs, batch.loss_mask_BTs,
+        res = onpolicy_loss(spec, logits_BTsVs, batch.input_ids_BTs, batch.loss_mask_BTs,
                             align=align, sample_weight_B=sample_weight_B,
                             num_valid=num_valid[name], **kw)
         term = plan.weights[name] * res.loss
         total = term if total is None else total + term
-        metrics[f"{name}/loss"] = float(res.loss.detach())
-        metrics[f"{name}/weight"] = plan.weights[name]
+        metrics.add(f"{name}/loss", res.loss.detach())
+        metrics.mean(f"{name}/weight", plan.weights[name])
         for c in COUNTERS:
             if c in res.counters:
-                metrics[f"{name}/clamp/{c}"] = float(res.counters[c])
-        if res.mean_logratio == res.mean_logratio:  # not nan
-            metrics[f"{name}/logratio_sum"] = res.mean_logratio * res.units
-    metrics["loss"] = float(total.detach())
-    return total, metrics
+                metrics.add(f"{name}/clamp/{c}", float(res.counters[c]))
+        if spec.kind in ("k1", "k3"):
+            r = res.mean_logratio
+            metrics.add(f"{name}/logratio_sum", r * res.units if r == r else 0.0)
+    metrics.add("loss", total.detach())
+    return total
 
 
 def sample_weights(scored, beta: float):
@@ -183,31 +178,49 @@ def sample_weights(scored, beta: float):
 
 
 def loss_and_backward(run, scored, timers, *, backward: bool = True) -> dict:
-    """Teachers, student forward, weighted on-policy losses and backward of one scored batch."""
-    cfg, plan = run.cfg, run.plan
-    num_valid = global_units(plan, scored.batch)
+    """:func:`scored_step` of one scored batch on its own: units counted over ranks, metrics
+    reduced; returns them (``units/<name>``, ``<name>/loss``, ``loss``, ...)."""
+    from xdistill.train.metrics import StepMetrics
+    from xdistill.train.step import all_reduce_counts
+
+    num_valid = all_reduce_counts(local_units(run.plan, scored.batch))
+    metrics = StepMetrics()
+    scored_step(run, scored, num_valid, timers, metrics, backward=backward)
+    out = metrics.reduce()
+    out.update({f"units/{k}": v for k, v in num_valid.items()})
+    return out
+
+
+def scored_step(run, scored, num_valid, timers, metrics, *, backward: bool = True) -> None:
+    """Teachers, student forward, weighted on-policy losses and backward of one scored batch.
+
+    Remote teachers are submitted first and compute while the student runs its forward."""
+    cfg, plan, pool = run.cfg, run.plan, run.mode.pool
     with timers("transport"):
         batch = scored.batch.to(run.device, non_blocking=True)
     with timers("teacher"):
-        results = run.pool.forward(batch)
+        remote = pool.submit_remote(batch)
+    results = None
     try:
+        with timers("student"):
+            logits = setup_student_logits(run.model, batch)
+        with timers("teacher"):
+            results = pool.complete(batch, remote)
         outputs = {name: results[name].to(run.device) for name in plan.specs}
         weights = sample_weights(scored, cfg.loss.reward_beta)
         if weights is not None:
             weights = weights.to(run.device)
-        with timers("student"):
-            logits = setup_student_logits(run.model, batch)
         with timers("loss"):
-            loss, metrics = onpolicy_losses(plan, logits, batch, outputs, num_valid,
-                                            sample_weight_B=weights, chunk_size=cfg.loss.chunk_size)
+            loss = onpolicy_losses(plan, logits, batch, outputs, num_valid, metrics,
+                                   sample_weight_B=weights, chunk_size=cfg.loss.chunk_size)
         if backward:
             with timers("student"):
                 loss.backward()
     finally:
-        results.release()
-    for name, n in num_valid.items():
-        metrics[f"units/{name}"] = n
-    return metrics
+        if results is not None:
+            results.release()
+        elif remote:
+            pool.collect(remote).release()
 
 
 def setup_student_logits(model, batch) -> torch.Tensor:
@@ -272,8 +285,8 @@ def offpolicy_config(cfg: OnPolicyConfig, plan: OnPolicyPlan):
                                  beta=t.loss.beta)
         teachers.append(TeacherRunConfig(t.name, t.tokenizer, t.max_len, t.worker, loss))
     data = cfg.offpolicy.data
-    train = TrainConfig(steps=cfg.train.steps, global_batch_size=data.batch_size,
-                        seed=cfg.train.seed, out_dir=cfg.train.out_dir)
+    train = TrainConfig(steps=cfg.train.steps, global_batch_size=0, seed=cfg.train.seed,
+                        out_dir=cfg.train.out_dir)
     return OffPolicyConfig(student=cfg.student, student_tokenizer=cfg.student_tokenizer,
                            teachers=teachers, data=data,
                            loss=LossConfig(ce_weight=cfg.offpolicy.ce_weight,
@@ -289,16 +302,12 @@ def build_mix(cfg: OnPolicyConfig, plan: OnPolicyPlan, env) -> OffPolicyMix:
     return OffPolicyMix(off, off_plan, setup.build_loss(off, off_plan), loaders)
 
 
-def offpolicy_micro(run, timers) -> dict:
-    """One off-policy batch per rank through :func:`xdistill.train.step.micro_step`."""
-    from xdistill.train.step import global_counts, micro_step
+def offpolicy_micro(run, batch, num_valid, timers, metrics) -> None:
+    """One mixed-in off-policy micro-batch through :func:`xdistill.train.step.micro_step`."""
+    from xdistill.train.step import micro_step, record_report
 
-    mix = run.mix
-    with timers("data"):
-        batch = next(run.iters[1])
-    ce = mix.cfg.loss.ce_weight
-    num_valid = global_counts(mix.loss_fn, [batch], ce > 0)
-    metrics = micro_step(run.model, mix.loss_fn, run.pool, batch, num_valid, timers,
-                         device=run.device, ce_weight=ce)
-    metrics["tokens"] = batch.stats.student_tokens
-    return {k: v for k, v in metrics.items() if not k.startswith("units/")}
+    mix = run.mode.mix
+    report = micro_step(run.model, mix.loss_fn, run.mode.pool, batch, num_valid, timers,
+                        device=run.device, ce_weight=mix.cfg.loss.ce_weight)
+    record_report(metrics, report)
+    metrics.add("tokens", batch.stats.student_tokens)

@@ -199,12 +199,12 @@ def build_student(cfg: OffPolicyConfig, env, device: torch.device):
     return model
 
 
-def check_vocab(model, plan: Plan) -> None:
+def check_vocab(model, student_tok) -> None:
     """The student's logit width must cover every student token id."""
     vocab = int(model.get_output_embeddings().weight.shape[0])
-    if vocab < plan.student_tok.vocab_size:
+    if vocab < student_tok.vocab_size:
         raise ConfigError(f"student model has {vocab} output logits but tokenizer "
-                          f"{plan.student_tok.name!r} has {plan.student_tok.vocab_size} ids "
+                          f"{student_tok.name!r} has {student_tok.vocab_size} ids "
                           "(student.model_config.vocab_size too small)")
 
 

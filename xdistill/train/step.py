@@ -27,7 +27,7 @@ import torch
 from xdistill import distributed as xdist
 from xdistill.losses import ChunkAlignment, TeacherLossInput
 from xdistill.losses import cross_entropy
-from xdistill.losses.multi_teacher import SAME_TOKENIZER_LOSSES
+from xdistill.losses.multi_teacher import SAME_TOKENIZER_LOSSES, LossReport
 
 
 class Timers:
@@ -83,15 +83,25 @@ def local_counts(loss_fn, batch, ce: bool) -> dict[str, int]:
                                labels if ce else None)
 
 
-def global_counts(loss_fn, batches, ce: bool) -> dict[str, int]:
-    """Sum of :func:`local_counts` over ``batches`` and over all ranks."""
+def sum_counts(loss_fn, batches, ce: bool) -> dict[str, int]:
+    """Sum of :func:`local_counts` over ``batches`` (this rank)."""
     total: dict[str, int] = defaultdict(int)
     for batch in batches:
         for key, n in local_counts(loss_fn, batch, ce).items():
             total[key] += n
-    keys = sorted(total)
-    summed = xdist.all_reduce_sum(torch.tensor([total[k] for k in keys], dtype=torch.int64))
+    return dict(total)
+
+
+def all_reduce_counts(local: dict[str, int]) -> dict[str, int]:
+    """Per-key counts summed over all ranks (one collective; every rank has the same keys)."""
+    keys = sorted(local)
+    summed = xdist.all_reduce_sum(torch.tensor([int(local[k]) for k in keys], dtype=torch.int64))
     return {k: int(v) for k, v in zip(keys, summed.tolist())}
+
+
+def global_counts(loss_fn, batches, ce: bool) -> dict[str, int]:
+    """Sum of :func:`local_counts` over ``batches`` and over all ranks."""
+    return all_reduce_counts(sum_counts(loss_fn, batches, ce))
 
 
 def window_hashes(batch) -> list[str]:
@@ -108,29 +118,49 @@ def student_logits(model, batch) -> torch.Tensor:
 
 
 def compute_loss(loss_fn, ce_weight, logits_BTsVs, batch, inputs, num_valid):
-    """(loss tensor, metrics) of one micro-batch, normalised by the global ``num_valid``."""
+    """(loss tensor, :class:`LossReport`) of one micro-batch, normalised by the global
+    ``num_valid``."""
     if loss_fn is None:
         # CE alone: nothing reads the logits after backward, so the gradient is written over
         # them (no second [B, T, Vs] buffer; see xdistill.losses.engine.token_logprobs)
-        loss = ce_weight * cross_entropy(logits_BTsVs, batch.labels_BTs, num_valid=num_valid["ce"],
-                                         overwrite_logits=logits_BTsVs.requires_grad)
-        return loss, {"ce": float(loss.detach()) / ce_weight, "loss": float(loss.detach())}
+        ce = cross_entropy(logits_BTsVs, batch.labels_BTs, num_valid=num_valid["ce"],
+                           overwrite_logits=logits_BTsVs.requires_grad)
+        loss = ce_weight * ce
+        return loss, LossReport(loss.detach(), ce.detach(), {})
     return loss_fn(logits_BTsVs, batch.input_ids_BTs, batch.loss_mask_BTs, inputs,
                    labels_BTs=batch.labels_BTs, num_valid=num_valid)
 
 
+def record_report(metrics, report: LossReport) -> None:
+    """Put a loss report into the step metrics: loss terms summed (each already a share of the
+    global mean), weights / coverage / scores averaged."""
+    metrics.add("loss", report.total)
+    if report.ce is not None:
+        metrics.add("ce", report.ce)
+    for name, t in report.teachers.items():
+        metrics.add(f"{name}/loss", t.loss)
+        metrics.mean(f"{name}/weight", t.weight)
+        metrics.mean(f"{name}/coverage", t.coverage)
+        if t.score is not None:
+            metrics.mean(f"{name}/score", t.score)
+
+
 def micro_step(model, loss_fn, pool, batch, num_valid, timers: Timers, *, device,
-               ce_weight: float = 0.0, backward: bool = True, hook=None) -> dict:
+               ce_weight: float = 0.0, backward: bool = True, hook=None,
+               remote: dict | None = None) -> LossReport:
     """Teachers, student forward, loss and (optionally) backward of one micro-batch.
 
-    Returns the loss metrics of the micro-batch (terms already divided by the global counts, so
-    summing them over micro-batches and ranks gives the step's values). ``hook(logits, batch)``
-    is called after the student forward (evaluation uses it).
+    Returns the micro-batch's :class:`LossReport` (terms already divided by the global counts,
+    so summing them over micro-batches and ranks gives the step's values). ``hook(logits,
+    batch)`` is called after the student forward (evaluation uses it). ``remote``: the remote
+    teachers' step ids when the batch was submitted ahead (:mod:`xdistill.train.pipeline`).
+    The teachers' output slots are released only after the backward (autograd may hold views of
+    them).
     """
     with timers("transport"):
         batch = batch.to(device, non_blocking=True)
     with timers("teacher"):
-        results = pool.forward(batch) if pool is not None else None
+        results = pool.complete(batch, remote) if pool is not None else None
     try:
         with timers("transport"):
             specs = loss_fn.specs if loss_fn is not None else ()
@@ -141,22 +171,11 @@ def micro_step(model, loss_fn, pool, batch, num_valid, timers: Timers, *, device
         if hook is not None:
             hook(logits, batch)
         with grad, timers("loss"):
-            loss, metrics = compute_loss(loss_fn, ce_weight, logits, batch, inputs, num_valid)
+            loss, report = compute_loss(loss_fn, ce_weight, logits, batch, inputs, num_valid)
         if backward:
             with timers("student"):
                 loss.backward()
     finally:
         if results is not None:
             results.release()
-    return metrics
-
-
-def sum_metrics(parts: list[dict]) -> dict:
-    """Combine micro-batch metrics: loss terms add up (each is a share of the global mean);
-    weights/coverage/scores are averaged."""
-    out: dict[str, float] = defaultdict(float)
-    for m in parts:
-        for k, v in m.items():
-            add = k in ("loss", "ce") or k.endswith("/loss")
-            out[k] += v if add else v / len(parts)
-    return dict(out)
+    return report

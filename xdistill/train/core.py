@@ -1,0 +1,420 @@
+"""The trainer core shared by ``train offpolicy`` and ``train onpolicy``: one loop, top to bottom.
+
+:func:`train` is the whole run::
+
+    env, threads, mode.plan(cfg)          everything checkable before compute (tokenizers, pairs)
+    student, AdamW, LR schedule           build_student_stack
+    mode.build(run)                       loaders, teachers, rollout engine
+    resume                                model, optimizer, scheduler, loader states, RNG
+    for step in start+1 .. train.steps:
+        micros = mode.micro_batches(step)     this rank's share of the global batch
+        num_valid = all-reduced loss units    (global normalisation, see xdistill.train.step)
+        for each micro-batch: mode.micro_step (teachers, student forward, loss, backward)
+        metrics.reduce() (one collective); clip; non-finite guard; AdamW; scheduler
+        mode.after_update(step)               e.g. push the new weights to the rollout engine
+        log; evaluate; checkpoint; debugging stop
+    export (Hugging Face format), end-of-run summary
+
+A *mode* (:class:`TrainMode`: :class:`xdistill.train.offpolicy.OffPolicyMode`,
+:class:`xdistill.train.onpolicy.OnPolicyMode`) supplies only how a step's micro-batches are
+produced and scored. Everything else -- run state, the student, the plan of micro-batches,
+checkpoint/resume, evaluation cadence, export, metrics and the loop -- lives here once.
+
+Non-finite steps: when the reduced loss or the global gradient norm is NaN/inf, the optimizer
+update is skipped (the scheduler still advances, so the learning rate stays a function of the step),
+a warning names the step and the teachers whose terms were non-finite, and after
+``train.max_nonfinite_steps`` such steps in a row -- or at the end of a run none of whose steps
+was finite -- the run stops with a :class:`TrainingError` and exports nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from xdistill import distributed as xdist
+from xdistill.errors import XDistillError
+from xdistill.log import get_logger, init_logging
+from xdistill.metrics import MetricsWriter
+from xdistill.train.metrics import StepMetrics, first_nonfinite
+from xdistill.train.step import Timers
+
+log = get_logger("train")
+STOP_EXIT_CODE = 3
+
+
+class TrainingError(XDistillError):
+    """The run cannot go on (e.g. non-finite losses step after step)."""
+
+
+class TrainMode:
+    """How a step's micro-batches are produced and scored (see the module docstring).
+
+    Subclasses set ``kind`` and implement the methods below; ``loaders`` are the stateful loaders
+    whose states go into every checkpoint.
+    """
+
+    kind = "base"
+    loaders: list
+
+    def plan(self, cfg, env):
+        """Validate ``cfg`` for ``env``'s world size, then load tokenizers, projections, loss
+        specs: everything checked before any model loads. Returns an object with
+        ``student_tok``."""
+        raise NotImplementedError
+
+    def build(self, run: "Run") -> None:
+        """Loaders, teachers, engines (after the student exists)."""
+        raise NotImplementedError
+
+    def start(self, run: "Run") -> None:
+        """Start teachers and iterators (after resume)."""
+
+    def micro_batches(self, run: "Run", step: int, timers: Timers) -> list:
+        raise NotImplementedError
+
+    def units(self, micros: list) -> dict[str, int]:
+        """Local loss units per key over this step's micro-batches (summed over ranks here)."""
+        raise NotImplementedError
+
+    def micro_step(self, run: "Run", micro, num_valid: dict, timers: Timers,
+                   metrics: StepMetrics) -> None:
+        """Teachers, student forward, loss and backward of one micro-batch; records metrics."""
+        raise NotImplementedError
+
+    def after_update(self, run: "Run", step: int) -> None:
+        """Called after every optimizer step (applied or skipped)."""
+
+    def finish_metrics(self, reduced: dict) -> None:
+        """Derive step metrics that need the reduced values (in place)."""
+
+    def evaluate(self, run: "Run", step: int) -> dict | None:
+        return None
+
+    def loader_states(self, step: int) -> list:
+        """Every loader's state right after ``step`` (for its checkpoint)."""
+        return [ld.state_dict() for ld in self.loaders]
+
+    def load_loader_states(self, states: list) -> None:
+        for loader, st in zip(self.loaders, states):
+            loader.load_state_dict(st)
+
+    def log_samples(self, run: "Run", step: int, micros: list) -> None:
+        pass
+
+    def console_keys(self, cfg) -> list[str]:
+        return ["loss", "lr", "grad_norm", "tok_per_s"]
+
+    def checkpoint_extra(self, cfg) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class Run:
+    """The live state of a run."""
+
+    cfg: object
+    env: object
+    mode: TrainMode
+    plan: object
+    device: torch.device
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    # micro-batches per data shard per step (gradient accumulation)
+    accum: int = 1
+    start_step: int = 0
+    writer: MetricsWriter | None = None
+    tb: object = None
+    # non-finite steps in a row, and finite steps taken by this process
+    nonfinite_streak: int = 0
+    finite_steps: int = 0
+    last_checkpoint: Path | None = None
+
+    def __getattr__(self, name: str):
+        """The mode's parts (``run.pool``, ``run.loaders``, ...) read through the run."""
+        mode = self.__dict__.get("mode")
+        if mode is not None and not name.startswith("__") and hasattr(mode, name):
+            return getattr(mode, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def set_num_threads(cfg) -> None:
+    """``train.num_threads`` caps torch's intra-op threads and the aligner's numba threads."""
+    if cfg.train.num_threads:
+        from xdistill.align import set_align_threads
+
+        torch.set_num_threads(cfg.train.num_threads)
+        set_align_threads(cfg.train.num_threads)
+
+
+def build_student_stack(cfg, env, student_tok) -> tuple:
+    """Seed, then (device, student, AdamW, LR scheduler); a fresh student (no ``student.path``)
+    gets ``vocab_size`` from the student tokenizer unless its model_config sets one."""
+    from xdistill.train import setup
+    from xdistill.train.optim import build_optimizer, build_scheduler
+
+    if not cfg.student.path and "vocab_size" not in cfg.student.model_config:
+        cfg.student.model_config["vocab_size"] = student_tok.vocab_size
+    seed_everything(cfg.train.seed)
+    device = setup.resolve_device(cfg.train.device, env)
+    model = setup.build_student(cfg, env, device)
+    setup.check_vocab(model, student_tok)
+    optimizer = build_optimizer(model, cfg.optim)
+    return device, model, optimizer, build_scheduler(optimizer, cfg.scheduler)
+
+
+def out_path(cfg, *parts: str) -> Path:
+    return Path(cfg.train.out_dir).joinpath(*parts)
+
+
+def maybe_resume(run: Run) -> None:
+    """Load the checkpoint ``checkpoint.resume`` names (``auto``: the latest complete one)."""
+    from xdistill.train.checkpoint import CheckpointError, load_checkpoint, resolve_resume
+
+    path = resolve_resume(run.cfg.checkpoint.resume, out_path(run.cfg, "checkpoints"))
+    if path is None:
+        return
+    state = load_checkpoint(path, run.model, run.optimizer, run.scheduler)
+    loader_states = state.dataloader_state or []
+    if len(loader_states) != len(run.mode.loaders):
+        raise CheckpointError(f"{path}: holds {len(loader_states)} loader state(s) per rank, this "
+                              f"run has {len(run.mode.loaders)} (keep train.data_ranks and the "
+                              "off-policy mix unchanged)")
+    run.mode.load_loader_states(loader_states)
+    run.start_step, run.last_checkpoint = state.step, path
+    if xdist.is_main_process():
+        log.info("resumed from %s at step %d", path, state.step)
+
+
+def save(run: Run, step: int) -> None:
+    """Checkpoint model, optimizer, scheduler and every loader's state at ``step``."""
+    from xdistill.train.checkpoint import save_checkpoint
+
+    extra = {"mode": run.mode.kind, "global_batch_size": run.cfg.train.global_batch_size,
+             **run.mode.checkpoint_extra(run.cfg)}
+    run.last_checkpoint = save_checkpoint(
+        out_path(run.cfg, "checkpoints"), step, run.model, run.optimizer, run.scheduler,
+        dataloader_state=run.mode.loader_states(step), extra=extra,
+        keep_last=run.cfg.checkpoint.keep_last)
+
+
+def _set_sync(model, on: bool) -> None:
+    if hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(on)
+
+
+def _device_sync(device: torch.device):
+    return torch.cuda.synchronize if device.type == "cuda" else None
+
+
+def train_step(run: Run, step: int) -> dict:
+    """One optimizer step (module docstring); returns this step's metrics (reduced over ranks)."""
+    from xdistill.train.step import all_reduce_counts
+
+    timers = Timers(sync=_device_sync(run.device))
+    metrics = StepMetrics()
+    t0 = time.perf_counter()
+    micros = run.mode.micro_batches(run, step, timers)
+    num_valid = all_reduce_counts(run.mode.units(micros))
+    for i, micro in enumerate(micros):
+        _set_sync(run.model, i == len(micros) - 1)
+        run.mode.micro_step(run, micro, num_valid, timers, metrics)
+    reduced = metrics.reduce()
+    reduced.update({f"units/{k}": v for k, v in num_valid.items()})
+    run.mode.finish_metrics(reduced)
+    with timers("optim"):
+        lr, norm, applied = optimizer_step(run, step, reduced)
+    run.mode.after_update(run, step)
+    if run.cfg.train.log_samples:
+        run.mode.log_samples(run, step, micros)
+    elapsed = time.perf_counter() - t0
+    reduced.update({"lr": lr, "grad_norm": norm, "step_s": elapsed, "skipped": float(not applied)})
+    if "tokens" in reduced:
+        reduced["tok_per_s"] = reduced["tokens"] / elapsed
+    reduced.update({f"time/{k}": v for k, v in timers.seconds.items()})
+    return reduced
+
+
+def optimizer_step(run: Run, step: int, reduced: dict) -> tuple[float, float, bool]:
+    """Clip; AdamW unless the loss or the gradient norm is non-finite; scheduler; zero grads.
+
+    Returns (lr used by this step, gradient norm before clipping, whether the update was applied).
+    """
+    from xdistill.train.optim import clip_grad_norm
+
+    lr = float(run.optimizer.param_groups[0]["lr"])
+    norm = clip_grad_norm(run.model, run.cfg.optim.grad_clip)
+    loss_keys = [k for k in reduced if k == "loss" or k.endswith("/loss") or k == "ce"]
+    bad = first_nonfinite(reduced, loss_keys)
+    applied = not bad and math.isfinite(norm)
+    if applied:
+        run.optimizer.step()
+        run.nonfinite_streak = 0
+        run.finite_steps += 1
+    else:
+        run.nonfinite_streak += 1
+        _report_nonfinite(run, step, bad, norm)
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return lr, norm, applied
+
+
+def _report_nonfinite(run: Run, step: int, bad: list[str], norm: float) -> None:
+    limit = run.cfg.train.max_nonfinite_steps
+    teachers = sorted({k.split("/")[0] for k in bad if "/" in k})
+    what = (f"non-finite loss terms {bad}" + (f" (teachers {teachers})" if teachers else "")
+            if bad else f"non-finite gradient norm {norm} with a finite loss")
+    if xdist.is_main_process():
+        log.warning("step %d: %s; update skipped (%d in a row, limit train.max_nonfinite_steps=%d)",
+                    step, what, run.nonfinite_streak, limit)
+    if run.nonfinite_streak >= limit:
+        raise TrainingError(f"step {step}: {run.nonfinite_streak} non-finite steps in a row "
+                            f"(last: {what}); stopping. {_last_checkpoint_text(run)} Check the "
+                            "teachers' outputs (NaN weights or logits), lower optim.lr, or raise "
+                            "train.max_nonfinite_steps")
+
+
+def _last_checkpoint_text(run: Run) -> str:
+    if run.last_checkpoint is None:
+        return "No checkpoint was written by this run."
+    return f"The last good checkpoint is {run.last_checkpoint}."
+
+
+def log_metrics(run: Run, step: int, metrics: dict) -> None:
+    every = run.cfg.train.log_every
+    if run.writer is not None and (step % every == 0
+                                   or any(k.startswith("eval/") for k in metrics)):
+        run.writer.write(step, metrics)
+    if run.tb is not None:
+        for k, v in metrics.items():
+            if isinstance(v, (int, float)):
+                run.tb.add_scalar(k, v, step)
+
+
+def after_step(run: Run, step: int) -> None:
+    """Evaluation, checkpoint and the debugging stop, when due after optimizer step ``step``."""
+    cfg = run.cfg
+    last = step == cfg.train.steps
+    every = getattr(getattr(cfg, "eval", None), "every", -1)
+    if (every > 0 and step % every == 0) or (last and every >= 0):
+        out = run.mode.evaluate(run, step)
+        if out:
+            log_metrics(run, step, out)
+    if (cfg.checkpoint.every > 0 and step % cfg.checkpoint.every == 0) or last:
+        save(run, step)
+    maybe_stop(run, step)
+
+
+def maybe_stop(run: Run, step: int) -> None:
+    """The debugging stop: after step ``train.stop_after`` (checkpointed), exit hard with code 3."""
+    if run.cfg.train.stop_after and step == run.cfg.train.stop_after:
+        if run.writer is not None:
+            run.writer.close()
+        log.warning("train.stop_after=%d: exiting hard with code %d", step, STOP_EXIT_CODE)
+        os._exit(STOP_EXIT_CODE)
+
+
+def train_loop(run: Run) -> dict:
+    """Steps ``start_step+1 .. train.steps``; returns the last step's metrics."""
+    metrics: dict = {}
+    for step in range(run.start_step + 1, run.cfg.train.steps + 1):
+        metrics = train_step(run, step)
+        log_metrics(run, step, metrics)
+        after_step(run, step)
+    if run.finite_steps == 0 and run.cfg.train.steps > run.start_step:
+        raise TrainingError(f"no step of this run had a finite loss and gradient "
+                            f"({run.cfg.train.steps - run.start_step} steps); nothing was "
+                            f"exported. {_last_checkpoint_text(run)}")
+    return metrics
+
+
+def open_metrics(cfg, keys: list[str]) -> MetricsWriter:
+    """``<out_dir>/metrics.jsonl`` (written by rank 0 only, which also creates ``out_dir``)."""
+    out = out_path(cfg)
+    main = xdist.is_main_process()
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+    return MetricsWriter(out / "metrics.jsonl", enabled=main, console_keys=keys)
+
+
+def _open_tensorboard(cfg):
+    if not cfg.train.tensorboard or not xdist.is_main_process():
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except Exception:  # tensorboard not installed: skip silently
+        return None
+    return SummaryWriter(str(out_path(cfg, "tb")))
+
+
+def export_final(run: Run) -> Path | None:
+    """The Hugging Face export of the student to ``<out_dir>/export`` (``checkpoint.export_hf``)."""
+    if not run.cfg.checkpoint.export_hf:
+        return None
+    from xdistill.student.model import export_hf
+
+    return export_hf(run.model, out_path(run.cfg, "export"), run.plan.student_tok, overwrite=True)
+
+
+def build(cfg, mode: TrainMode) -> Run:
+    """Validate and plan (before any compute), then the student stack and the mode's parts."""
+    env = xdist.init_distributed()
+    plan = mode.plan(cfg, env)
+    set_num_threads(cfg)
+    device, model, optimizer, scheduler = build_student_stack(cfg, env, plan.student_tok)
+    run = Run(cfg, env, mode, plan, device, model, optimizer, scheduler)
+    mode.build(run)
+    return run
+
+
+def train(cfg, mode: TrainMode) -> dict:
+    """Build, resume, train, export; returns the final metrics (rank 0's view)."""
+    init_logging()
+    run = build(cfg, mode)
+    maybe_resume(run)
+    run.writer = open_metrics(cfg, mode.console_keys(cfg))
+    run.tb = _open_tensorboard(cfg)
+    t0 = time.perf_counter()
+    try:
+        mode.start(run)
+        metrics = train_loop(run)
+    finally:
+        mode.close()
+        run.writer.close()
+        if run.tb is not None:
+            run.tb.close()
+    exported = export_final(run)
+    _summary(run, metrics, exported, time.perf_counter() - t0)
+    return metrics
+
+
+def _summary(run: Run, metrics: dict, exported: Path | None, seconds: float) -> None:
+    if not xdist.is_main_process():
+        return
+    steps = run.cfg.train.steps - run.start_step
+    parts = [f"done: {steps} step(s) in {seconds:.1f} s"]
+    if "loss" in metrics:
+        parts.append(f"final loss {metrics['loss']:.4g}")
+    parts.append(f"metrics {out_path(run.cfg, 'metrics.jsonl')}")
+    if run.last_checkpoint is not None:
+        parts.append(f"checkpoint {run.last_checkpoint}")
+    if exported is not None:
+        parts.append(f"export {exported}")
+    log.info("; ".join(parts))

@@ -1,0 +1,135 @@
+"""Pipelined teachers: remote teachers score the next micro-batches while the student computes.
+
+Off-policy batches do not depend on the student, so a subprocess or Ray teacher can already score
+micro-batch ``k + 1`` (and, across a step boundary, the first micro-batch of step ``n + 1``) while
+the student runs forward and backward on micro-batch ``k``. A step then costs about
+``max(teacher, student)`` instead of their sum.
+
+:class:`MicroBatchStream` pulls the micro-batches of every step in the trainer's fixed order (for
+each of this process's loaders, ``accum`` consecutive batches) and keeps up to ``lookahead``
+micro-batches beyond the current one submitted to the remote teachers (the teacher clients' slot
+ring holds them: ``lookahead = min(slots) - 1`` over remote teachers; in-process teachers run when
+their micro-batch is consumed). Results are identical to the sequential path: the same batches in
+the same order meet the same teacher forwards; only the wall-clock overlap changes.
+
+Checkpoints must not skip prefetched batches: before pulling the first micro-batch of a step the
+stream records every loader's ``state_dict()``, and :meth:`MicroBatchStream.state_after` gives the
+loader states right after a finished step (the recorded boundary when the next step was already
+prefetched, else the loaders' current state).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass
+class PendingMicro:
+    """One micro-batch of a step, possibly already submitted to the remote teachers."""
+
+    # optimizer step (1-based) this micro-batch belongs to
+    step: int
+    # the DistillBatch (CPU)
+    batch: object
+    # teacher name -> submitted step id of the remote teachers (None: not submitted yet)
+    remote: dict | None = None
+
+
+class MicroBatchStream:
+    """Micro-batches of successive steps with remote teachers ``lookahead`` micro-batches ahead.
+
+    Args:
+        iters: one iterator per loader (e.g. :class:`xdistill.data.loader.WatchedIterator`).
+        loaders: the matching stateful loaders (their ``state_dict()`` is recorded per step).
+        accum: micro-batches per loader per step.
+        pool: the :class:`xdistill.teacher.TeacherPool` (None: no teachers).
+        lookahead: micro-batches submitted ahead of the one being consumed (0: sequential).
+        last_step: the run's final step (nothing beyond it is pulled from the loaders).
+    """
+
+    def __init__(self, iters, loaders, accum: int, pool=None, lookahead: int = 0,
+                 last_step: int | None = None):
+        self.iters, self.loaders, self.accum = list(iters), list(loaders), int(accum)
+        self.last_step = last_step
+        self.pool, self.lookahead = pool, max(0, int(lookahead))
+        self._queue: deque[PendingMicro] = deque()
+        self._boundary: dict[int, list] = {}
+        self._next_step: int | None = None
+
+    @property
+    def current_step(self) -> int:
+        """The step of the next micro-batch to consume."""
+        if not self._queue:
+            raise RuntimeError("micro-batch stream is empty")
+        return self._queue[0].step
+
+    @property
+    def per_step(self) -> int:
+        return self.accum * len(self.iters)
+
+    def start(self, first_step: int) -> None:
+        self._next_step = int(first_step)
+
+    def _may_pull(self) -> bool:
+        return self.last_step is None or self._next_step <= self.last_step
+
+    def _pull_step(self) -> None:
+        step = self._next_step
+        self._boundary[step] = [ld.state_dict() for ld in self.loaders]
+        for it in self.iters:
+            for _ in range(self.accum):
+                self._queue.append(PendingMicro(step, next(it)))
+        self._next_step += 1
+
+    def _submit_ahead(self, upto: int) -> None:
+        """Ensure the first ``upto`` queued micro-batches are submitted to remote teachers."""
+        if self.pool is None or not self.pool.has_remote:
+            return
+        for i, micro in enumerate(self._queue):
+            if i >= upto:
+                break
+            if micro.remote is None:
+                micro.remote = self.pool.submit_remote(micro.batch)
+
+    def take(self, step: int) -> PendingMicro:
+        """The next micro-batch of ``step``, with the following ones submitted ahead."""
+        if self._next_step is None:
+            self.start(step)
+        while len(self._queue) < 1 + self.lookahead and self._may_pull():
+            self._pull_step()
+        micro = self._queue[0]
+        if micro.step != step:
+            raise RuntimeError(f"micro-batch stream out of order: asked for step {step}, the "
+                               f"next micro-batch belongs to step {micro.step}")
+        self._submit_ahead(1 + self.lookahead)
+        return self._queue.popleft()
+
+    def peek_step(self, step: int) -> list:
+        """The CPU batches of ``step`` (pulled if needed) without consuming or submitting them:
+        the trainer counts their loss units before the first micro-batch runs."""
+        if self._next_step is None:
+            self.start(step)
+        while sum(1 for m in self._queue if m.step == step) < self.per_step:
+            if self._next_step > step:
+                raise RuntimeError(f"step {step} is no longer in the micro-batch stream")
+            self._pull_step()
+        return [m.batch for m in self._queue if m.step == step]
+
+    def state_after(self, step: int) -> list:
+        """Loader states right after ``step`` was consumed (for its checkpoint)."""
+        for s in [s for s in self._boundary if s <= step]:
+            del self._boundary[s]
+        if step + 1 in self._boundary:
+            return self._boundary[step + 1]
+        return [ld.state_dict() for ld in self.loaders]
+
+    def drain(self) -> None:
+        """Collect and release what was submitted ahead (end of run or on an error)."""
+        while self._queue:
+            micro = self._queue.popleft()
+            if micro.remote and self.pool is not None:
+                try:
+                    self.pool.collect(micro.remote).release()
+                except Exception:  # noqa: BLE001 - shutting down; the teacher error was reported
+                    pass
