@@ -33,6 +33,7 @@ import math
 import os
 import random
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,6 +140,7 @@ class Run:
     # non-finite steps in a row, and finite steps taken by this process
     nonfinite_streak: int = 0
     finite_steps: int = 0
+    last_nonfinite: str = ""
     last_checkpoint: Path | None = None
 
     def __getattr__(self, name: str):
@@ -271,23 +273,31 @@ def optimizer_step(run: Run, step: int, reduced: dict) -> tuple[float, float, bo
     else:
         run.nonfinite_streak += 1
         _report_nonfinite(run, step, bad, norm)
-    run.scheduler.step()
+    with warnings.catch_warnings():
+        # a skipped first step calls the scheduler before any optimizer.step(): intended here
+        warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*optimizer.step.*")
+        run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
     return lr, norm, applied
 
 
 def _report_nonfinite(run: Run, step: int, bad: list[str], norm: float) -> None:
-    limit = run.cfg.train.max_nonfinite_steps
     teachers = sorted({k.split("/")[0] for k in bad if "/" in k})
     what = (f"non-finite loss terms {bad}" + (f" (teachers {teachers})" if teachers else "")
             if bad else f"non-finite gradient norm {norm} with a finite loss")
+    run.last_nonfinite = what
     if xdist.is_main_process():
         log.warning("step %d: %s; update skipped (%d in a row, limit train.max_nonfinite_steps=%d)",
-                    step, what, run.nonfinite_streak, limit)
-    if run.nonfinite_streak >= limit:
+                    step, what, run.nonfinite_streak, run.cfg.train.max_nonfinite_steps)
+
+
+def check_nonfinite(run: Run, step: int) -> None:
+    """Stop the run after ``train.max_nonfinite_steps`` non-finite steps in a row."""
+    if run.nonfinite_streak >= run.cfg.train.max_nonfinite_steps:
         raise TrainingError(f"step {step}: {run.nonfinite_streak} non-finite steps in a row "
-                            f"(last: {what}); stopping. {_last_checkpoint_text(run)} Check the "
-                            "teachers' outputs (NaN weights or logits), lower optim.lr, or raise "
+                            f"(last: {run.last_nonfinite}); stopping. "
+                            f"{_last_checkpoint_text(run)} Check the teachers' outputs (NaN "
+                            "weights or logits), lower optim.lr, or raise "
                             "train.max_nonfinite_steps")
 
 
@@ -337,6 +347,7 @@ def train_loop(run: Run) -> dict:
     for step in range(run.start_step + 1, run.cfg.train.steps + 1):
         metrics = train_step(run, step)
         log_metrics(run, step, metrics)
+        check_nonfinite(run, step)
         after_step(run, step)
     if run.finite_steps == 0 and run.cfg.train.steps > run.start_step:
         raise TrainingError(f"no step of this run had a finite loss and gradient "

@@ -1,0 +1,148 @@
+"""The shared trainer core: non-finite steps, pipelined teachers, typed step metrics."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from conftest import base_config, run_cli, write_config
+
+from xdistill.config import from_dict
+from xdistill.metrics import read_metrics
+from xdistill.train.config import OffPolicyConfig
+
+
+def _records(out):
+    return [r for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+
+
+def _nan_teacher(src: str, dst):
+    """A copy of a tiny teacher whose weights are all NaN."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(src, local_files_only=True)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float("nan"))
+    model.save_pretrained(str(dst))
+    AutoTokenizer.from_pretrained(src).save_pretrained(str(dst))
+    return str(dst)
+
+
+def test_nan_teacher_stops_the_run_with_one_error_and_no_export(tmp_path, tiny_assets):
+    """A teacher with NaN weights: every step is skipped (the student is not updated with NaN),
+    each is logged naming the teacher, and the CLI exits non-zero with one line after
+    train.max_nonfinite_steps in a row; nothing is exported."""
+    cfg = base_config(tiny_assets, tmp_path / "run")
+    cfg["teachers"][1]["worker"]["model"] = _nan_teacher(tiny_assets["same"], tmp_path / "nan")
+    cfg["train"].update(steps=6, max_nonfinite_steps=2, log_samples=False)
+    cfg["checkpoint"]["export_hf"] = True
+    path = write_config(tmp_path / "nan.yaml", cfg)
+    proc = run_cli(["train", "offpolicy", "--config", str(path)])
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("xdistill: error:")]
+    assert len(errors) == 1 and "2 non-finite steps in a row" in errors[0]
+    assert "Traceback" not in proc.stderr
+    assert "teachers ['same']" in proc.stderr   # the warning names the teacher
+    recs = _records(tmp_path / "run")
+    assert [r["skipped"] for r in recs] == [1.0, 1.0]
+    assert not (tmp_path / "run" / "export").exists()
+
+
+def test_short_run_of_only_nonfinite_steps_fails_too(tmp_path, tiny_assets):
+    """Fewer steps than the limit, all non-finite: still an error, not exit 0 with an export."""
+    from xdistill.train.core import TrainingError
+    from xdistill.train.offpolicy import run_offpolicy
+
+    cfg = base_config(tiny_assets, tmp_path / "run")
+    cfg["teachers"][1]["worker"]["model"] = _nan_teacher(tiny_assets["same"], tmp_path / "nan")
+    cfg["train"].update(steps=2, max_nonfinite_steps=5, log_samples=False)
+    cfg["checkpoint"]["export_hf"] = True
+    with pytest.raises(TrainingError, match="no step of this run had a finite loss"):
+        run_offpolicy(from_dict(OffPolicyConfig, cfg))
+    assert not (tmp_path / "run" / "export").exists()
+
+
+def test_optimizer_step_skips_a_nonfinite_step_and_recovers(tmp_path, tiny_assets):
+    """core.optimizer_step: NaN loss -> weights untouched, scheduler advanced, streak 1; a finite
+    step afterwards updates the weights and resets the streak."""
+    from xdistill.train import core
+    from xdistill.train.offpolicy import OffPolicyMode
+
+    cfg = from_dict(OffPolicyConfig, base_config(tiny_assets, tmp_path / "run"))
+    run = core.build(cfg, OffPolicyMode())
+    before = {k: v.clone() for k, v in run.model.state_dict().items()}
+    for p in run.model.parameters():
+        p.grad = torch.ones_like(p)
+    lr0 = run.optimizer.param_groups[0]["lr"]
+    _, _, applied = core.optimizer_step(run, 1, {"loss": math.nan, "same/loss": math.nan})
+    assert not applied and run.nonfinite_streak == 1
+    assert all(torch.equal(before[k], v) for k, v in run.model.state_dict().items())
+    assert run.optimizer.param_groups[0]["lr"] != lr0  # the schedule still advanced
+    for p in run.model.parameters():
+        p.grad = torch.ones_like(p)
+    _, norm, applied = core.optimizer_step(run, 2, {"loss": 1.0})
+    assert applied and run.nonfinite_streak == 0 and math.isfinite(norm)
+    assert not all(torch.equal(before[k], v) for k, v in run.model.state_dict().items())
+
+
+def _pipe_cfg(tiny_assets, out, pipelined: bool, **train):
+    cfg = base_config(tiny_assets, out)
+    for t in cfg["teachers"]:
+        t["worker"].update(placement="subprocess", num_threads=1, slots=2)
+    cfg["train"].update(pipeline_teachers=pipelined, **train)
+    cfg["checkpoint"].update(export_hf=True)
+    return cfg
+
+
+def _weights(out):
+    from safetensors.torch import load_file
+
+    return load_file(str(out / "export" / "model.safetensors"))
+
+
+def test_pipelined_teachers_equal_the_sequential_path_across_a_resume(tmp_path, tiny_assets):
+    """Two subprocess teachers, 2 micro-batches per step. Pipelined (next micro-batches submitted
+    while the student computes, across step boundaries) == sequential, bitwise: per-step losses
+    and the exported weights. A pipelined run killed after the step-2 checkpoint and resumed
+    trains on exactly the same windows (the prefetched ones are not skipped) and ends with the
+    same weights."""
+    seq = _pipe_cfg(tiny_assets, tmp_path / "seq", False, steps=4)
+    pipe = _pipe_cfg(tiny_assets, tmp_path / "pipe", True, steps=4)
+    cut = _pipe_cfg(tiny_assets, tmp_path / "cut", True, steps=4, stop_after=2)
+    cut["checkpoint"]["every"] = 2
+    for name, cfg in (("seq", seq), ("pipe", pipe)):
+        proc = run_cli(["train", "offpolicy", "--config", str(write_config(tmp_path / f"{name}.yaml", cfg))])
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    path = write_config(tmp_path / "cut.yaml", cut)
+    assert run_cli(["train", "offpolicy", "--config", str(path)]).returncode == 3
+    proc = run_cli(["train", "offpolicy", "--config", str(path), "train.stop_after=0"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = _records(tmp_path / "seq"), _records(tmp_path / "pipe")
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]
+    assert max(r["time/teacher"] for r in b[1:]) <= max(r["time/teacher"] for r in a[1:])
+    wa, wb, wc = _weights(tmp_path / "seq"), _weights(tmp_path / "pipe"), _weights(tmp_path / "cut")
+    assert all(torch.equal(wa[k], wb[k]) and torch.equal(wa[k], wc[k]) for k in wa)
+    seen = {}
+    for line in (tmp_path / "cut" / "samples_rank0.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        seen[rec["step"]] = rec["hashes"]
+    ref = {json.loads(x)["step"]: json.loads(x)["hashes"]
+           for x in (tmp_path / "seq" / "samples_rank0.jsonl").read_text().splitlines()}
+    assert seen == ref
+
+
+def test_step_metrics_reduce_by_declared_kind():
+    from xdistill.train.metrics import StepMetrics
+
+    m = StepMetrics()
+    m.add("loss", torch.tensor(0.25))
+    m.add("loss", 0.5)
+    m.mean("w", 1.0)
+    m.mean("w", torch.tensor(3.0))
+    m.local("lr", 0.1)
+    assert m.reduce() == {"loss": 0.75, "w": 2.0, "lr": 0.1}
+    with pytest.raises(ValueError, match="two different reductions"):
+        m.mean("loss", 1.0)
