@@ -78,16 +78,24 @@ def write_config(path: Path, cfg: dict) -> Path:
     return path
 
 
-def _env() -> dict:
+def _env(extra: dict | None = None) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO))
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
+    for key, value in (extra or {}).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
     return env
 
 
-def run_cli(args: list[str], nproc: int = 1, timeout: float = 300) -> subprocess.CompletedProcess:
-    """``xdistill <args>`` in a fresh process (torchrun with ``nproc`` ranks when > 1)."""
+def run_cli(args: list[str], nproc: int = 1, timeout: float = 300,
+            env: dict | None = None) -> subprocess.CompletedProcess:
+    """``xdistill <args>`` in a fresh process (torchrun with ``nproc`` ranks when > 1); ``env``
+    overrides variables (None removes one, e.g. ``{"OMP_NUM_THREADS": None}``: torchrun's own
+    default then applies)."""
     if nproc > 1:
         from distributed_helpers import free_port
 
@@ -95,5 +103,5 @@ def run_cli(args: list[str], nproc: int = 1, timeout: float = 300) -> subprocess
                "--master_port", str(free_port()), "-m", "xdistill.cli", *args]
     else:
         cmd = [sys.executable, "-m", "xdistill.cli", *args]
-    return subprocess.run(cmd, env=_env(), cwd=str(REPO), capture_output=True, text=True,
+    return subprocess.run(cmd, env=_env(env), cwd=str(REPO), capture_output=True, text=True,
                           timeout=timeout)

@@ -94,7 +94,8 @@ def test_reverse_kl_to_both_teachers_decreases(tmp_path, tiny_assets, sharp):
         assert after[name] < 0.8 * before[name], (name, before, after)
 
 
-@pytest.mark.parametrize("kind", ["reverse_kl", "jsd", "k1", "k3", "topk_kl"])
+@pytest.mark.parametrize("kind", ["reverse_kl", "jsd", "k1", "k3", "topk_kl", "strict_topk", "dpca",
+                                  "simple_opd", "bpm", "escd"])
 def test_self_teacher_zero_loss_and_gradient(tmp_path, tiny_assets, sharp, kind):
     """Teacher = the student's own weights and tokenizer: zero loss, zero gradient through the
     loop's step (rollouts -> scoring -> pool -> loss -> backward)."""
@@ -289,4 +290,48 @@ def test_two_ranks_shard_prompts_and_train_one_student(tmp_path, tiny_assets, sh
     for m in steps:
         assert m["units/same"] > 0 and m["units/cross"] > 0
         assert math.isfinite(m["same/loss"]) and math.isfinite(m["cross/loss"])
+    assert (out / "export" / "model.safetensors").is_file()
+
+
+def test_two_ranks_two_tokenizer_families_with_2026_kinds(tmp_path, tiny_assets, sharp):
+    """``torchrun`` with 2 gloo ranks, two threads per rank, gradient accumulation (2 micro-batches
+    per rank per step): a SentencePiece-style teacher (the Mistral tokenizer, byte fallback,
+    escd through its byte-prefix map) and a byte-level BPE teacher of another vocabulary (dpca)
+    score the student's samples; both losses are finite with units on every step, the
+    unaligned fraction is logged, and one student is exported."""
+    import importlib.util
+    import math
+
+    import yaml
+
+    import xdistill.tiny as mk
+    from xdistill.metrics import read_metrics
+
+    spec = importlib.util.spec_from_file_location("train_conftest_cli2",
+                                                  Path(__file__).resolve().parent / "conftest.py")
+    helpers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helpers)
+    spm = mk.save_tiny_lm(tmp_path / "spm", "mistral", seed=4, hidden_size=16,
+                          intermediate_size=32)
+    teachers = [H.teacher("spm", "mistral", str(spm), "escd", mask_whitespace=True),
+                H.teacher("bpe", tiny_assets["tok_t"], sharp["cross"], "dpca")]
+    out = tmp_path / "two"
+    d = H.onpolicy_dict(tiny_assets["tok_s"], teachers, sharp["prompts"], out, steps=2)
+    d["prompts"]["batch_size"] = 1
+    d["train"].update(global_batch_size=4, num_threads=2)
+    d["checkpoint"]["export_hf"] = True
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump(d), encoding="utf-8")
+    proc = helpers.run_cli(["train", "onpolicy", "--config", str(path)], nproc=2,
+                           env={"OMP_NUM_THREADS": None})
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    steps = [m for m in read_metrics(out / "metrics.jsonl") if "units/spm" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    for m in steps:
+        for name in ("spm", "bpe"):
+            assert m[f"units/{name}"] > 0 and math.isfinite(m[f"{name}/loss"])
+        assert 0.0 <= m["onpolicy/unaligned_frac"] < 0.5
+        assert "bpe/clamp/uniform_fallbacks" in m and "spm/clamp/empty_groups" in m
+    rows = [json.loads(x) for x in (out / "samples_rank0.jsonl").read_text().splitlines()]
+    assert [len(r["prompts"]) for r in rows] == [2, 2]   # 2 micro-batches of 1 prompt per step
     assert (out / "export" / "model.safetensors").is_file()

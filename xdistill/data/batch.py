@@ -53,6 +53,9 @@ class TeacherView:
     # fraction of non-padding student / teacher tokens inside valid chunks, over the batch
     coverage_s: float = 1.0
     coverage_t: float = 1.0
+    # on-policy: student loss tokens whose bytes the teacher read but that no chunk pairs
+    # (bytes the teacher cannot spell, regions the aligner could not pair); None off-policy
+    s_unpaired_BTs: torch.Tensor | None = None
 
     def to(self, device, non_blocking: bool = False) -> "TeacherView":
         return _move(self, device, non_blocking)

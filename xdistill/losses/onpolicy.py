@@ -33,6 +33,22 @@ Clamps (sampled estimators; verl's defaults) with counters of how often each fir
 loss value (k3) or the advantage (k1) symmetrically into ``[-10, 10]``. A clamp that fires blocks
 the gradient through that value (``torch.clamp``), as in verl.
 
+Unpaired tokens (``unpaired_BTs``): student loss tokens whose bytes the teacher read but that no
+chunk pairs with it (bytes the teacher's vocabulary cannot spell, e.g. a control byte missing from
+its byte alphabet, or a region the aligner could not pair). Without a penalty such bytes would
+escape all supervision, and a sampling student drifts into them. With ``unpaired = "floor"``
+(default) each such token is one more loss unit whose teacher log-prob is taken to be the floor
+``logp_min`` (-10 by default: "the teacher deems these bytes near impossible"), trained in the
+policy-gradient form ``loss_i = -sg(A_i) * log p(y_i)`` with ``A_i = clamp(logp_min - log
+p(y_i), +-loss_max)`` for every kind (full-distribution kinds have no teacher distribution there);
+``"ignore"`` leaves them out (and out of the counts).
+
+Stop tokens (``stop_BTs``: the student's final EOS / end-of-turn token of responses that
+stopped): with ``stop_advantage = "zero"`` (SimpleOPD) the units that contain one get zero
+advantage in the sampled estimators (they still count in the normalisation), so the teacher's
+view of where to stop cannot drive the length; ``"teacher"`` (default) treats them like any
+other unit (the scorer pairs them with the teacher's own end token).
+
 Reward weighting: an optional per-sample weight ``w_b`` multiplies every unit of sample ``b``
 (:func:`reward_weights` gives HJSang's ``B * softmax(reward / beta)``). Normalisation: the weighted
 sum over units divided by ``num_valid`` (the trainer's global count of units, from
@@ -49,11 +65,16 @@ from xdistill.losses import cross as _cross
 from xdistill.losses import divergences as _div
 from xdistill.losses.chunks import ChunkAlignment, chunk_sum, loss_chunks, resolve_count
 from xdistill.losses.engine import DEFAULT_CHUNK_SIZE, shift_targets, token_logprobs
+from xdistill.losses.onpolicy_kinds import (KIND_COUNTERS, KINDS_2026, KindParams,
+                                            count_kind_units, kind_loss)
 
-ONPOLICY_LOSSES = ("reverse_kl", "topk_kl", "jsd", "k1", "k3")
+ONPOLICY_LOSSES = ("reverse_kl", "topk_kl", "jsd", "k1", "k3") + KINDS_2026
 SAMPLED_LOSSES = ("k1", "k3")
 CROSS_ROUTES = ("projection", "exact")
-COUNTERS = ("logp_floor_student", "logp_floor_teacher", "exp_clip", "loss_clamp")
+UNPAIRED = ("floor", "ignore")
+STOP_ADVANTAGE = ("teacher", "zero")
+COUNTERS = ("logp_floor_student", "logp_floor_teacher", "exp_clip", "loss_clamp", "zero_stop",
+            "unpaired")
 
 
 @dataclass(frozen=True)
@@ -82,8 +103,19 @@ class OnPolicyLossSpec:
     cross: str = "projection"
     # clamps of the sampled estimators
     clamps: Clamps = field(default_factory=Clamps)
+    # unpaired student tokens: "floor" (penalty at the log-prob floor) | "ignore" (module doc)
+    unpaired: str = "floor"
+    # stop tokens in the sampled estimators: "teacher" (scored like any unit) | "zero" advantage
+    stop_advantage: str = "teacher"
+    # knobs of the 2026 kinds (strict_topk, dpca, simple_opd, bpm, escd)
+    params: KindParams = field(default_factory=KindParams)
 
     def __post_init__(self):
+        if self.unpaired not in UNPAIRED:
+            raise ValueError(f"unknown unpaired policy {self.unpaired!r}; allowed: {UNPAIRED}")
+        if self.stop_advantage not in STOP_ADVANTAGE:
+            raise ValueError(f"unknown stop_advantage {self.stop_advantage!r}; allowed: "
+                             f"{STOP_ADVANTAGE}")
         if self.kind not in ONPOLICY_LOSSES:
             raise ValueError(f"unknown on-policy loss {self.kind!r}; allowed: {ONPOLICY_LOSSES}")
         if self.cross not in CROSS_ROUTES:
@@ -125,12 +157,58 @@ def input_token_logprobs(logits_BTV: torch.Tensor, ids_BT: torch.Tensor, mask_BT
 
 
 def count_onpolicy_units(spec: OnPolicyLossSpec, s_loss_mask_BTs: torch.Tensor,
-                         align: ChunkAlignment | None = None, t_loss_mask_BTt=None) -> int:
-    """Local loss units of one teacher: tokens (same tokenizer) or loss chunks (cross)."""
+                         align: ChunkAlignment | None = None, t_loss_mask_BTt=None,
+                         unpaired_BTs=None, *, student_ids_BTs=None, tables=None) -> int:
+    """Local loss units of one teacher: tokens (same tokenizer) or loss chunks (cross), or those
+    of a 2026 kind (:mod:`xdistill.losses.onpolicy_kinds`), plus the unpaired student tokens under
+    ``unpaired = "floor"``."""
+    if spec.kind in KINDS_2026:
+        if align is None:
+            raise ValueError(f"on-policy loss {spec.kind!r} needs a chunk alignment (the identity "
+                             "view's for a same-tokenizer teacher)")
+        n = count_kind_units(spec.kind, align, s_loss_mask_BTs, t_loss_mask_BTt,
+                             student_ids_BTs=student_ids_BTs, tables=tables, params=spec.params)
+        return n + count_unpaired(spec, s_loss_mask_BTs, unpaired_BTs)
     if align is None:
         return _div.count_valid_tokens(s_loss_mask_BTs)
     exact = spec.kind in ("reverse_kl", "jsd") and spec.cross == "exact"
-    return _cross.count_loss_chunks(align, s_loss_mask_BTs, t_loss_mask_BTt, exact_only=exact)
+    n = _cross.count_loss_chunks(align, s_loss_mask_BTs, t_loss_mask_BTt, exact_only=exact)
+    return n + count_unpaired(spec, s_loss_mask_BTs, unpaired_BTs)
+
+
+def _unpaired_sel(s_loss_mask_BTs, unpaired_BTs) -> torch.Tensor:
+    sel = unpaired_BTs.bool() & s_loss_mask_BTs.bool()
+    sel = sel.clone()
+    sel[:, 0] = False  # token 0 has no prediction
+    return sel
+
+
+def count_unpaired(spec: OnPolicyLossSpec, s_loss_mask_BTs, unpaired_BTs) -> int:
+    """Unpaired student loss tokens that are loss units (``unpaired = "floor"``)."""
+    if unpaired_BTs is None or spec.unpaired != "floor":
+        return 0
+    return int(_unpaired_sel(s_loss_mask_BTs, unpaired_BTs).sum())
+
+
+def unpaired_penalty(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs,
+                     s_loss_mask_BTs, unpaired_BTs, *, chunk_size=DEFAULT_CHUNK_SIZE,
+                     weight_BTs=None):
+    """(sum of the floor penalty over the unpaired tokens, their number; module doc).
+    ``weight_BTs`` (broadcastable to ``[B, Ts]``) weights each token (reward weighting)."""
+    sel = _unpaired_sel(s_loss_mask_BTs, unpaired_BTs)
+    n = int(sel.sum())
+    if n == 0:
+        return (student_logits_BTsV.sum() * 0.0).float(), 0
+    logp = input_token_logprobs(student_logits_BTsV, student_ids_BTs, sel,
+                                temperature=spec.temperature, chunk_size=chunk_size)[sel]
+    floor = spec.clamps.logp_min if spec.clamps.logp_min is not None else -10.0
+    adv = (floor - logp.detach())
+    if spec.clamps.loss_max is not None:
+        adv = adv.clamp(-spec.clamps.loss_max, spec.clamps.loss_max)
+    pen = -adv * logp
+    if weight_BTs is not None:
+        pen = pen * weight_BTs.expand_as(sel)[sel].to(pen.dtype)
+    return pen.sum(), n
 
 
 # ---------------------------------------------------------------------------- sampled estimators
@@ -197,17 +275,36 @@ def sampled_unit_losses(kind: str, s_unit_N: torch.Tensor, t_unit_N: torch.Tenso
     return k3_N, r_N.detach(), counts
 
 
+def unit_flags(flag_BTs: torch.Tensor, s_loss_mask_BTs, align: ChunkAlignment | None = None,
+               t_loss_mask_BTt=None) -> torch.Tensor:
+    """bool ``[N]`` in the unit order of :func:`unit_logprobs`: the unit holds a flagged student
+    token (e.g. a stop token)."""
+    flag = flag_BTs.bool()
+    if align is None:
+        sel = s_loss_mask_BTs.bool().clone()
+        sel[:, 0] = False
+        return flag[sel]
+    ok_BC = loss_chunks(align, s_loss_mask_BTs, t_loss_mask_BTt)
+    hit_BC = chunk_sum(flag.to(torch.float32), align.s_chunk_BTs, align.num_chunks) > 0
+    return hit_BC[ok_BC]
+
+
 def sampled_loss(kind: str, s_logp_BTs, t_logp_BTt, s_loss_mask_BTs, *, align=None,
                  t_loss_mask_BTt=None, clamps: Clamps = Clamps(), sample_weight_B=None,
-                 num_valid=None) -> OnPolicyLossOutput:
+                 num_valid=None, zero_BTs=None) -> OnPolicyLossOutput:
     """``1/num_valid * sum_u w_b(u) * loss_u`` of ``k1`` (policy gradient) or ``k3`` (module doc).
 
     ``s_logp_BTs`` (differentiable) and ``t_logp_BTt`` are sampled-token log-probs at input
     positions (:func:`input_token_logprobs`); the teacher side is treated as a constant.
+    ``zero_BTs``: units holding such a student token get zero advantage / loss (still counted).
     """
     b_N, s_N, t_N, counts = unit_logprobs(s_logp_BTs, t_logp_BTt, s_loss_mask_BTs, align,
                                           t_loss_mask_BTt, clamps.logp_min)
     loss_N, r_N, more = sampled_unit_losses(kind, s_N, t_N, clamps)
+    if zero_BTs is not None:
+        zero_N = unit_flags(zero_BTs, s_loss_mask_BTs, align, t_loss_mask_BTt)
+        loss_N = torch.where(zero_N, torch.zeros_like(loss_N), loss_N)
+        more["zero_stop"] = int(zero_N.sum())
     if sample_weight_B is not None:
         loss_N = loss_N * sample_weight_B.to(loss_N.dtype)[b_N]
     total = loss_N.sum() / resolve_count(num_valid, b_N.numel())
@@ -251,7 +348,9 @@ def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, 
                   teacher_logits_BTtV=None, teacher_ids_BTt=None, teacher_token_logp_BTt=None,
                   topk_logp_BTtK=None, topk_idx_BTtK=None, projection=None,
                   shared_s_idx_N=None, shared_t_idx_N=None, sample_weight_B=None,
-                  num_valid=None, chunk_size=DEFAULT_CHUNK_SIZE) -> OnPolicyLossOutput:
+                  unpaired_BTs=None, stop_BTs=None, behaviour_logp_BTs=None,
+                  ref_logp_BTs=None, tables=None, num_valid=None,
+                  chunk_size=DEFAULT_CHUNK_SIZE) -> OnPolicyLossOutput:
     """One teacher's on-policy loss (``align`` None = same tokenizer; see module doc).
 
     Teacher inputs by kind: ``k1``/``k3`` need ``teacher_token_logp_BTt`` (log q of the teacher's
@@ -259,49 +358,102 @@ def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, 
     ids for a same-tokenizer teacher); ``reverse_kl``/``jsd`` need ``teacher_logits_BTtV`` (plus
     ``projection`` or the ``shared_*_idx_N`` maps across tokenizers); ``topk_kl`` needs
     ``topk_logp_BTtK``/``topk_idx_BTtK`` at the loss temperature. Teacher logits are outputs at
-    temperature 1 (divide them beforehand if the worker tempered them).
+    temperature 1 (divide them beforehand if the worker tempered them). ``unpaired_BTs`` (cross
+    tokenizer) and ``stop_BTs``: see the module doc. The 2026 kinds
+    (:mod:`xdistill.losses.onpolicy_kinds`) also take ``behaviour_logp_BTs`` (rollout-time
+    log-probs; dpca, simple_opd), ``ref_logp_BTs`` (simple_opd's reference KL) and ``tables``
+    (bpm, escd); they do not take per-sample weights.
     """
+    units = count_onpolicy_units(spec, s_loss_mask_BTs, align, t_loss_mask_BTt,
+                                 unpaired_BTs if align is not None else None,
+                                 student_ids_BTs=student_ids_BTs, tables=tables)
+    count = resolve_count(num_valid, units)
+    kw = dict(align=align, t_loss_mask_BTt=t_loss_mask_BTt, sample_weight_B=sample_weight_B,
+              count=count, chunk_size=chunk_size)
+    if spec.kind in KINDS_2026:
+        if sample_weight_B is not None:
+            raise ValueError(f"on-policy loss {spec.kind!r} takes no per-sample reward weights")
+        loss, counters = kind_loss(
+            spec.kind, spec.params, student_logits_BTsV, student_ids_BTs, s_loss_mask_BTs,
+            align=align, t_loss_mask_BTt=t_loss_mask_BTt, teacher_logits_BTtV=teacher_logits_BTtV,
+            teacher_token_logp_BTt=teacher_token_logp_BTt, behaviour_logp_BTs=behaviour_logp_BTs,
+            stop_BTs=stop_BTs, ref_logp_BTs=ref_logp_BTs, shared_s_idx_N=shared_s_idx_N,
+            shared_t_idx_N=shared_t_idx_N, tables=tables, temperature=spec.temperature,
+            count=count, chunk_size=chunk_size)
+        out = OnPolicyLossOutput(loss, units, counters)
+    elif spec.kind in SAMPLED_LOSSES:
+        zero = stop_BTs if spec.stop_advantage == "zero" else None
+        out = _sampled(spec, student_logits_BTsV, student_ids_BTs, s_loss_mask_BTs,
+                       teacher_token_logp_BTt, teacher_logits_BTtV, teacher_ids_BTt, zero, **kw)
+    else:
+        teacher = {"logits_BTtV": teacher_logits_BTtV, "topk_logp_BTtK": topk_logp_BTtK,
+                   "topk_idx_BTtK": topk_idx_BTtK, "projection": projection,
+                   "shared_s_idx_N": shared_s_idx_N, "shared_t_idx_N": shared_t_idx_N}
+        out = _full(spec, student_logits_BTsV, s_loss_mask_BTs, teacher, **kw)
+    if align is None or count_unpaired(spec, s_loss_mask_BTs, unpaired_BTs) == 0:
+        counters = {**out.counters, "unpaired": 0} if align is not None else out.counters
+        return OnPolicyLossOutput(out.loss, units, counters, out.mean_logratio)
+    w_BTs = None
+    if sample_weight_B is not None:
+        w_BTs = sample_weight_B.to(student_logits_BTsV.device, torch.float32)[:, None]
+    pen, n = unpaired_penalty(spec, student_logits_BTsV, student_ids_BTs, s_loss_mask_BTs,
+                              unpaired_BTs,
+                              chunk_size=chunk_size, weight_BTs=w_BTs)
+    return OnPolicyLossOutput(out.loss + pen / count, units, {**out.counters, "unpaired": n},
+                              out.mean_logratio)
+
+
+def _sampled(spec, s_logits, s_ids, s_mask, t_token_logp, t_logits, t_ids, zero_BTs, *, align,
+             t_loss_mask_BTt, sample_weight_B, count, chunk_size) -> OnPolicyLossOutput:
     tau = spec.temperature
-    if spec.kind in SAMPLED_LOSSES:
-        s_logp = input_token_logprobs(student_logits_BTsV, student_ids_BTs, s_loss_mask_BTs,
-                                      temperature=tau, chunk_size=chunk_size)
-        t_logp = teacher_token_logp_BTt
-        if t_logp is None:
-            ids = student_ids_BTs if (align is None and teacher_ids_BTt is None) else teacher_ids_BTt
-            if teacher_logits_BTtV is None or ids is None:
-                raise ValueError(f"on-policy loss {spec.kind!r} needs teacher_token_logp_BTt or "
-                                 "teacher_logits_BTtV with the teacher ids")
-            t_logp = input_token_logprobs(teacher_logits_BTtV.detach(), ids, temperature=tau,
-                                          chunk_size=chunk_size)
-        return sampled_loss(spec.kind, s_logp, t_logp.detach(), s_loss_mask_BTs, align=align,
-                            t_loss_mask_BTt=t_loss_mask_BTt, clamps=spec.clamps,
-                            sample_weight_B=sample_weight_B, num_valid=num_valid)
-    teacher = {"logits_BTtV": teacher_logits_BTtV, "topk_logp_BTtK": topk_logp_BTtK,
-               "topk_idx_BTtK": topk_idx_BTtK, "projection": projection,
-               "shared_s_idx_N": shared_s_idx_N, "shared_t_idx_N": shared_t_idx_N}
+    s_logp = input_token_logprobs(s_logits, s_ids, s_mask, temperature=tau, chunk_size=chunk_size)
+    t_logp = t_token_logp
+    if t_logp is None:
+        ids = s_ids if (align is None and t_ids is None) else t_ids
+        if t_logits is None or ids is None:
+            raise ValueError(f"on-policy loss {spec.kind!r} needs teacher_token_logp_BTt or "
+                             "teacher_logits_BTtV with the teacher ids")
+        t_logp = input_token_logprobs(t_logits.detach(), ids, temperature=tau,
+                                      chunk_size=chunk_size)
+    return sampled_loss(spec.kind, s_logp, t_logp.detach(), s_mask, align=align,
+                        t_loss_mask_BTt=t_loss_mask_BTt, clamps=spec.clamps,
+                        sample_weight_B=sample_weight_B, num_valid=count, zero_BTs=zero_BTs)
+
+
+def _full(spec, s_logits, s_mask, teacher: dict, *, align, t_loss_mask_BTt, sample_weight_B,
+          count, chunk_size) -> OnPolicyLossOutput:
     needed = (("topk_logp_BTtK", "topk_idx_BTtK") if spec.kind == "topk_kl" else ("logits_BTtV",))
     if align is not None and spec.kind != "topk_kl":
         needed += (("projection",) if spec.cross == "projection"
                    else ("shared_s_idx_N", "shared_t_idx_N"))
     for name in needed:
         _need(teacher, name, spec)
-    units = count_onpolicy_units(spec, s_loss_mask_BTs, align, t_loss_mask_BTt)
-    count = resolve_count(num_valid, units)
+    args = (spec, s_logits, s_mask, align, t_loss_mask_BTt, teacher, count, chunk_size)
     if sample_weight_B is None:
-        total = _full_loss(spec, student_logits_BTsV, s_loss_mask_BTs, align, t_loss_mask_BTt,
-                           teacher, count, chunk_size)
-        return OnPolicyLossOutput(total, units, {})
+        return OnPolicyLossOutput(_full_loss(*args), 0, {})
     # per-sample weights: one call per distinct weight, rows of other weights masked out
     w_B = sample_weight_B.detach().to(torch.float64)
     total = None
     for w in torch.unique(w_B):
         if float(w) == 0.0:
             continue
-        rows_B = (w_B == w).to(s_loss_mask_BTs.device)
-        mask = s_loss_mask_BTs.bool() & rows_B[:, None]
-        term = float(w) * _full_loss(spec, student_logits_BTsV, mask, align, t_loss_mask_BTt,
-                                     teacher, count, chunk_size)
+        rows_B = (w_B == w).to(s_mask.device)
+        mask = s_mask.bool() & rows_B[:, None]
+        term = float(w) * _full_loss(spec, s_logits, mask, align, t_loss_mask_BTt, teacher,
+                                     count, chunk_size)
         total = term if total is None else total + term
     if total is None:
-        total = (student_logits_BTsV.sum() * 0.0).float()
-    return OnPolicyLossOutput(total, units, {})
+        total = (s_logits.sum() * 0.0).float()
+    return OnPolicyLossOutput(total, 0, {})
+
+
+def counter_keys(spec: OnPolicyLossSpec, cross: bool) -> tuple[str, ...]:
+    """The integer counters :func:`onpolicy_loss` reports for ``spec`` (always the same keys)."""
+    keys: tuple[str, ...] = ()
+    if spec.kind in SAMPLED_LOSSES:
+        keys = ("logp_floor_student", "logp_floor_teacher", "exp_clip", "loss_clamp")
+        if spec.stop_advantage == "zero":
+            keys += ("zero_stop",)
+    elif spec.kind in KINDS_2026:
+        keys = KIND_COUNTERS[spec.kind]
+    return keys + (("unpaired",) if cross else ())

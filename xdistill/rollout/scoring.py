@@ -7,13 +7,14 @@ Student rows: ``prompt ids + response ids`` exactly as sampled (never re-tokeniz
 Student loss mask = the rollout's response mask (LLM tokens; tool/environment tokens and padding
 are 0).
 
-Teacher rows (cross tokenizer): ``[BOS] + encode(render_prompt(teacher, prompt)) +
-encode(response text) [+ end token]``: the prompt is re-rendered with the teacher's own chat
-template and generation prompt, and the response *bytes* (the concatenated table bytes of the
-student's response tokens) are appended verbatim and tokenized on their own (so both sides have a
-token boundary where the response starts). When the student's response ended with a stop token,
-the teacher's own end-of-turn token (:func:`xdistill.rollout.render.end_of_turn_id`) follows; the
-aligner pairs the two role tokens.
+Teacher rows (cross tokenizer): ``[BOS] +`` the teacher's own rendering of the prompt (its chat
+template and generation prompt) with the student's response bytes inside, encoded in one piece
+(:mod:`xdistill.rollout.teacher_text`: no byte added or lost; invalid UTF-8 spelled with the
+teacher's byte tokens; a token straddling the prompt/response boundary carries phantom bytes) ``[+
+end token]``. When the student's response ended with a stop token (EOS or end-of-turn), the
+teacher's end token for the conversation (:func:`xdistill.rollout.render.end_of_turn_id`) follows
+and the two stop tokens are paired as one role chunk whatever their roles: an end of turn on one
+side is a stop on the other (:func:`bridge_stops`).
 
 Masks through bytes: the LLM part of the response is a set of byte spans (maximal runs of
 response tokens with mask 1). A teacher token carries loss iff it has bytes and they all lie
@@ -21,8 +22,11 @@ inside one LLM span (:func:`xdistill.data.chat.token_loss_mask`); the appended e
 loss iff the student's stop token did. Tokens straddling an LLM/tool edge carry no loss on either
 side, and a chunk carries loss only if every token of it does on both sides
 (:func:`xdistill.losses.chunks.loss_chunks`), so tool bytes never receive loss on any side.
-Invalid UTF-8 in the response (a byte-level model may stop mid-character) is decoded with
-U+FFFD per LLM/tool piece; the aligner's DP path leaves those bytes unaligned.
+
+Unpaired bytes: student loss tokens that no chunk pairs although the teacher read their bytes
+(bytes the teacher vocabulary cannot spell, regions the aligner could not pair) are marked in the
+view's ``s_unpaired_BTs``; the on-policy losses give them a documented penalty and the trainer
+reports ``<teacher>/unaligned_frac`` (their share of the response's loss bytes).
 
 Only the response regions are aligned (``align_batch`` over B rows): prompt tokens belong to no
 chunk on either side. Teachers whose tokenizer fingerprint equals the student's (and with the same
@@ -41,6 +45,7 @@ from xdistill.data.batch import BatchStats, DistillBatch, TeacherView
 from xdistill.data.chat import token_loss_mask
 from xdistill.rollout.engine import Rollouts, _pad_id
 from xdistill.rollout.render import end_of_turn_id, is_chat, render_prompt
+from xdistill.rollout.teacher_text import teacher_region
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,10 @@ class ScoringStats:
     coverage: dict = field(default_factory=dict)
     # per teacher: fraction of rows aligned through the DP path (bytes differed)
     dp_fraction: dict = field(default_factory=dict)
+    # per teacher: fraction of the student's loss bytes in tokens no chunk pairs
+    unaligned_frac: dict = field(default_factory=dict)
+    # per teacher: response bytes its vocabulary cannot spell (left out of its text)
+    missing_bytes: dict = field(default_factory=dict)
     # seconds spent re-rendering, tokenizing and aligning
     seconds: float = 0.0
 
@@ -73,6 +82,9 @@ class ScoredBatch:
     # per-sample reward (None when the rollouts carry none), float32 [B]
     rewards_B: torch.Tensor | None
     stats: ScoringStats
+    # the student's own final stop token of responses that stopped (EOS / end of turn), bool
+    # [B, Ts]; None when unknown
+    stop_BTs: torch.Tensor | None = None
 
 
 def _student_rows(ro: Rollouts, pad: int):
@@ -95,7 +107,8 @@ def response_text(table, ids_T: np.ndarray, mask_T: np.ndarray) -> tuple[str, np
     """(response text, LLM byte spans ``[K, 2]`` in ``text.encode()`` coordinates).
 
     The text is the concatenation of the tokens' table bytes, decoded per maximal run of equal
-    mask (U+FFFD for invalid UTF-8); the spans are the decoded LLM runs.
+    mask (U+FFFD for invalid UTF-8); the spans are the decoded LLM runs. (For display; the scorer
+    works on the raw bytes, :func:`response_bytes`.)
     """
     lengths = table.lengths_V[ids_T] if ids_T.size else np.zeros(0, dtype=np.int64)
     ends = np.cumsum(lengths)
@@ -113,6 +126,38 @@ def response_text(table, ids_T: np.ndarray, mask_T: np.ndarray) -> tuple[str, np
         pieces.append(piece)
         pos += n
     return "".join(pieces), np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+
+
+def response_bytes(table, ids_T: np.ndarray, mask_T: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """(the response's raw bytes, LLM byte spans ``[K, 2]``: maximal runs of mask-1 tokens)."""
+    if ids_T.size == 0:
+        return b"", np.zeros((0, 2), dtype=np.int64)
+    ends = np.cumsum(table.lengths_V[ids_T])
+    starts = ends - table.lengths_V[ids_T]
+    spans = []
+    edges = np.flatnonzero(np.diff(mask_T.astype(np.int8))) + 1
+    for a, b in zip(np.r_[0, edges], np.r_[edges, ids_T.size]):
+        if mask_T[a] and ends[b - 1] > starts[a]:
+            spans.append((int(starts[a]), int(ends[b - 1])))
+    return table.concat(ids_T), np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+
+
+def bridge_stops(s_chunk_BTs, t_chunk_BTt, valid_BC, n_chunks_B, s_end_B, t_end_B) -> int:
+    """Pair each row's final student stop token (row position ``s_end_B[b]``, -1 = none) with
+    the teacher's appended end token (``t_end_B[b]``, -1 = none) as one role chunk, in place,
+    when the aligner left both unpaired -- an EOS on one side against an end-of-turn marker on
+    the other. ``valid_BC`` needs a spare column. Returns the number of bridged rows."""
+    bridged = 0
+    for b in range(s_chunk_BTs.shape[0]):
+        i, j = int(s_end_B[b]), int(t_end_B[b])
+        if i < 0 or j < 0 or s_chunk_BTs[b, i] >= 0 or t_chunk_BTt[b, j] >= 0:
+            continue
+        k = int(n_chunks_B[b])
+        s_chunk_BTs[b, i], t_chunk_BTt[b, j] = k, k
+        valid_BC[b, k] = True
+        n_chunks_B[b] = k + 1
+        bridged += 1
+    return bridged
 
 
 class RolloutScorer:
@@ -138,14 +183,17 @@ class RolloutScorer:
         real = torch.arange(ro.response_ids_BTr.shape[1])[None, :] < ro.response_len_B[:, None]
         n_resp = int(real.sum())
         tool_ratio = float((real & ~ro.response_mask_BTr).sum()) / max(n_resp, 1)
-        views, t_tool, cov, dp = [], {}, {}, {}
+        views, t_tool, cov, dp, unal, missing = [], {}, {}, {}, {}, {}
         for spec in self.teachers:
             if (spec.tokenizer.fingerprint == self.student.fingerprint
                     and bool(spec.add_bos) == self.student_add_bos):
                 view = _identity_view(spec.name, ids, attn, loss)
                 t_tool[spec.name], dp[spec.name] = tool_ratio, 0.0
+                unal[spec.name], missing[spec.name] = 0.0, 0
             else:
-                view, t_tool[spec.name], dp[spec.name] = self._teacher_view(spec, ro, ids.shape)
+                view, t_tool[spec.name], dp[spec.name], extra = self._teacher_view(spec, ro,
+                                                                                   ids.shape)
+                unal[spec.name], missing[spec.name] = extra["unaligned_frac"], extra["missing_bytes"]
             cov_mask = loss.clone()
             cov_mask[:, 0] = False
             cov[spec.name] = float((view.s_chunk_BTs[cov_mask] >= 0).float().mean()) if cov_mask.any() else 1.0
@@ -156,40 +204,40 @@ class RolloutScorer:
                             collate_seconds=seconds,
                             unaligned_fraction={v.name: 1.0 - v.coverage_s for v in views})
         batch = DistillBatch(ids, attn, labels, loss, tuple(views), bstats)
-        stats = ScoringStats(tool_ratio, n_resp, t_tool, cov, dp, seconds)
-        return ScoredBatch(batch, blp, ro.prompt_len_B.clone(), ro.rewards_B, stats)
+        stats = ScoringStats(tool_ratio, n_resp, t_tool, cov, dp, unal, missing, seconds)
+        stop = torch.zeros_like(loss)
+        for b in range(ro.batch_size):
+            if self._stopped(ro, b):
+                stop[b, int(ro.prompt_len_B[b] + ro.response_len_B[b]) - 1] = True
+        return ScoredBatch(batch, blp, ro.prompt_len_B.clone(), ro.rewards_B, stats, stop)
 
     # ------------------------------------------------------------------ cross tokenizer
     def _regions(self, spec, ro: Rollouts):
-        """Per sample: (teacher prefix ids, region ids, region loss, region phantom)."""
+        """Per sample: (prefix ids, region ids, region loss, region phantom, teacher stop,
+        missing bytes, LLM spans, region byte end)."""
         tok, s_table = spec.tokenizer, self.student.table
-        texts, spans = [], []
-        for b in range(ro.batch_size):
-            r = int(ro.response_len_B[b])
-            text, sp = response_text(s_table, ro.response_ids_BTr[b, :r].numpy(),
-                                     ro.response_mask_BTr[b, :r].numpy())
-            texts.append(text)
-            spans.append(sp)
-        prefixes = [render_prompt(tok, p) for p in ro.prompts]
-        encs = tok.encode_batch(prefixes + texts, add_special_tokens=False)
         out = []
         for b in range(ro.batch_size):
-            pre = np.asarray(encs[b].ids, dtype=np.int64)
+            r = int(ro.response_len_B[b])
+            raw, spans = response_bytes(s_table, ro.response_ids_BTr[b, :r].numpy(),
+                                        ro.response_mask_BTr[b, :r].numpy())
+            reg = teacher_region(tok, render_prompt(tok, ro.prompts[b]), raw)
+            pre = reg.prefix_ids
             if spec.add_bos:
                 pre = np.concatenate([[int(tok.bos_id)], pre])
-            enc = encs[ro.batch_size + b]
-            t_ids = np.asarray(enc.ids, dtype=np.int64)
-            t_loss = token_loss_mask(t_ids, np.asarray(enc.starts), np.asarray(enc.ends),
-                                     tok.table.roles_V, spans[b], end_of_turn=False)
-            r = int(ro.response_len_B[b])
-            last = int(ro.response_ids_BTr[b, r - 1]) if r else -1
-            if r and ro.finish_reasons[b] == "stop" and self.student.table.lengths_V[last] == 0:
+            t_ids, t_ph = reg.ids_T, reg.phantom_T
+            t_loss = token_loss_mask(t_ids, reg.starts_T, reg.ends_T, tok.table.roles_V, spans,
+                                     end_of_turn=False)
+            t_stop = False
+            if self._stopped(ro, b):
                 end = end_of_turn_id(tok) if is_chat(ro.prompts[b]) else tok.eos_id
                 if end is not None:
-                    t_ids = np.append(t_ids, int(end))
+                    t_ids, t_ph = np.append(t_ids, int(end)), np.append(t_ph, 0)
                     t_loss = np.append(t_loss, bool(ro.response_mask_BTr[b, r - 1]))
-            pre, t_ids, t_loss = _truncate(pre, t_ids, t_loss, spec.max_len)
-            out.append((pre, t_ids, t_loss, int(getattr(enc, "phantom_prefix", 0) or 0)))
+                    t_stop = True
+            pre, t_ids, t_loss, t_ph, cut = _truncate(pre, t_ids, t_loss, t_ph, spec.max_len)
+            seen = int(reg.ends_T[t_ids.size - 1]) if t_ids.size and cut else len(raw)
+            out.append((pre, t_ids, t_loss, t_ph, t_stop and not cut, reg.missing_bytes, seen))
         return out
 
     def _teacher_view(self, spec, ro: Rollouts, shape_BTs):
@@ -203,13 +251,12 @@ class RolloutScorer:
         s_ids[:, :ro.response_ids_BTr.shape[1]] = ro.response_ids_BTr.numpy()[:, :s_ids.shape[1]]
         s_ids[np.arange(s_ids.shape[1])[None, :] >= s_len[:, None]] = 0
         t_ids = np.zeros((B, max(int(t_len.max()), 1)), dtype=np.int64)
+        t_ph = np.zeros_like(t_ids)
         for b, reg in enumerate(regions):
-            t_ids[b, :reg[1].size] = reg[1]
+            t_ids[b, :reg[1].size], t_ph[b, :reg[3].size] = reg[1], reg[3]
         res = align_batch(s_ids, s_len, t_ids, t_len, self.student.table, spec.tokenizer.table,
-                          s_phantom_B=np.zeros(B, dtype=np.int64),
-                          t_phantom_B=np.array([reg[3] for reg in regions], dtype=np.int64),
-                          chunks=self.chunks, method=self.method)
-        rows = [np.concatenate([pre, reg]) for pre, reg, _, _ in regions]
+                          t_phantom_BTt=t_ph, chunks=self.chunks, method=self.method)
+        rows = [np.concatenate([pre, reg]) for pre, reg, *_ in regions]
         Tt = max(r.size for r in rows)
         pad = _pad_id(spec.tokenizer)
         ids_BTt = np.full((B, Tt), pad, dtype=np.int64)
@@ -218,17 +265,22 @@ class RolloutScorer:
         s_chunk = np.full((B, Ts), -1, dtype=np.int64)
         t_chunk = np.full((B, Tt), -1, dtype=np.int64)
         p_s = ro.prompt_len_B.numpy()
-        for b, (pre, reg, reg_loss, _) in enumerate(regions):
+        for b, (pre, reg, reg_loss, *_) in enumerate(regions):
             n = pre.size + reg.size
             ids_BTt[b, :n], attn_BTt[b, :n] = rows[b], True
             loss_BTt[b, pre.size:n] = reg_loss
             s_chunk[b, p_s[b]:p_s[b] + s_len[b]] = res.s_chunk_BTs[b, :s_len[b]]
             t_chunk[b, pre.size:n] = res.t_chunk_BTt[b, :reg.size]
-        C = max(int(res.n_chunks_B.max(initial=0)), 1)
+        C = int(res.n_chunks_B.max(initial=0)) + 1   # a spare column for the stop bridge
         valid = np.zeros((B, C), dtype=bool)
         exact = np.zeros((B, C), dtype=bool)
-        valid[:, :res.chunk_valid_BC.shape[1]] = res.chunk_valid_BC[:, :C]
-        exact[:, :res.chunk_exact_BC.shape[1]] = res.chunk_exact_BC[:, :C]
+        valid[:, :res.chunk_valid_BC.shape[1]] = res.chunk_valid_BC
+        exact[:, :res.chunk_exact_BC.shape[1]] = res.chunk_exact_BC
+        s_end = np.array([p_s[b] + n - 1 if self._stopped(ro, b) else -1
+                          for b, n in enumerate(s_len)])
+        t_end = np.array([reg[0].size + reg[1].size - 1 if reg[4] else -1 for reg in regions])
+        bridge_stops(s_chunk, t_chunk, valid, res.n_chunks_B.copy(), s_end, t_end)
+        unpaired, frac = self._unpaired(ro, s_chunk, regions)
         region_tokens = int(t_len.sum())
         region_loss = sum(int(reg[2].sum()) for reg in regions)
         tool = 1.0 - region_loss / max(region_tokens, 1)
@@ -238,19 +290,50 @@ class RolloutScorer:
                            torch.from_numpy(loss_BTt), torch.from_numpy(s_chunk),
                            torch.from_numpy(t_chunk), torch.from_numpy(valid),
                            torch.from_numpy(exact & valid), identity=False,
-                           coverage_s=cov_s, coverage_t=cov_t)
-        return view, tool, float(np.mean(res.used_dp_B)) if B else 0.0
+                           coverage_s=cov_s, coverage_t=cov_t,
+                           s_unpaired_BTs=torch.from_numpy(unpaired))
+        extra = {"unaligned_frac": frac, "missing_bytes": sum(reg[5] for reg in regions)}
+        return view, tool, float(np.mean(res.used_dp_B)) if B else 0.0, extra
+
+    def _stopped(self, ro: Rollouts, b: int) -> bool:
+        """The student's response ``b`` ended with its own stop token (a zero-byte role token)."""
+        r = int(ro.response_len_B[b])
+        return bool(r and ro.finish_reasons[b] == "stop" and
+                    self.student.table.lengths_V[int(ro.response_ids_BTr[b, r - 1])] == 0)
+
+    def _unpaired(self, ro: Rollouts, s_chunk_BTs, regions):
+        """(student loss tokens the teacher read but no chunk pairs, bool [B, Ts]; their share of
+        the response's loss bytes)."""
+        B, Ts = s_chunk_BTs.shape
+        out = np.zeros((B, Ts), dtype=bool)
+        lengths = self.student.table.lengths_V
+        bad_bytes = tot_bytes = 0
+        for b in range(B):
+            p, r = int(ro.prompt_len_B[b]), int(ro.response_len_B[b])
+            ids = ro.response_ids_BTr[b, :r].numpy()
+            mask = ro.response_mask_BTr[b, :r].numpy().astype(bool)
+            ends = np.cumsum(lengths[ids]) if r else np.zeros(0, np.int64)
+            # zero-byte tokens (the stop token) are paired by the stop bridge when the teacher
+            # has an end token; a teacher without one never read a stop
+            seen = (ends <= regions[b][6]) & (lengths[ids] > 0)
+            unp = mask & (s_chunk_BTs[b, p:p + r] < 0) & seen
+            out[b, p:p + r] = unp
+            nbytes = np.maximum(lengths[ids], 1)  # a stop token counts as one unit
+            bad_bytes += int(nbytes[unp].sum())
+            tot_bytes += int(nbytes[mask].sum())
+        return out, bad_bytes / max(tot_bytes, 1)
 
 
-def _truncate(pre, reg, reg_loss, max_len):
+def _truncate(pre, reg, reg_loss, reg_ph, max_len):
     """Fit ``prefix + region`` into ``max_len`` teacher tokens: drop prefix tokens from the left
-    first (the generation prompt survives), then region tokens from the right."""
+    first (the generation prompt survives), then region tokens from the right. The last value
+    tells whether region tokens were cut."""
     if max_len is None or pre.size + reg.size <= max_len:
-        return pre, reg, reg_loss
+        return pre, reg, reg_loss, reg_ph, False
     keep_pre = max(max_len - reg.size, 1)
     pre = pre[-keep_pre:]
     room = max(max_len - pre.size, 0)
-    return pre, reg[:room], reg_loss[:room]
+    return pre, reg[:room], reg_loss[:room], reg_ph[:room], room < reg.size
 
 
 def _identity_view(name: str, ids, attn, loss) -> TeacherView:

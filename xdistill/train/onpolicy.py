@@ -27,6 +27,7 @@ import hashlib
 import json
 
 import numpy as np
+import torch
 
 from xdistill import distributed as xdist
 from xdistill.data.loader import WatchedIterator
@@ -88,6 +89,8 @@ class OnPolicyMode(core.TrainMode):
         self.loaders, self.iters = [], []
         self.pool = self.engine = self.scorer = self.mix = None
         self._plan = None
+        # the frozen initial student (simple_opd's reference KL), else None
+        self.reference = None
 
     def plan(self, cfg: OnPolicyConfig, env):
         validate_onpolicy(cfg)
@@ -115,6 +118,8 @@ class OnPolicyMode(core.TrainMode):
             self.mix.loaders if self.mix else [])
         gen_model = _SyncedGenerate(run.model) if env.distributed else run.model
         self.engine = build_engine(cfg.rollout, gen_model, plan.student_tok)
+        if plan.needs_reference:
+            self.reference = _frozen_initial_student(cfg, run.device)
 
     def start(self, run: core.Run) -> None:
         self.pool.start()
@@ -171,7 +176,8 @@ class OnPolicyMode(core.TrainMode):
         keys = ["loss"]
         for t in cfg.teachers:
             keys += [f"{t.name}/loss", f"{t.name}/coverage"]
-        keys += ["tool_token_ratio", "response_len", "lr", "grad_norm", "tok_per_s"]
+        keys += ["onpolicy/unaligned_frac", "tool_token_ratio", "response_len", "lr",
+                 "grad_norm", "tok_per_s"]
         return keys + [f"time/{k}" for k in ("generation", "score", "teacher", "student", "loss",
                                              "optim")]
 
@@ -181,6 +187,22 @@ class OnPolicyMode(core.TrainMode):
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
+
+
+def _frozen_initial_student(cfg, device):
+    """A second, frozen copy of the student as it starts (before any resume): the reference
+    ``q_init`` of simple_opd's KL term. Built from the same config and seed, so it equals the
+    initial weights even on a resumed run."""
+    from xdistill.student.model import load_student
+    from xdistill.train.core import seed_everything
+
+    state = torch.random.get_rng_state()
+    seed_everything(cfg.train.seed)
+    model = load_student(cfg.student).to(device).eval()
+    torch.random.set_rng_state(state)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
 
 
 def rollout_batch(run: core.Run, step: int, timers, micro: int | None = None):
@@ -216,6 +238,10 @@ def _rollout_metrics(metrics, ro, scored) -> None:
     for name in st.coverage:
         metrics.mean(f"{name}/coverage", st.coverage[name])
         metrics.mean(f"{name}/tool_ratio", st.teacher_tool_ratio[name])
+        metrics.mean(f"{name}/unaligned_frac", st.unaligned_frac.get(name, 0.0))
+        metrics.add(f"{name}/missing_bytes", st.missing_bytes.get(name, 0))
+    metrics.mean("onpolicy/unaligned_frac", float(np.mean(list(st.unaligned_frac.values())))
+                 if st.unaligned_frac else 0.0)
 
 
 def run_onpolicy(cfg: OnPolicyConfig, reward_fn=None) -> dict:

@@ -23,7 +23,8 @@ from xdistill.train.config import (CheckpointConfig, RunSchedulerConfig, TrainCo
                                    validate_student_source, validate_teacher_worker)
 from xdistill.train.optim import OptimConfig
 
-OnPolicyKind = Literal["reverse_kl", "topk_kl", "jsd", "k1", "k3"]
+OnPolicyKind = Literal["reverse_kl", "topk_kl", "jsd", "k1", "k3", "strict_topk", "dpca",
+                       "simple_opd", "bpm", "escd"]
 OffPolicyKind = Literal["", "forward_kl", "reverse_kl", "jsd", "topk_kl", "exact_kl", "pkl", "uld",
                         "gold", "alm"]
 
@@ -33,7 +34,12 @@ class OnPolicyTeacherLoss:
     """How one teacher scores the student's samples (see xdistill.losses.onpolicy)."""
 
     # on-policy loss: reverse_kl (full distribution), topk_kl (teacher top-k + tail bucket, same
-    # tokenizer and worker.output = topk), jsd, k1 (policy-gradient advantage) or k3 (sampled)
+    # tokenizer and worker.output = topk), jsd, k1 (policy-gradient advantage), k3 (sampled), or
+    # a 2026 cross-tokenizer method: strict_topk (reverse KL at exact 1:1 positions on the
+    # student's top-k shared tokens), dpca (chunk log-ratio split by behaviour log-probs, PPO
+    # clipped), simple_opd (advantage on exact 1:1 spans only, PPO clipped), bpm (teacher mass
+    # mapped to student tokens by byte prefix, forward KL at chunk starts), escd (bpm + the
+    # completion-set term at the visited child state); see xdistill/losses/onpolicy_kinds.py
     kind: OnPolicyKind = "reverse_kl"
     # static weight of this teacher's loss
     weight: float = 1.0
@@ -46,6 +52,19 @@ class OnPolicyTeacherLoss:
     cross: Literal["projection", "exact"] = "projection"
     # projection artifact (.npz from `xdistill projection build`) for cross = projection
     projection: str = ""
+    # strict_topk: size k of the student's top-k set inside the shared vocabulary
+    top_k: int = 16
+    # dpca / simple_opd: PPO ratio clip 1 - clip_low .. 1 + clip_high, dual clip c for negative
+    # advantages (loss.loss_max is the advantage clamp)
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip: float = 10.0
+    # simple_opd: weight beta of the reference KL(q_theta || q_init) to the initial student
+    # (0 = off; > 0 keeps a frozen copy of the initial student)
+    ref_beta: float = 0.0
+    # bpm / escd: drop chunk starts whose sampled student token is whitespace only (BPM's mask
+    # against learning the teacher's whitespace habits)
+    mask_whitespace: bool = False
     # loss of this teacher on mixed-in off-policy batches (loss.offpolicy_lambda > 0), an
     # off-policy kind; "" = derived from kind (same tokenizer: reverse_kl/jsd/topk_kl as is, k1/k3
     # -> forward_kl; cross: pkl (projection route) or exact_kl, k1/k3 -> alm)
@@ -113,6 +132,14 @@ class OnPolicyLossConfig:
     loss_max: float | None = 10.0
     # k3: clip of the log-ratio inside exp; null = off
     exp_clip: float | None = 20.0
+    # student tokens a cross-tokenizer teacher read but no chunk pairs (bytes it cannot spell):
+    # floor (a policy-gradient penalty as if the teacher gave them log-prob logp_min; one loss
+    # unit each) or ignore (no loss, not counted)
+    unpaired: Literal["floor", "ignore"] = "floor"
+    # the student's stop token in the sampled estimators: teacher (scored against the teacher's
+    # own end token like any unit) or zero (zero advantage, SimpleOPD's guard against length
+    # blow-up)
+    stop_advantage: Literal["teacher", "zero"] = "teacher"
     # reward weighting of samples: weight B * softmax(reward / reward_beta) when the rollouts
     # carry rewards; 0 = off
     reward_beta: float = 0.0
@@ -202,7 +229,14 @@ def _validate_teacher(t: OnPolicyTeacherConfig, key: str) -> None:
     if t.worker.temperature != 1.0 and t.worker.temperature != lc.temperature:
         raise ConfigError(f"{key}.worker.temperature ({t.worker.temperature}) must be 1 or equal "
                           f"to loss.temperature ({lc.temperature})")
-    full = lc.kind in ("reverse_kl", "jsd")
+    full = lc.kind in ("reverse_kl", "jsd", "strict_topk", "bpm", "escd")
+    if lc.kind in ("dpca", "simple_opd") and t.worker.output == "projected":
+        raise ConfigError(f"{key}: loss {lc.kind!r} needs the teacher's token log-probs "
+                          "(worker.output logits or topk)")
+    if lc.top_k < 1 or lc.ref_beta < 0 or not (0 <= lc.clip_low < 1) or lc.clip_high < 0 \
+            or lc.dual_clip <= 1:
+        raise ConfigError(f"{key}.loss: top_k must be >= 1, ref_beta >= 0, clip_low in [0, 1), "
+                          "clip_high >= 0 and dual_clip > 1")
     if full and t.worker.output != "logits":
         raise ConfigError(f"{key}: loss {lc.kind!r} needs worker.output = 'logits' "
                           f"(got {t.worker.output!r}); use k1/k3 with top-k teachers")

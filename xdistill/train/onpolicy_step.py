@@ -29,7 +29,9 @@ import torch
 from xdistill import distributed as xdist
 from xdistill.errors import ConfigError
 from xdistill.losses.chunks import ChunkAlignment
-from xdistill.losses.onpolicy import (COUNTERS, Clamps, OnPolicyLossSpec, count_onpolicy_units,
+from xdistill.losses.onpolicy_kinds import FULL_LOGITS_KINDS, KINDS_2026, KindParams
+from xdistill.losses.policy import PPOClip
+from xdistill.losses.onpolicy import (Clamps, OnPolicyLossSpec, count_onpolicy_units, counter_keys,
                                       onpolicy_loss, reward_weights)
 from xdistill.train import setup
 from xdistill.train.onpolicy_config import OnPolicyConfig
@@ -51,8 +53,19 @@ class OnPolicyPlan:
     weights: dict
     # teacher name -> torch sparse CSR proj_VsVt (cross route projection)
     projections: dict = field(default_factory=dict)
-    # teacher name -> (student ids [N], teacher ids [N]) of identical token bytes (cross route exact)
+    # teacher name -> (student ids [N], teacher ids [N]) of identical token bytes (cross route
+    # exact, strict_topk)
     shared: dict = field(default_factory=dict)
+    # teacher name -> BytePrefixTables (bpm, escd)
+    tables: dict = field(default_factory=dict)
+    # True when some teacher's simple_opd uses the reference KL (needs the initial student)
+    needs_reference: bool = False
+
+
+def _kind_params(tl, clamps) -> KindParams:
+    return KindParams(top_k=tl.top_k, ppo=PPOClip(tl.clip_low, tl.clip_high, tl.dual_clip),
+                      adv_clamp=clamps.loss_max, ref_beta=tl.ref_beta,
+                      mask_whitespace=tl.mask_whitespace)
 
 
 def build_onpolicy_plan(cfg: OnPolicyConfig) -> OnPolicyPlan:
@@ -66,30 +79,54 @@ def build_onpolicy_plan(cfg: OnPolicyConfig) -> OnPolicyPlan:
         tok = setup._load_tok(t.tokenizer, t.worker.model, f"{key}.tokenizer")
         same = tok.fingerprint == student.fingerprint
         plan.teacher_toks[t.name], plan.same_tok[t.name] = tok, same
-        plan.specs[t.name] = OnPolicyLossSpec(tl.kind, tl.beta, tl.temperature, tl.cross, clamps)
+        plan.specs[t.name] = OnPolicyLossSpec(tl.kind, tl.beta, tl.temperature, tl.cross, clamps,
+                                              unpaired=lc.unpaired,
+                                              stop_advantage=lc.stop_advantage,
+                                              params=_kind_params(tl, clamps))
         plan.weights[t.name] = float(tl.weight)
+        plan.needs_reference |= tl.kind == "simple_opd" and tl.ref_beta > 0
         if tl.kind == "topk_kl" and not same:
             raise ConfigError(f"{key}.loss.kind: 'topk_kl' needs the student's tokenizer; teacher "
                               f"{t.name!r} uses {tok.name!r}, the student {student.name!r}")
-        if same or tl.kind not in ("reverse_kl", "jsd"):
-            continue
-        if tl.cross == "projection":
+        if tl.kind in ("bpm", "escd"):
+            plan.tables[t.name] = byteprefix_tables(student, tok)
+        if tl.kind == "strict_topk" or (not same and tl.kind in ("reverse_kl", "jsd")
+                                        and tl.cross == "exact"):
+            plan.shared[t.name] = _shared(key, student, tok)
+        elif not same and tl.kind in ("reverse_kl", "jsd"):
             if not tl.projection:
                 raise ConfigError(f"{key}.loss.projection: cross-tokenizer {tl.kind!r} through "
                                   "the projection needs an artifact (or set loss.cross = exact)")
             plan.projections[t.name] = setup._projection(t, key, student, tok)
-        else:
-            s_N, t_N = setup.shared_vocab(student, tok)
-            if s_N.numel() == 0:
-                raise ConfigError(f"{key}: no token has identical bytes in {student.name!r} and "
-                                  f"{tok.name!r}; use loss.cross = projection")
-            plan.shared[t.name] = (s_N, t_N)
     return plan
 
 
+def _shared(key: str, student, tok):
+    s_N, t_N = setup.shared_vocab(student, tok)
+    if s_N.numel() == 0:
+        raise ConfigError(f"{key}: no token has identical bytes in {student.name!r} and "
+                          f"{tok.name!r}; use loss.cross = projection")
+    return s_N, t_N
+
+
+def byteprefix_tables(student, teacher):
+    """The BPM/ESCD byte-prefix map of a tokenizer pair; stop tokens bridged by role (each
+    side's EOS and chat end-of-turn token)."""
+    from xdistill.losses.byteprefix import BytePrefixTables
+    from xdistill.projection.byteprefix import build_byteprefix_map
+    from xdistill.rollout.render import stop_token_ids
+
+    m = build_byteprefix_map(student, teacher, student_stop_ids=list(stop_token_ids(student)),
+                             teacher_stop_ids=list(stop_token_ids(teacher)))
+    return BytePrefixTables.from_map(m)
+
+
 def teacher_alignment(plan: OnPolicyPlan, name: str, view):
-    """None for an identity view of a same-tokenizer teacher, else the view's chunk alignment."""
-    return None if (view.identity and plan.same_tok[name]) else ChunkAlignment.from_view(view)
+    """None for an identity view of a same-tokenizer teacher, else the view's chunk alignment
+    (the 2026 kinds always work on chunks: the identity view's for a same-tokenizer teacher)."""
+    if view.identity and plan.same_tok[name] and plan.specs[name].kind not in KINDS_2026:
+        return None
+    return ChunkAlignment.from_view(view)
 
 
 def local_units(plan: OnPolicyPlan, batch) -> dict[str, int]:
@@ -99,7 +136,10 @@ def local_units(plan: OnPolicyPlan, batch) -> dict[str, int]:
         view = batch.teacher(name)
         align = teacher_alignment(plan, name, view)
         out[name] = count_onpolicy_units(spec, batch.loss_mask_BTs, align,
-                                         None if align is None else view.loss_mask_BTt)
+                                         None if align is None else view.loss_mask_BTt,
+                                         None if align is None else view.s_unpaired_BTs,
+                                         student_ids_BTs=batch.input_ids_BTs,
+                                         tables=plan.tables.get(name))
     return out
 
 
@@ -119,12 +159,15 @@ def teacher_inputs(plan: OnPolicyPlan, name: str, view, out, s_width: int) -> tu
     align = teacher_alignment(plan, name, view)
     kw = {}
     if align is not None:
-        kw.update(t_loss_mask_BTt=view.loss_mask_BTt, teacher_ids_BTt=view.input_ids_BTt)
+        kw.update(t_loss_mask_BTt=view.loss_mask_BTt, teacher_ids_BTt=view.input_ids_BTt,
+                  unpaired_BTs=view.s_unpaired_BTs)
     logits = out.logits_BTtV
     if logits is not None:
         logits = logits.float() * out.temperature if out.temperature != 1.0 else logits.float()
         if align is None:
             logits = _fit_width(logits, s_width, name)
+    if spec.kind in KINDS_2026:
+        return align, dict(kw, **_kind_inputs(plan, name, spec, out, logits, view))
     if spec.kind in ("k1", "k3"):
         if out.token_logp_BTt is not None and out.temperature == spec.temperature:
             kw["teacher_token_logp_BTt"] = out.token_logp_BTt
@@ -142,8 +185,30 @@ def teacher_inputs(plan: OnPolicyPlan, name: str, view, out, s_width: int) -> tu
     return align, kw
 
 
+def _kind_inputs(plan, name, spec, out, logits, view) -> dict:
+    """Teacher inputs of a 2026 kind: full logits (strict_topk, bpm, escd) or token log-probs
+    at the loss temperature (dpca, simple_opd), the shared vocabulary or byte-prefix tables."""
+    from xdistill.losses.onpolicy import input_token_logprobs
+
+    kw = {}
+    if spec.kind in FULL_LOGITS_KINDS:
+        kw["teacher_logits_BTtV"] = logits
+    elif out.token_logp_BTt is not None and out.temperature == spec.temperature:
+        kw["teacher_token_logp_BTt"] = out.token_logp_BTt.float()
+    else:
+        kw["teacher_token_logp_BTt"] = input_token_logprobs(
+            logits, view.input_ids_BTt.to(logits.device), temperature=spec.temperature)
+    if name in plan.shared:
+        s_N, t_N = plan.shared[name]
+        kw.update(shared_s_idx_N=s_N, shared_t_idx_N=t_N)
+    if name in plan.tables:
+        kw["tables"] = plan.tables[name]
+    return kw
+
+
 def onpolicy_losses(plan, logits_BTsVs, batch, outputs, num_valid, metrics, *,
-                    sample_weight_B=None, chunk_size=None) -> torch.Tensor:
+                    sample_weight_B=None, stop_BTs=None, behaviour_logp_BTs=None,
+                    ref_logp_BTs=None, chunk_size=None) -> torch.Tensor:
     """``sum_i w_i L_i`` (normalised by the global ``num_valid[name]``); records each teacher's
     term (summed), weight (averaged), clamp counters and log-ratio sums (summed) in
     ``metrics`` (a :class:`xdistill.train.metrics.StepMetrics`)."""
@@ -153,16 +218,17 @@ def onpolicy_losses(plan, logits_BTsVs, batch, outputs, num_valid, metrics, *,
         align, kw = teacher_inputs(plan, name, view, outputs[name], logits_BTsVs.shape[-1])
         if chunk_size is not None:
             kw["chunk_size"] = chunk_size
+        if spec.kind in KINDS_2026:
+            kw.update(behaviour_logp_BTs=behaviour_logp_BTs, ref_logp_BTs=ref_logp_BTs)
         res = onpolicy_loss(spec, logits_BTsVs, batch.input_ids_BTs, batch.loss_mask_BTs,
-                            align=align, sample_weight_B=sample_weight_B,
+                            align=align, sample_weight_B=sample_weight_B, stop_BTs=stop_BTs,
                             num_valid=num_valid[name], **kw)
         term = plan.weights[name] * res.loss
         total = term if total is None else total + term
         metrics.add(f"{name}/loss", res.loss.detach())
         metrics.mean(f"{name}/weight", plan.weights[name])
-        for c in COUNTERS:
-            if c in res.counters:
-                metrics.add(f"{name}/clamp/{c}", float(res.counters[c]))
+        for c in counter_keys(spec, align is not None and not view.identity):
+            metrics.add(f"{name}/clamp/{c}", float(res.counters.get(c, 0)))
         if spec.kind in ("k1", "k3"):
             r = res.mean_logratio
             metrics.add(f"{name}/logratio_sum", r * res.units if r == r else 0.0)
@@ -211,8 +277,12 @@ def scored_step(run, scored, num_valid, timers, metrics, *, backward: bool = Tru
         if weights is not None:
             weights = weights.to(run.device)
         with timers("loss"):
+            stop = scored.stop_BTs.to(run.device) if scored.stop_BTs is not None else None
+            ref = reference_logprobs(run, batch) if plan.needs_reference else None
             loss = onpolicy_losses(plan, logits, batch, outputs, num_valid, metrics,
-                                   sample_weight_B=weights, chunk_size=cfg.loss.chunk_size)
+                                   sample_weight_B=weights, stop_BTs=stop,
+                                   behaviour_logp_BTs=scored.behaviour_logp_BTs.to(run.device),
+                                   ref_logp_BTs=ref, chunk_size=cfg.loss.chunk_size)
         if backward:
             with timers("student"):
                 loss.backward()
@@ -221,6 +291,17 @@ def scored_step(run, scored, num_valid, timers, metrics, *, backward: bool = Tru
             results.release()
         elif remote:
             pool.collect(remote).release()
+
+
+@torch.no_grad()
+def reference_logprobs(run, batch) -> torch.Tensor:
+    """log q_init(y_i) of the sampled tokens at input positions (the frozen initial student kept
+    by the mode for simple_opd's reference KL)."""
+    from xdistill.losses.onpolicy import input_token_logprobs
+
+    ref = run.mode.reference
+    logits = setup_student_logits(ref, batch)
+    return input_token_logprobs(logits.float(), batch.input_ids_BTs, batch.loss_mask_BTs)
 
 
 def setup_student_logits(model, batch) -> torch.Tensor:
@@ -264,6 +345,8 @@ def derived_offpolicy_kind(t, same: bool) -> str:
         return "topk_kl" if t.worker.output == "topk" else "forward_kl"
     if lc.kind in ("reverse_kl", "jsd"):
         return "pkl" if lc.cross == "projection" else "exact_kl"
+    if lc.kind == "strict_topk":
+        return "exact_kl"
     if t.worker.output != "logits":
         raise ConfigError(f"teacher {t.name!r}: no off-policy loss fits a cross-tokenizer "
                           f"{t.worker.output!r} teacher; set its loss.offpolicy_kind or "
@@ -279,7 +362,8 @@ def offpolicy_config(cfg: OnPolicyConfig, plan: OnPolicyPlan):
     teachers = []
     for t in cfg.teachers:
         kind = derived_offpolicy_kind(t, plan.same_tok[t.name])
-        direction = {"reverse_kl": "reverse", "jsd": "jsd"}.get(t.loss.kind, "forward")
+        direction = {"reverse_kl": "reverse", "jsd": "jsd", "strict_topk": "reverse"}.get(
+            t.loss.kind, "forward")
         loss = TeacherLossConfig(kind=kind, weight=t.loss.weight, temperature=t.loss.temperature,
                                  projection=t.loss.projection, direction=direction,
                                  beta=t.loss.beta)
