@@ -335,3 +335,51 @@ def test_two_ranks_two_tokenizer_families_with_2026_kinds(tmp_path, tiny_assets,
     rows = [json.loads(x) for x in (out / "samples_rank0.jsonl").read_text().splitlines()]
     assert [len(r["prompts"]) for r in rows] == [2, 2]   # 2 micro-batches of 1 prompt per step
     assert (out / "export" / "model.safetensors").is_file()
+
+
+def test_per_sample_routing_to_one_teacher(tmp_path, tiny_assets, sharp):
+    """prompts.route_column: each sample is scored by the teacher its prompt names (mixed
+    tokenizers, different kinds); a teacher's units come from its samples only, and a prompt
+    routed to an unknown teacher is an error naming its file and line."""
+    from xdistill.errors import ConfigError
+    from xdistill.train.onpolicy import rollout_batch
+    from xdistill.train.onpolicy_step import local_units
+
+    prompts = tmp_path / "routed.jsonl"
+    rows = [{"prompt": p, "who": "same" if i % 2 else "cross"} for i, p in enumerate(H.PROMPTS)]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    d = _two_teacher_dict(tiny_assets, sharp, tmp_path / "run", same_kind="k3",
+                          cross_kind="dpca")
+    d["prompts"].update(paths=[str(prompts)], route_column="who")
+    run = _built(d)
+    try:
+        run.iters = [iter(run.loaders[0])]
+        indices, _, scored = rollout_batch(run, 1, Timers())
+        routed = run.mode.rows(indices)
+        assert [bool(x) for x in routed["same"]] == [i % 2 == 1 for i in indices]
+        units = local_units(run.plan, scored.batch, routed)
+        everyone = local_units(run.plan, scored.batch)
+        for name in ("same", "cross"):
+            assert 0 < units[name] < everyone[name]
+        m = H_step(run, scored, routed)
+        assert m["units/same"] == units["same"] and m["units/cross"] == units["cross"]
+    finally:
+        run.pool.close()
+    rows[3]["who"] = "nobody"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"routed.jsonl line 4: routed to teacher 'nobody'"):
+        _built(d)
+
+
+def H_step(run, scored, rows):
+    """One routed scored step (loss + backward) with globally counted units."""
+    from xdistill.train.metrics import StepMetrics
+    from xdistill.train.onpolicy_step import local_units, scored_step
+    from xdistill.train.step import all_reduce_counts
+
+    num_valid = all_reduce_counts(local_units(run.plan, scored.batch, rows))
+    metrics = StepMetrics()
+    scored_step(run, scored, num_valid, Timers(), metrics, rows=rows)
+    out = metrics.reduce()
+    out.update({f"units/{k}": v for k, v in num_valid.items()})
+    return out

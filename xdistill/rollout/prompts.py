@@ -29,8 +29,12 @@ from xdistill.errors import DataError
 class JsonlPrompts:
     """Prompts of ``.jsonl`` files (``{"prompt": str}`` or ``{"messages": [...]}`` per line)."""
 
-    def __init__(self, paths, *, prompt_key: str = "prompt", messages_key: str = "messages"):
+    def __init__(self, paths, *, prompt_key: str = "prompt", messages_key: str = "messages",
+                 route_key: str = ""):
         self.rows: list = []
+        # per row: the value of ``route_key`` (the teacher that scores it), when routing is on
+        self.routes: list[str] = []
+        self.where: list[str] = []
         for path in [paths] if isinstance(paths, (str, Path)) else paths:
             path = Path(path)
             if not path.is_file():
@@ -38,17 +42,33 @@ class JsonlPrompts:
             with path.open(encoding="utf-8") as fh:
                 for line_no, line in enumerate(fh, 1):
                     if line.strip():
-                        self.rows.append(self._parse(line, f"{path} line {line_no}",
-                                                     prompt_key, messages_key))
+                        where = f"{path} line {line_no}"
+                        obj = self._object(line, where)
+                        self.rows.append(self._parse(obj, where, prompt_key, messages_key))
+                        self.where.append(where)
+                        if route_key:
+                            self.routes.append(self._route(obj, where, route_key))
 
     @staticmethod
-    def _parse(line: str, where: str, prompt_key: str, messages_key: str):
+    def _object(line: str, where: str) -> dict:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise DataError(f"{where}: invalid JSON ({exc.msg})") from None
         if not isinstance(obj, dict):
             raise DataError(f"{where}: expected a JSON object")
+        return obj
+
+    @staticmethod
+    def _route(obj: dict, where: str, key: str) -> str:
+        value = obj.get(key)
+        if not isinstance(value, str) or not value:
+            raise DataError(f"{where}: prompts.route_column is {key!r} but this prompt has no "
+                            f"string {key!r} naming the teacher that scores it")
+        return value
+
+    @staticmethod
+    def _parse(obj: dict, where: str, prompt_key: str, messages_key: str):
         if isinstance(obj.get(prompt_key), str):
             return obj[prompt_key]
         if obj.get(messages_key) is not None:
@@ -64,16 +84,20 @@ class JsonlPrompts:
 
 
 def open_prompts(paths, *, prompt_column: str = "prompt", messages_column: str = "messages",
-                 invalid_utf8: str = "error"):
-    """A prompt source (``len``, ``get(i)`` -> str or conversation) for the given paths."""
+                 invalid_utf8: str = "error", route_column: str = ""):
+    """A prompt source (``len``, ``get(i)`` -> str or conversation) for the given paths; with
+    ``route_column`` (``.jsonl`` only) its ``routes[i]`` names the teacher of prompt ``i``."""
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     if not paths:
         raise DataError("no prompt paths given")
     jsonl = [Path(p).suffix == ".jsonl" for p in paths]
     if all(jsonl):
-        return JsonlPrompts(paths, prompt_key=prompt_column, messages_key=messages_column)
+        return JsonlPrompts(paths, prompt_key=prompt_column, messages_key=messages_column,
+                            route_key=route_column)
     if any(jsonl):
         raise DataError("prompt paths mix .jsonl with arrow/parquet; use one format")
+    if route_column:
+        raise DataError(f"prompts.route_column ({route_column!r}) needs .jsonl prompt files")
     return DocumentSource(paths, text_column=prompt_column, messages_column=messages_column,
                           invalid_utf8=invalid_utf8)
 

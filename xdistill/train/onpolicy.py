@@ -61,11 +61,32 @@ def prompt_loader(cfg: OnPolicyConfig, rank: int, world: int):
 
     pc = cfg.prompts
     source = open_prompts(pc.paths, prompt_column=pc.prompt_column,
-                          messages_column=pc.messages_column)
+                          messages_column=pc.messages_column, route_column=pc.route_column)
+    if pc.route_column:
+        check_routes(source, [t.name for t in cfg.teachers])
     ds = PromptDataset(source, seed=cfg.train.seed, shuffle=pc.shuffle, rank=rank,
                        world_size=world, epochs=pc.epochs)
     return StatefulDataLoader(ds, batch_size=pc.batch_size, collate_fn=collate_prompts,
                               num_workers=pc.num_workers)
+
+
+def check_routes(source, names: list[str]) -> None:
+    """Every routed prompt names a teacher of the run (the error names the first that does not)."""
+    from xdistill.errors import ConfigError
+
+    for where, route in zip(source.where, source.routes):
+        if route not in names:
+            raise ConfigError(f"{where}: routed to teacher {route!r}, but the teachers are "
+                              f"{names} (prompts.route_column)")
+
+
+def route_rows(source, indices, names: list[str]) -> dict | None:
+    """Teacher name -> bool [B]: the samples routed to it (None when routing is off)."""
+    routes = getattr(source, "routes", None)
+    if not routes:
+        return None
+    picked = [routes[int(i)] for i in indices]
+    return {n: torch.tensor([r == n for r in picked]) for n in names}
 
 
 def is_offpolicy_step(cfg: OnPolicyConfig, step: int) -> bool:
@@ -139,10 +160,14 @@ class OnPolicyMode(core.TrainMode):
             return sum_counts(self.mix.loss_fn, [b for _, b in micros],
                               self.mix.cfg.loss.ce_weight > 0)
         total: dict[str, int] = {}
-        for _, (_, _, scored) in micros:
-            for k, n in local_units(self._plan, scored.batch).items():
+        for _, (indices, _, scored) in micros:
+            for k, n in local_units(self._plan, scored.batch, self.rows(indices)).items():
                 total[k] = total.get(k, 0) + n
         return total
+
+    def rows(self, indices) -> dict | None:
+        """Per teacher, the samples routed to it (``prompts.route_column``; None: all)."""
+        return route_rows(self.loaders[0].dataset.source, indices, list(self._plan.specs))
 
     def micro_step(self, run, micro, num_valid, timers, metrics) -> None:
         kind, item = micro
@@ -150,8 +175,8 @@ class OnPolicyMode(core.TrainMode):
         if kind == "offpolicy":
             offpolicy_micro(run, item, num_valid, timers, metrics)
             return
-        _, ro, scored = item
-        scored_step(run, scored, num_valid, timers, metrics)
+        indices, ro, scored = item
+        scored_step(run, scored, num_valid, timers, metrics, rows=self.rows(indices))
         _rollout_metrics(metrics, ro, scored)
 
     def finish_metrics(self, reduced: dict) -> None:

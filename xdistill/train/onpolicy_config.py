@@ -97,6 +97,10 @@ class PromptsConfig:
     prompt_column: str = "prompt"
     # column/key of chat prompts (a list of {role, content})
     messages_column: str = "messages"
+    # per-sample teacher routing (.jsonl prompts): the key holding the name of the one teacher
+    # that scores each prompt (multi-teacher, one teacher per sample); "" = every teacher
+    # scores every sample
+    route_column: str = ""
     # prompts per rank per micro-batch (one rollout each); train.global_batch_size (prompts per
     # optimizer step over all ranks) may ask for several micro-batches per step
     batch_size: int = 8

@@ -129,13 +129,21 @@ def teacher_alignment(plan: OnPolicyPlan, name: str, view):
     return ChunkAlignment.from_view(view)
 
 
-def local_units(plan: OnPolicyPlan, batch) -> dict[str, int]:
-    """Loss units of this rank's batch per teacher name."""
+def teacher_mask(batch, name: str, rows: dict | None):
+    """The student loss mask of teacher ``name``: only its routed samples (``rows``) when
+    samples are routed to one teacher each."""
+    if rows is None:
+        return batch.loss_mask_BTs
+    return batch.loss_mask_BTs & rows[name].to(batch.loss_mask_BTs.device)[:, None]
+
+
+def local_units(plan: OnPolicyPlan, batch, rows: dict | None = None) -> dict[str, int]:
+    """Loss units of this rank's batch per teacher name (``rows``: per-sample routing)."""
     out = {}
     for name, spec in plan.specs.items():
         view = batch.teacher(name)
         align = teacher_alignment(plan, name, view)
-        out[name] = count_onpolicy_units(spec, batch.loss_mask_BTs, align,
+        out[name] = count_onpolicy_units(spec, teacher_mask(batch, name, rows), align,
                                          None if align is None else view.loss_mask_BTt,
                                          None if align is None else view.s_unpaired_BTs,
                                          student_ids_BTs=batch.input_ids_BTs,
@@ -208,7 +216,7 @@ def _kind_inputs(plan, name, spec, out, logits, view) -> dict:
 
 def onpolicy_losses(plan, logits_BTsVs, batch, outputs, num_valid, metrics, *,
                     sample_weight_B=None, stop_BTs=None, behaviour_logp_BTs=None,
-                    ref_logp_BTs=None, chunk_size=None) -> torch.Tensor:
+                    ref_logp_BTs=None, rows=None, chunk_size=None) -> torch.Tensor:
     """``sum_i w_i L_i`` (normalised by the global ``num_valid[name]``); records each teacher's
     term (summed), weight (averaged), clamp counters and log-ratio sums (summed) in
     ``metrics`` (a :class:`xdistill.train.metrics.StepMetrics`)."""
@@ -220,8 +228,9 @@ def onpolicy_losses(plan, logits_BTsVs, batch, outputs, num_valid, metrics, *,
             kw["chunk_size"] = chunk_size
         if spec.kind in KINDS_2026:
             kw.update(behaviour_logp_BTs=behaviour_logp_BTs, ref_logp_BTs=ref_logp_BTs)
-        res = onpolicy_loss(spec, logits_BTsVs, batch.input_ids_BTs, batch.loss_mask_BTs,
-                            align=align, sample_weight_B=sample_weight_B, stop_BTs=stop_BTs,
+        res = onpolicy_loss(spec, logits_BTsVs, batch.input_ids_BTs,
+                            teacher_mask(batch, name, rows), align=align,
+                            sample_weight_B=sample_weight_B, stop_BTs=stop_BTs,
                             num_valid=num_valid[name], **kw)
         term = plan.weights[name] * res.loss
         total = term if total is None else total + term
@@ -257,7 +266,8 @@ def loss_and_backward(run, scored, timers, *, backward: bool = True) -> dict:
     return out
 
 
-def scored_step(run, scored, num_valid, timers, metrics, *, backward: bool = True) -> None:
+def scored_step(run, scored, num_valid, timers, metrics, *, backward: bool = True,
+                rows=None) -> None:
     """Teachers, student forward, weighted on-policy losses and backward of one scored batch.
 
     Remote teachers are submitted first and compute while the student runs its forward."""
@@ -282,7 +292,7 @@ def scored_step(run, scored, num_valid, timers, metrics, *, backward: bool = Tru
             loss = onpolicy_losses(plan, logits, batch, outputs, num_valid, metrics,
                                    sample_weight_B=weights, stop_BTs=stop,
                                    behaviour_logp_BTs=scored.behaviour_logp_BTs.to(run.device),
-                                   ref_logp_BTs=ref, chunk_size=cfg.loss.chunk_size)
+                                   ref_logp_BTs=ref, rows=rows, chunk_size=cfg.loss.chunk_size)
         if backward:
             with timers("student"):
                 loss.backward()
