@@ -1,137 +1,137 @@
-"""Timing of the on-policy pieces (generation, re-tokenize + align, teacher forward, loss +
-backward, per loss kind) and of full trainer steps (``xdistill.train.onpolicy.onpolicy_train_step``
-split into generation / score / teacher / student / loss / optim), with tokens/s; ratios against
-the student's own forward+backward (plain CE) measured in the same process.
+"""On-policy trainer step per loss kind, as a ratio to k1 in the same process.
 
-    .venv/bin/python benchmarks/onpolicy_step.py [--batch 8] [--new 64] [--steps 3]
+    .venv/bin/python benchmarks/onpolicy_step.py [--batch 8] [--new 48] [--steps 4]
+        [--teacher mistral] [--out benchmarks/results/onpolicy_step.md]
 
-Student: tiny Llama (2 layers, hidden 32) on the gpt2 tokenizer; teachers: the same tokenizer
-(identity path) and qwen2 (cross tokenizer, random tiny Llama over its 151,936-token vocabulary).
+One tiny Llama student over the GPT-2 tokenizer and one tiny Llama teacher over another
+tokenizer (default: Mistral's SentencePiece vocabulary, a cross-tokenizer pair); for every kind
+(k1, k3, reverse_kl through a built projection, strict_topk, dpca, simple_opd, bpm, escd) a fresh
+run of the real trainer (``core.build`` + ``OnPolicyMode``) takes ``--steps`` steps through
+``core.train_step`` (generation -> scoring -> teacher -> student -> loss -> backward -> AdamW);
+the mean step time and its split over steps 2.. (step 1 warms up) are reported with the ratio to
+k1's step time. Every kind runs on the same prompts with the same seeds, so the generation part is
+the same work; the differences are the loss and what it needs from the teacher.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "rollout"))
-from rollout_helpers import tiny_llama  # noqa: E402
-
-from xdistill.data import TeacherSpec  # noqa: E402
-from xdistill.losses import ChunkAlignment, cross_entropy  # noqa: E402
-from xdistill.losses.onpolicy import OnPolicyLossSpec, onpolicy_loss  # noqa: E402
-from xdistill.rollout import HFGenerateEngine, RolloutScorer, SamplingParams  # noqa: E402
-from xdistill.tokenization import load_tokenizer  # noqa: E402
+KINDS = ("k1", "k3", "reverse_kl", "strict_topk", "dpca", "simple_opd", "bpm", "escd")
+PHASES = ("generation", "score", "teacher", "student", "loss", "optim")
+TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True)
 
 
-def timed(fn, reps=3):
-    fn()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        out = fn()
-    return (time.perf_counter() - t0) / reps, out
+def build_assets(root: Path, args) -> dict:
+    from xdistill.projection import BuildConfig, build_projection, save_projection
+    from xdistill.tiny import save_tiny_lm
+    from xdistill.tokenization import load_tokenizer
+
+    teacher = save_tiny_lm(root / "teacher", args.teacher, seed=1, hidden_size=32,
+                           intermediate_size=64)
+    proj = build_projection(load_tokenizer("gpt2"), load_tokenizer(args.teacher),
+                            BuildConfig(methods=("multitoken", "exact")))
+    save_projection(proj, root / "proj.npz")
+    prompts = [f"Question {i}: what is the capital of country number {i}?"
+               for i in range(args.batch * (args.steps + 1))]
+    (root / "p.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    return {"teacher": str(teacher), "proj": str(root / "proj.npz"),
+            "prompts": str(root / "p.jsonl")}
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--new", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=3)
-    args = ap.parse_args(argv)
-    torch.set_num_threads(2)
-    s_tok, t_tok = load_tokenizer("gpt2"), load_tokenizer("qwen2")
-    student = tiny_llama(s_tok.vocab_size, seed=0, logit_scale=20.0)
-    teacher = tiny_llama(t_tok.vocab_size, seed=1, logit_scale=20.0)
-    prompts = [f"Question {i}: what is the capital of country number {i}?" for i in range(args.batch)]
-    eng = HFGenerateEngine(student, s_tok, max_prompt_len=64)
-    t_gen, ro = timed(lambda: eng.generate(prompts, SamplingParams(1.0, 1.0, args.new, seed=0)), 1)
-    n_resp = int(ro.response_mask_BTr.sum())
-    scorer = RolloutScorer(s_tok, [TeacherSpec("same", s_tok), TeacherSpec("qwen", t_tok)])
-    t_score, sb = timed(lambda: scorer(ro))
-    b, view = sb.batch, sb.batch.teacher("qwen")
-    with torch.no_grad():
-        t_teacher, zt = timed(lambda: teacher(input_ids=view.input_ids_BTt,
-                                             attention_mask=view.attention_mask_BTt.long()).logits)
-
-    def student_fwd():
-        return student(input_ids=b.input_ids_BTs, attention_mask=b.attention_mask_BTs.long()).logits
-
-    def ce_step():
-        cross_entropy(student_fwd(), b.labels_BTs).backward()
-
-    t_ref, _ = timed(ce_step)
-    rows = [("generation", t_gen, n_resp), ("re-tokenize + align (2 teachers)", t_score, n_resp),
-            ("teacher forward (qwen2 vocab)", t_teacher, int(view.attention_mask_BTt.sum())),
-            ("student fwd+bwd, CE (reference)", t_ref, n_resp)]
-    align = ChunkAlignment.from_view(view)
-    for kind in ("k1", "k3"):
-        def step(kind=kind):
-            z = student_fwd()
-            onpolicy_loss(OnPolicyLossSpec(kind), z, b.input_ids_BTs, b.loss_mask_BTs, align=align,
-                          t_loss_mask_BTt=view.loss_mask_BTt, teacher_logits_BTtV=zt,
-                          teacher_ids_BTt=view.input_ids_BTt).loss.backward()
-        rows.append((f"student fwd+bwd, {kind} cross-tokenizer", timed(step)[0], n_resp))
-    for kind in ("reverse_kl", "jsd"):
-        def step(kind=kind):
-            z = student_fwd()
-            onpolicy_loss(OnPolicyLossSpec(kind), z, b.input_ids_BTs, b.loss_mask_BTs,
-                          teacher_logits_BTtV=z.detach()).loss.backward()
-        rows.append((f"student fwd+bwd, {kind} same tokenizer", timed(step)[0], n_resp))
-    print(f"batch {args.batch}, {n_resp} response tokens, 2-core CPU, torch {torch.__version__}")
-    print(f"{'part':42s} {'seconds':>9s} {'tokens/s':>10s} {'x CE step':>10s}")
-    for name, sec, n in rows:
-        print(f"{name:42s} {sec:9.4f} {n / sec:10.0f} {sec / t_ref:10.2f}")
-    full_steps(args, t_ref)
-
-
-def full_steps(args, t_ref):
-    """Trainer steps through run_onpolicy's step function (fresh tiny student, same tiny teachers
-    saved to a temp folder), time split averaged over steps 2.. (step 1 warms up)."""
-    import json
-    import tempfile
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "train"))
-    import onpolicy_helpers as H
-
+def config(kind: str, a: dict, args, out: Path):
     from xdistill.config import from_dict
-    from xdistill.train.onpolicy import build_onpolicy_run, onpolicy_train_step
     from xdistill.train.onpolicy_config import OnPolicyConfig
 
+    loss = {"kind": kind}
+    if kind == "reverse_kl":
+        loss["projection"] = a["proj"]
+    return from_dict(OnPolicyConfig, {
+        "student": {"model_type": "llama", "model_config": dict(TINY), "init_seed": 0},
+        "student_tokenizer": "gpt2",
+        "teachers": [{"name": "t", "tokenizer": args.teacher, "worker": {"model": a["teacher"]},
+                      "loss": loss}],
+        "prompts": {"paths": [a["prompts"]], "batch_size": args.batch, "shuffle": False},
+        "rollout": {"max_new_tokens": args.new, "max_prompt_len": 64, "seed": 3},
+        "loss": {"chunk_size": 256},
+        "optim": {"lr": 1e-3},
+        "train": {"steps": args.steps, "out_dir": str(out), "num_threads": args.threads,
+                  "tensorboard": False},
+        "checkpoint": {"export_hf": False, "resume": ""}})
+
+
+def measure(kind: str, a: dict, args, root: Path) -> dict:
+    from xdistill.train import core
+    from xdistill.train.onpolicy import OnPolicyMode
+
+    run = core.build(config(kind, a, args, root / kind), OnPolicyMode())
+    run.mode.start(run)
+    try:
+        ms = [core.train_step(run, s) for s in range(1, args.steps + 1)][1:]
+    finally:
+        run.mode.close()
+    mean = {k: sum(m.get(f"time/{k}", 0.0) for m in ms) / len(ms) for k in PHASES}
+    return {"step": sum(m["step_s"] for m in ms) / len(ms), "split": mean,
+            "tokens": sum(m["response_tokens"] for m in ms) / len(ms),
+            "loss": ms[-1]["loss"], "units": ms[-1]["units/t"]}
+
+
+def report(res: dict, args, load: str, seconds: float) -> str:
+    ref = res["k1"]["step"]
+    lines = ["# On-policy step per loss kind (ratio to k1, same process)", "",
+             f"Hardware: {platform.machine()}, {os.cpu_count()} cores, CPU only, torch "
+             f"{torch.__version__}, {args.threads} torch threads; {load}. Student: tiny Llama "
+             f"(hidden 32, 2 layers) on gpt2 (50,257 ids); teacher: tiny Llama on {args.teacher}; "
+             f"batch {args.batch} prompts, up to {args.new} new tokens; mean over steps 2..{args.steps}"
+             f" of `core.train_step`; total {seconds:.0f} s.", "",
+             "| kind | s/step | x k1 | response tok/s | units | "
+             + " | ".join(PHASES) + " |", "|---|---|---|---|---|" + "---|" * len(PHASES)]
+    for kind, r in res.items():
+        split = " | ".join(f"{r['split'][k]:.3f}" for k in PHASES)
+        lines.append(f"| {kind} | {r['step']:.3f} | {r['step'] / ref:.2f} | "
+                     f"{r['tokens'] / r['step']:.0f} | {r['units']:.0f} | {split} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--new", type=int, default=48)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--teacher", default="mistral")
+    ap.add_argument("--kinds", default=",".join(KINDS))
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"
+                                         / "onpolicy_step.md"))
+    args = ap.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    t0 = time.perf_counter()
+    res = {}
     with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        q = H.save_lm(tmp / "q", "qwen2", seed=1, logit_scale=20.0)
-        g = H.save_lm(tmp / "g", "gpt2", seed=2, logit_scale=20.0)
-        prompts = [f"Question {i}: what is the capital of country number {i}?"
-                   for i in range(args.batch * (args.steps + 1))]
-        (tmp / "p.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
-        for kinds in (("reverse_kl", "reverse_kl"), ("k3", "k3")):
-            d = H.onpolicy_dict("gpt2", [H.teacher("qwen", "qwen2", q, kinds[0], cross="exact"),
-                                         H.teacher("gpt", "gpt2", g, kinds[1])],
-                                str(tmp / "p.jsonl"), tmp / "run", steps=args.steps + 1)
-            d["prompts"]["batch_size"] = args.batch
-            d["rollout"]["max_new_tokens"] = args.new
-            d["train"].update(num_threads=2, log_samples=False)
-            run = build_onpolicy_run(from_dict(OnPolicyConfig, d))
-            run.pool.start()
-            run.iters = [iter(run.loaders[0])]
-            try:
-                ms = [onpolicy_train_step(run, s) for s in range(1, args.steps + 2)][1:]
-            finally:
-                run.pool.close()
-            keys = ("generation", "score", "teacher", "student", "loss", "optim")
-            mean = {k: sum(m.get(f"time/{k}", 0.0) for m in ms) / len(ms) for k in keys}
-            step_s = sum(m["step_s"] for m in ms) / len(ms)
-            toks = sum(m["response_tokens"] for m in ms) / len(ms)
-            print(f"\nfull step, qwen {kinds[0]} (exact chunks) + gpt {kinds[1]} (identity): "
-                  f"{step_s:.3f} s/step, {toks:.0f} response tokens, {toks / step_s:.0f} tokens/s, "
-                  f"{step_s / t_ref:.1f} x CE step")
-            for k in keys:
-                print(f"  {k:12s} {mean[k]:8.4f} s  {100 * mean[k] / step_s:5.1f} %")
+        a = build_assets(Path(tmp), args)
+        for i, kind in enumerate(args.kinds.split(",")):
+            res[kind] = measure(kind, a, args, Path(tmp))
+            el = time.perf_counter() - t0
+            print(f"[onpolicy_step] {kind}: {res[kind]['step']:.3f} s/step ({i + 1}/"
+                  f"{len(args.kinds.split(','))} kinds, {el:.0f} s)", flush=True)
+    load = "load average %.2f / %.2f / %.2f" % os.getloadavg()
+    text = report(res, args, load, time.perf_counter() - t0)
+    print(text)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text, encoding="utf-8")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
