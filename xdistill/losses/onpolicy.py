@@ -3,7 +3,7 @@
 Legend: B batch, Ts/Tt student/teacher tokens, Vs/Vt vocabularies, K top-k, C chunks, N loss units
 (tokens for a same-tokenizer teacher, aligned chunks for a cross-tokenizer one), n rows of a block.
 
-Notation (DESIGN.md §6): student ``p`` (the sampling policy), teacher ``q``; ``y`` the sampled
+Notation (docs/architecture.md §6): student ``p`` (the sampling policy), teacher ``q``; ``y`` the sampled
 tokens. For a loss unit ``u`` (a student token with its identical teacher token, or an aligned
 chunk covering identical bytes on both sides) the log-ratio is
 

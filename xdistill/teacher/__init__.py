@@ -1,4 +1,4 @@
-"""Teacher workers and logits transport (DESIGN.md §7).
+"""Teacher workers and logits transport (docs/architecture.md §7).
 
 * :class:`TeacherConfig` (``config.py``): model, dtype, device, placement, output kind, transport.
 * :class:`TeacherWorker` (``worker.py``): a Hugging Face causal LM scoring batches in micro-batches.
