@@ -11,18 +11,15 @@ Legend: B samples, Ts student tokens, V vocabulary.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+import onpolicy_helpers as H  # pytest puts this test's folder on sys.path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import onpolicy_helpers as H  # noqa: E402
-
-from xdistill.config import from_dict  # noqa: E402
-from xdistill.train.onpolicy_config import OnPolicyConfig  # noqa: E402
-from xdistill.train.step import Timers  # noqa: E402
+from xdistill.config import from_dict
+from xdistill.train.onpolicy_config import OnPolicyConfig
+from xdistill.train.step import Timers
 
 
 @pytest.fixture(scope="module")
