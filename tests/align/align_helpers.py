@@ -92,17 +92,27 @@ def compare_with_reference(res, s_rows, t_rows, s_table, t_table, s_ph=None, t_p
     """Every row of ``res`` equals the pure-Python reference on that row."""
     for b, (s, t) in enumerate(zip(s_rows, t_rows)):
         ref = align_row_reference(s, t, s_table, t_table,
-                                  s_phantom=0 if s_ph is None else int(s_ph[b]),
-                                  t_phantom=0 if t_ph is None else int(t_ph[b]), **kw)
+                                  s_phantom=0 if s_ph is None else _phantom_arg(s_ph[b], len(s)),
+                                  t_phantom=0 if t_ph is None else _phantom_arg(t_ph[b], len(t)),
+                                  **kw)
         assert_same(row_of(res, b, len(s), len(t)), ref)
 
 
-def _eff_bytes(ids, table: TokenByteTable, phantom: int) -> list[bytes]:
-    out = []
-    for tid in ids:
+def _phantom_arg(ph, n: int):
+    """A row's phantom argument: an int, or per-token counts (trimmed to the row's length)."""
+    return int(ph) if np.ndim(ph) == 0 else [int(v) for v in list(ph)[:n]]
+
+
+def _eff_bytes(ids, table: TokenByteTable, phantom) -> list[bytes]:
+    """Effective bytes per token: phantom bytes removed (``phantom``: an int at token 0, or per
+    token; a count larger than its token carries on into the next text tokens)."""
+    per_T = [int(phantom)] + [0] * len(ids) if np.ndim(phantom) == 0 else list(phantom)
+    out, rem = [], 0
+    for k, tid in enumerate(ids):
+        rem += int(per_T[k])
         raw = table.token_bytes(int(tid)) if table.roles_V[tid] == 0 else b""
-        take = min(phantom, len(raw))
-        phantom -= take
+        take = min(rem, len(raw))
+        rem -= take
         out.append(raw[take:])
     return out
 
@@ -113,7 +123,7 @@ def norm(b: bytes, on: bool) -> bytes:
     return b"".join(b.lower().split()) if on else b
 
 
-def check_invariants(res, b: int, s_ids, t_ids, s_table, t_table, s_ph: int = 0, t_ph: int = 0,
+def check_invariants(res, b: int, s_ids, t_ids, s_table, t_table, s_ph=0, t_ph=0,
                      chunks: str = "minimal") -> None:
     """The definitions: identical bytes (lossless pairs) or bytes equal after ``norm`` (lossy
     pairs), contiguous ordered disjoint spans, minimality (in the comparison space), roles,

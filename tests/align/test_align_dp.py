@@ -1,7 +1,7 @@
-"""DP path on synthetic tokenizations: Numba == pure-Python banded DP reference, invariants,
-optimality of the band and of prefix/suffix stripping, anchors, lossy pairs, and the scenarios
+"""DP path on synthetic tokenizations: Numba == pure-Python chunk DP reference, invariants,
+band widening, anchors (and their cutting back to common cuts), lossy pairs, and the scenarios
 of the issue (BOS on one side, chat templates, lowercased WordPiece-like text, truncation
-mid-character, different text in the middle)."""
+mid-character, different text in the middle). Optimality: ``test_align_optimal.py``."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from align_helpers import (SPICY, Vocab, check_invariants, compare_with_reference, pad,
                            random_cuts, segment)
 from xdistill.align import align_batch, align_pair
-from xdistill.align.reference import (anchored_edit_path, banded_edit_path, effective_lengths,
-                                      find_anchors, full_edit_distance, symbols)
+from xdistill.align.reference import (anchored_chunk_path, banded_chunk_path, effective_lengths,
+                                      find_anchors, symbols, trim_anchors)
 from xdistill.tokenization.table import ROLE_BOS, ROLE_CHAT, ROLE_EOS
 
 TEXT = st.text(st.one_of(st.sampled_from(SPICY), st.characters(exclude_categories=("Cs",))),
@@ -65,19 +65,31 @@ def test_dp_matches_reference_and_invariants(pairs, chunks, band):
         check_invariants(auto, b, s, t, table, table, chunks=chunks)
 
 
+def _matched(path) -> int:
+    return sum(mv == 0 for mv in path)
+
+
 @SETTINGS
 @given(edited_pair(), st.sampled_from([1, 2, 8]))
-def test_band_widening_finds_the_optimal_edit_distance(pair, band):
+def test_band_widening_reaches_the_full_matrix_optimum(pair, band):
+    """A narrow initial band widens until its optimum is proven: as many symbols inside chunks
+    as the DP over the full matrix; the Numba DP takes the same path as the reference."""
+    from xdistill.align._dp import banded_dp
+
     a, b, seed, lossy = pair
     vocab = Vocab(lossy=lossy)
     rng = np.random.default_rng(seed)
     s = segment(vocab, a, random_cuts(rng, len(a), 0.5))
     t = segment(vocab, b, random_cuts(rng, len(b), 0.5))
     table = vocab.table()
-    sym_s = symbols(s, effective_lengths(s, table, 0), table, lossy)[0]
-    sym_t = symbols(t, effective_lengths(t, table, 0), table, lossy)[0]
-    path = banded_edit_path(sym_s, sym_t, band)
-    assert sum(mv != 0 for mv in path) == full_edit_distance(sym_s, sym_t)
+    sym_s, _, isb_s = symbols(s, effective_lengths(s, table, 0), table, lossy)
+    sym_t, _, isb_t = symbols(t, effective_lengths(t, table, 0), table, lossy)
+    path = banded_chunk_path(sym_s, sym_t, isb_s, isb_t, band)
+    full = banded_chunk_path(sym_s, sym_t, isb_s, isb_t, len(sym_s) + len(sym_t) + 1)
+    assert _matched(path) == _matched(full)
+    moves, status = banded_dp(np.array(sym_s, np.int32), np.array(sym_t, np.int32),
+                              np.array(isb_s), np.array(isb_t), band, 1 << 26)
+    assert status == 0 and moves.tolist() == path
 
 
 def _unaligned_bytes(res, ids, table, side: str) -> bytes:
@@ -195,31 +207,49 @@ def test_anchor_segments_match_the_reference(a, b, k):
 
 
 @SETTINGS
-@given(edited_pair(), st.sampled_from([1, 4]))
-def test_prefix_suffix_stripping_keeps_the_optimum(pair, band):
-    """Without interior anchors the anchored path is an optimal edit path."""
-    a, b, *_ = pair
-    path = anchored_edit_path(list(a), list(b), band, anchor_k=0)
-    assert sum(mv != 0 for mv in path) == full_edit_distance(list(a), list(b))
+@given(st.lists(st.integers(0, 3), max_size=60), st.lists(st.integers(0, 3), max_size=60),
+       st.integers(1, 4), st.integers(0, 2**31))
+def test_anchors_are_cut_back_to_common_cuts(a, b, k, seed):
+    """Each kept anchor starts and ends at a common cut, lies inside its uncut segment, and the
+    Numba version equals the reference."""
+    from xdistill.align._anchor import trim_anchors as nb_trim_anchors
+
+    rng = np.random.default_rng(seed)
+    ia = [True] + [bool(v) for v in rng.random(len(a)) < 0.4]
+    ib = [True] + [bool(v) for v in rng.random(len(b)) < 0.4]
+    ia[-1] = ib[-1] = True
+    segs = find_anchors(a, b, k)
+    got = trim_anchors(segs, ia, ib, 0, 0)
+    arrays = [np.array(v, np.int64).reshape(-1) for v in zip(*segs)] if segs else \
+        [np.zeros(0, np.int64)] * 3
+    nb = nb_trim_anchors(*arrays, np.array(ia), np.array(ib), 0)
+    assert list(zip(*(v.tolist() for v in nb))) == got
+    for x, y, n in got:
+        assert n > 0 and ia[x] and ib[y] and ia[x + n] and ib[y + n]
+        assert any(sx <= x and x + n <= sx + sl and x - y == sx - sy for sx, sy, sl in segs)
 
 
 def test_long_rows_with_scattered_edits_use_anchors():
     """Every 15th word replaced, so the lengths drift apart: anchors keep the DP gaps short, the
-    result equals the reference and (here) the optimal edit distance."""
+    result equals the reference and (here) the unanchored optimum. Both sides are cut at random
+    (p = 0.3 each), so common cuts are ~11 bytes apart and each edit leaves its surrounding
+    chunk unaligned: ~70% of the tokens are covered."""
     rng = np.random.default_rng(3)
-    words = [bytes(rng.choice(list(b"abcdefghij"), rng.integers(1, 9))) for _ in range(150)]
+    words = [bytes(rng.choice(list(b"abcdefghij"), rng.integers(1, 9)).astype(np.uint8))
+             for _ in range(150)]
     a = b" ".join(words)
     b = b" ".join(b"XYZXYZ" if k % 15 == 14 else w for k, w in enumerate(words))
     vocab = Vocab()
     s = segment(vocab, a, random_cuts(rng, len(a), 0.3))
     t = segment(vocab, b, random_cuts(rng, len(b), 0.3))
     table = vocab.table()
-    sym_s = symbols(s, effective_lengths(s, table, 0), table, False)[0]
-    sym_t = symbols(t, effective_lengths(t, table, 0), table, False)[0]
+    sym_s, _, isb_s = symbols(s, effective_lengths(s, table, 0), table, False)
+    sym_t, _, isb_t = symbols(t, effective_lengths(t, table, 0), table, False)
     assert len(find_anchors(sym_s, sym_t, 32)) >= 5
-    path = anchored_edit_path(sym_s, sym_t, 4)
-    assert sum(mv != 0 for mv in path) == sum(mv != 0 for mv in banded_edit_path(sym_s, sym_t, 4))
+    path = anchored_chunk_path(sym_s, sym_t, isb_s, isb_t, 4)
+    assert _matched(path) == _matched(anchored_chunk_path(sym_s, sym_t, isb_s, isb_t, 4,
+                                                          anchor_k=0))
     res = align_pair(s, t, table, table, dp_band=4)
     compare_with_reference(res, [s], [t], table, table, dp_band=4)
     check_invariants(res, 0, s, t, table, table)
-    assert res.s_coverage_B[0] > 0.8
+    assert res.s_coverage_B[0] > 0.7

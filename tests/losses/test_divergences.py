@@ -70,6 +70,80 @@ def test_topk_kl_matches_reference(tau):
     assert float(got) == pytest.approx(ref, rel=RTOL32)
 
 
+def _teacher_topk(zt, k):
+    """What the teacher worker sends for top-k: float32 log-probs, ids, tail log-mass."""
+    from xdistill.teacher.outputs import topk_logprobs
+
+    vals, idx, tail = topk_logprobs(zt.reshape(-1, zt.shape[-1]), k, 1.0)
+    shape = zt.shape[:2]
+    return vals.reshape(*shape, -1), idx.reshape(*shape, -1), tail.reshape(shape)
+
+
+def _rounded_teacher_ref(zs, vals, idx, tail, mask, k):
+    """The tail-bucket KL of the teacher side as stored (``vals`` rounded to their dtype), made a
+    distribution: with ``tail``, ``q_K`` and ``q_R`` normalised jointly; ``k == V``: the tail is
+    empty and ``q_K`` sums to 1."""
+    terms = []
+    for b in range(B):
+        for i in range(1, T):
+            if not mask[b, i]:
+                continue
+            p = softmax(zs[b, i - 1].double().numpy(), 1.0)
+            q_K = np.exp(vals[b, i - 1].double().numpy())
+            q_R = 0.0 if k == V else (math.exp(float(tail[b, i - 1])) if tail is not None
+                                      else max(0.0, 1.0 - q_K.sum()))
+            z = q_K.sum() + q_R if (tail is not None or k == V) else max(1.0, q_K.sum())
+            q = np.append(q_K, q_R) / z
+            ids = idx[b, i - 1].numpy()
+            terms.append(kl(q, np.append(p[ids], 1.0 - p[ids].sum() if k < V else 0.0)))
+    return sum(terms) / len(terms)
+
+
+@pytest.mark.parametrize("k", [K, V])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_tail", [False, True])
+def test_topk_kl_with_teacher_outputs_matches_reference(k, dtype, with_tail):
+    """The teacher worker's top-k output (K < V, and K = V: an empty tail), log-probs stored in
+    float32 or bf16, with or without its tail log-mass. Against the float64 reference of the
+    true teacher (the top-k KL; for K = V the full KL) within the storage rounding, and against
+    the definition on the stored values tightly. An empty tail contributes exactly 0: before,
+    its ``q_R`` (rounding residue) multiplied the ``-1e4`` log floor (here, K = V: 2.20933 for
+    2.20887 in float32, 2.525 in bf16)."""
+    zs, zt, mask = _inputs(1)
+    zt = zt * 1.5
+    vals, idx, tail = _teacher_topk(zt, k)
+    stored = vals.to(dtype)
+    tail_in = tail if with_tail else None
+    got = float(topk_forward_kl(zs, stored, idx, mask, teacher_tail_logmass_BT=tail_in,
+                                chunk_size=5))
+
+    def true_div(b, i):
+        p, q = softmax(zs[b, i].double().numpy(), 1.0), softmax(zt[b, i].double().numpy(), 1.0)
+        return kl(q, p) if k == V else topk_tail_kl(p, q, idx[b, i].numpy())
+
+    terms = [true_div(b, i - 1) for b in range(B) for i in range(1, T) if mask[b, i]]
+    ref = sum(terms) / len(terms)
+    # bf16 keeps 8 significant bits: ~4e-3 relative on each stored log-prob
+    tol = 1e-6 if dtype == torch.float32 else 3e-3
+    assert abs(got - ref) <= tol * (1 + abs(ref)), (got, ref)
+    exact = _rounded_teacher_ref(zs, stored.float(), idx, tail_in, mask, k)
+    assert got == pytest.approx(exact, rel=1e-6, abs=1e-7)
+
+
+@pytest.mark.parametrize("k", [3, 7])
+def test_topk_kl_gradcheck_with_tail_log_mass(k):
+    """float64 gradcheck with the teacher's tail log-mass, K < V and K = V (empty tail)."""
+    zs, zt, mask = _inputs(8, torch.float64)
+    zs = zs[:2, :5, :7].clone().requires_grad_(True)
+    logq = torch.log_softmax(zt[:2, :5, :7] * 1.5, -1)
+    vals, idx = logq.topk(k, -1)
+    rest = logq.scatter(-1, idx, -math.inf).logsumexp(-1)
+    for tail in (rest, None):
+        assert torch.autograd.gradcheck(
+            lambda x: topk_forward_kl(x, vals, idx, mask[:2, :5], teacher_tail_logmass_BT=tail,
+                                      chunk_size=3, temperature=1.5), (zs,))
+
+
 def test_cross_entropy_matches_reference():
     zs, _, mask = _inputs(2)
     labels = torch.randint(0, V, (B, T))

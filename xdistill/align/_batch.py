@@ -3,7 +3,7 @@
 Legend: B rows, Ts / Tt padded student / teacher tokens, C chunks (per-row upper bound
 ``min(len_s, len_t)``), V vocabulary.
 
-Per row: effective lengths (phantom prefix removed) -> lengths and texts in the comparison space
+Per row: effective lengths (phantom bytes removed) -> lengths and texts in the comparison space
 (lossy pairs: ASCII-lower-cased, whitespace removed) -> exact walk when the texts are equal
 (``method`` auto/exact) or the anchored banded DP otherwise -> optional "space" merge -> transparent
 tokens attached -> chunk spans, exact flags, coverage. Tokens beyond a row's length are padding:
@@ -35,7 +35,7 @@ METHOD_DP = 2
 ROW_OK = 0
 ROW_DP_CAPPED = 1          # DP band hit max_cells before the optimum was proven (still valid)
 ROW_DP_TOO_BIG = 2         # a gap's narrowest DP band exceeds max_cells: gap left unaligned
-ROW_PHANTOM_S = 3          # student phantom prefix longer than the row's text
+ROW_PHANTOM_S = 3          # student phantom bytes run past the row's text
 ROW_PHANTOM_T = 4
 ROW_TEXT_DIFFERS = 5       # method="exact" but the texts differ
 KERNEL_SOURCES = ("_common.py", "_exact.py", "_dp.py", "_anchor.py", "_batch.py")
@@ -43,21 +43,21 @@ KERNEL_SOURCES = ("_common.py", "_exact.py", "_dp.py", "_anchor.py", "_batch.py"
 
 @njit(cache=True, parallel=True)
 def align_kernel(s_ids_BTs, s_len_B, t_ids_BTt, t_len_B, s_off, s_data, s_roles, t_off, t_data,
-                 t_roles, s_ph_B, t_ph_B, fold, method, space, band, max_cells, anchor_k,
+                 t_roles, s_ph_BTs, t_ph_BTt, fold, method, space, band, max_cells, anchor_k,
                  s_chunk_BTs, t_chunk_BTt, cs0_BC, cs1_BC, ct0_BC, ct1_BC, cvalid_BC, cexact_BC,
                  n_chunks_B, s_cov_B, t_cov_B, used_dp_B, status_B):
     """Align every row; output arrays are pre-allocated by the caller (chunk arrays zeroed)."""
     for b in prange(s_ids_BTs.shape[0]):
         status_B[b] = _align_row(
             s_ids_BTs[b], s_len_B[b], t_ids_BTt[b], t_len_B[b], s_off, s_data, s_roles,
-            t_off, t_data, t_roles, s_ph_B[b], t_ph_B[b], fold, method, space, band, max_cells,
+            t_off, t_data, t_roles, s_ph_BTs[b], t_ph_BTt[b], fold, method, space, band, max_cells,
             anchor_k, s_chunk_BTs[b], t_chunk_BTt[b], cs0_BC[b], cs1_BC[b], ct0_BC[b],
             ct1_BC[b], cvalid_BC[b], cexact_BC[b], n_chunks_B, s_cov_B, t_cov_B, used_dp_B, b)
 
 
 @njit(cache=True)
 def align_kernel_serial(s_ids_BTs, s_len_B, t_ids_BTt, t_len_B, s_off, s_data, s_roles, t_off,
-                        t_data, t_roles, s_ph_B, t_ph_B, fold, method, space, band, max_cells,
+                        t_data, t_roles, s_ph_BTs, t_ph_BTt, fold, method, space, band, max_cells,
                         anchor_k, s_chunk_BTs, t_chunk_BTt, cs0_BC, cs1_BC, ct0_BC, ct1_BC,
                         cvalid_BC, cexact_BC, n_chunks_B, s_cov_B, t_cov_B, used_dp_B, status_B):
     """:func:`align_kernel` on the calling thread only: no numba threading layer is started.
@@ -68,7 +68,7 @@ def align_kernel_serial(s_ids_BTs, s_len_B, t_ids_BTt, t_len_B, s_off, s_data, s
     for b in range(s_ids_BTs.shape[0]):
         status_B[b] = _align_row(
             s_ids_BTs[b], s_len_B[b], t_ids_BTt[b], t_len_B[b], s_off, s_data, s_roles,
-            t_off, t_data, t_roles, s_ph_B[b], t_ph_B[b], fold, method, space, band, max_cells,
+            t_off, t_data, t_roles, s_ph_BTs[b], t_ph_BTt[b], fold, method, space, band, max_cells,
             anchor_k, s_chunk_BTs[b], t_chunk_BTt[b], cs0_BC[b], cs1_BC[b], ct0_BC[b],
             ct1_BC[b], cvalid_BC[b], cexact_BC[b], n_chunks_B, s_cov_B, t_cov_B, used_dp_B, b)
 
@@ -108,7 +108,7 @@ def _align_row(ids_s, n, ids_t, m, s_off, s_data, s_roles, t_off, t_data, t_role
         used_dp_B[b] = True
         sym_s, tok_s, isb_s = symbols(ids_s, n, s_off, s_data, s_roles, elen_s, nlen_s, fold)
         sym_t, tok_t, isb_t = symbols(ids_t, m, t_off, t_data, t_roles, elen_t, nlen_t, fold)
-        moves, dp_status = anchored_path(sym_s, sym_t, band, max_cells, anchor_k)
+        moves, dp_status = anchored_path(sym_s, isb_s, sym_t, isb_t, band, max_cells, anchor_k)
         if dp_status != STATUS_OK:
             status = ROW_DP_CAPPED if dp_status == 1 else ROW_DP_TOO_BIG
         nc = chunks_from_moves(moves, sym_s, tok_s, isb_s, sym_t, tok_t, isb_t, nlen_s,
@@ -120,7 +120,7 @@ def _align_row(ids_s, n, ids_t, m, s_off, s_data, s_roles, t_off, t_data, t_role
         nc = merge_space(nc, lead_space(ids_s, n, s_off, s_data, elen_s, fold),
                          lead_space(ids_t, m, t_off, t_data, elen_t, fold), s_chunk[:n],
                          t_chunk[:m], cs0, cs1, ct0, ct1, c_role, c_adj)
-    trust = not fold and ph_s == 0 and ph_t == 0
+    trust = not fold and not ph_s[:n].any() and not ph_t[:m].any()
     _finish_row(nc, ids_s, n, nlen_s, ids_t, m, nlen_t, s_off, s_data, t_off, t_data, c_role,
                 trust, s_chunk, t_chunk, cs0, cs1, ct0, ct1, cvalid, cexact, n_chunks_B, s_cov_B,
                 t_cov_B, b)

@@ -22,12 +22,15 @@ ROLE_SYMBOL_BASE = 256  # DP symbol of a role token = ROLE_SYMBOL_BASE + role
 
 
 @njit
-def effective_lengths(ids_T, n, off_V1, roles_V, phantom):
+def effective_lengths(ids_T, n, off_V1, roles_V, phantom_T):
     """Per-token effective text lengths (``-1`` = role) and the row's total text bytes.
 
-    The phantom prefix removes the first ``phantom`` bytes of the row's text (normally all from the
-    first text token). Returns ``(elen_n, total)``; ``total == -1`` when the phantom is longer
-    than the row's text (the caller reports it; nothing is read out of bounds).
+    ``phantom_T[i]``: bytes at the start of token ``i``'s table bytes that are not in the text
+    (SentencePiece's dummy-prefix space); a count larger than the token carries on into the next
+    text tokens (role tokens hold no bytes), so a row-level phantom prefix is ``phantom_T[0]``
+    (``phantom_T`` may be shorter than the row: tokens beyond it have none).
+    Returns ``(elen_n, total)``; ``total == -1`` when phantom bytes run past the row's text
+    (the caller reports it; nothing is read out of bounds).
     """
     elen_n = np.empty(n, np.int64)
     total = 0
@@ -39,17 +42,21 @@ def effective_lengths(ids_T, n, off_V1, roles_V, phantom):
             ln = off_V1[tid + 1] - off_V1[tid]
             elen_n[i] = ln
             total += ln
-    if phantom > total:
-        return elen_n, -1
-    rem = phantom
+    n_ph = min(n, phantom_T.size)             # a row-level form holds token 0 only
+    rem = 0
     for i in range(n):
-        if rem == 0:
+        if i < n_ph:
+            rem += phantom_T[i]
+        elif rem == 0:
             break
-        if elen_n[i] > 0:
+        if rem > 0 and elen_n[i] > 0:
             d = min(rem, elen_n[i])
             elen_n[i] -= d
             rem -= d
-    return elen_n, total - phantom
+            total -= d
+    if rem > 0:
+        return elen_n, -1
+    return elen_n, total
 
 
 @njit

@@ -2,15 +2,19 @@
 
 Legend: B rows, Ts / Tt padded student / teacher tokens, C chunks (padded per batch), V vocab.
 
-Definitions (DESIGN.md §4). Each side's *text* is the concatenation of its text tokens' bytes
-(``TokenByteTable``) minus the row's phantom prefix (e.g. SentencePiece's dummy-prefix space that
-token 0 carries but the text does not). A *chunk* is a pair of contiguous token spans whose bytes
-are identical; chunks are minimal (no common token boundary strictly inside), disjoint, ordered,
-and only valid chunks get ids ``0..n-1``. Tokens outside chunks (padding, role tokens without a
+Definitions (docs/architecture.md §4). Each side's *text* is the concatenation of its text
+tokens' bytes (``TokenByteTable``) minus their *phantom bytes*: bytes at the start of a token
+that are not in the text, e.g. the dummy-prefix space a SentencePiece tokenizer puts on the
+first token of the text and (legacy SentencePiece) on the first token after each special token
+written in the text. They are given per token (``s_phantom_BTs``, e.g. ``Encoding.phantom_T``)
+or, the older form, per row (``s_phantom_B``: the row's phantom prefix, i.e. phantom bytes at
+token 0). A count larger than its token carries on into the next text tokens. A *chunk* is a
+pair of contiguous token spans whose bytes are identical; chunks are minimal (no common token
+boundary strictly inside), disjoint, ordered, and only valid chunks get ids ``0..n-1``. Tokens outside chunks (padding, role tokens without a
 partner, regions where the texts differ) have chunk id -1.
 
 * ``method="auto"``: the exact O(n+m) path when the two texts are byte-identical, otherwise the
-  banded edit-distance DP (``used_dp_B``). ``"exact"`` raises when a row's texts differ; ``"dp"``
+  banded chunk DP (``used_dp_B``). ``"exact"`` raises when a row's texts differ; ``"dp"``
   always runs the DP.
 * Role tokens (``roles_V != ROLE_TEXT``) pair with a role token of the same role at the
   corresponding place (1:1 chunk, never exact); unpaired ones stay unaligned.
@@ -23,8 +27,13 @@ partner, regions where the texts differ) have chunk id -1.
   lossy pairs: each valid text chunk's bytes are equal *after normalisation* (ASCII lower case +
   whitespace removal); lossless pairs keep the strict one (identical bytes). Non-ASCII case and
   accents are not folded (such bytes stay unaligned, e.g. "café" vs BERT's "cafe").
-* DP path: common prefix/suffix walked, unique K-gram anchors (``dp_anchor``) matched, banded
-  edit-distance DP on the gaps in between (``_anchor``, ``_dp``).
+* DP path: the common prefix (to its last common token boundary) walked, unique K-gram anchors
+  (``dp_anchor``; also a common suffix of at least K symbols) matched, and on the gaps in between
+  a banded DP that maximises the bytes inside chunks (then the paired role tokens); on ties
+  unaligned text goes to the end, so an edited or truncated row pairs its tokens in place
+  (``_anchor``, ``_dp``). Guarantee: with nothing anchored (``dp_anchor=0``, or rows shorter
+  than K symbols) the chunks cover the most bytes possible among chunkings that keep the
+  common-prefix chunks; with anchors, each gap is optimal.
 * ``chunks="space"``: adjacent minimal text chunks are merged unless the next chunk starts with
   ASCII whitespace (tokenkit's "space" variant); role chunks are never merged.
 * ``chunk_exact_BC``: 1:1 text chunk whose two tokens have identical table bytes (so a
@@ -91,16 +100,20 @@ class AlignmentResult:
 
 def align_batch(s_ids_BTs, s_len_B, t_ids_BTt, t_len_B, s_table: TokenByteTable,
                 t_table: TokenByteTable, *, s_phantom_B=None, t_phantom_B=None,
-                chunks: str = "minimal", method: str = "auto", dp_band: int = 32,
-                dp_max_cells: int = 1 << 26, dp_anchor: int = 32) -> AlignmentResult:
+                s_phantom_BTs=None, t_phantom_BTt=None, chunks: str = "minimal",
+                method: str = "auto", dp_band: int = 32, dp_max_cells: int = 1 << 26,
+                dp_anchor: int = 32) -> AlignmentResult:
     """Align student and teacher tokenizations of the same texts, row by row (see module doc).
 
     ``s_ids_BTs``/``t_ids_BTt``: right-padded integer ids; ``s_len_B``/``t_len_B``: real lengths
-    (tokens beyond are padding, never read). ``*_phantom_B``: per-row phantom-prefix byte counts
-    (default 0). ``dp_band``: initial DP band half-width; ``dp_max_cells``: most traceback cells
-    (bytes of memory per row in flight) one DP gap may use before settling for the banded result;
-    ``dp_anchor``: length K of the unique exact K-gram anchors between which the DP runs (0: no
-    interior anchors, only the common prefix and suffix; see ``_anchor``).
+    (tokens beyond are padding, never read). Phantom bytes (default none): per token,
+    ``s_phantom_BTs``/``t_phantom_BTt`` (same shape as the ids; entries on padding are ignored),
+    or per row, ``s_phantom_B``/``t_phantom_B`` (the row's phantom prefix, at token 0); at most
+    one form per side. ``dp_band``: initial DP band half-width; ``dp_max_cells``: most traceback
+    cells (bytes of memory per row in flight) one DP gap may use before settling for the banded
+    result; ``dp_anchor``: length K of the unique exact K-gram anchors between which the DP runs,
+    and the least length of a common suffix matched as one (0: no anchors, only the common
+    prefix; see ``_anchor``).
     """
     if chunks not in _CHUNKS:
         raise AlignmentError(f"chunks must be one of {_CHUNKS}, got {chunks!r}")
@@ -114,17 +127,17 @@ def align_batch(s_ids_BTs, s_len_B, t_ids_BTt, t_len_B, s_table: TokenByteTable,
     if t_ids.shape[0] != B:
         raise AlignmentError(f"batch sizes differ: student ids have {B} rows, teacher ids "
                              f"{t_ids.shape[0]}")
-    s_ph = _check_phantom(s_phantom_B, B, "s_phantom_B")
-    t_ph = _check_phantom(t_phantom_B, B, "t_phantom_B")
+    s_ph = _check_phantom(s_phantom_B, s_phantom_BTs, s_ids.shape, s_len, "s")
+    t_ph = _check_phantom(t_phantom_B, t_phantom_BTt, t_ids.shape, t_len, "t")
     C = max(1, int(np.minimum(s_len, t_len).max(initial=0)))
     out = _allocate(B, s_ids.shape[1], t_ids.shape[1], C)
     status_B = np.zeros(B, np.int8)
     fold = bool(s_table.lossy or t_table.lossy)
     kernel = _kernel()
     kernel(s_ids, s_len, t_ids, t_len, s_table.offsets_V1, s_table.data, s_table.roles_V,
-                 t_table.offsets_V1, t_table.data, t_table.roles_V, s_ph, t_ph, fold,
-                 _METHODS[method], chunks == "space", int(max(1, dp_band)), int(dp_max_cells),
-                 int(max(0, dp_anchor)), *out, status_B)
+           t_table.offsets_V1, t_table.data, t_table.roles_V, s_ph, t_ph, fold,
+           _METHODS[method], chunks == "space", int(max(1, dp_band)), int(dp_max_cells),
+           int(max(0, dp_anchor)), *out, status_B)
     _report_status(status_B, s_ids, s_len, t_ids, t_len, s_table, t_table, s_ph, t_ph)
     s_chunk, t_chunk, cs0, cs1, ct0, ct1, cvalid, cexact, n_chunks, s_cov, t_cov, used_dp = out
     Cn = int(n_chunks.max(initial=0))
@@ -133,14 +146,22 @@ def align_batch(s_ids_BTs, s_len_B, t_ids_BTt, t_len_B, s_table: TokenByteTable,
 
 
 def align_pair(s_ids, t_ids, s_table: TokenByteTable, t_table: TokenByteTable, *,
-               s_phantom: int = 0, t_phantom: int = 0, chunks: str = "minimal",
-               method: str = "auto", **kwargs) -> AlignmentResult:
-    """:func:`align_batch` for one unpadded pair of id sequences (a result with ``B = 1``)."""
+               s_phantom=0, t_phantom=0, chunks: str = "minimal", method: str = "auto",
+               **kwargs) -> AlignmentResult:
+    """:func:`align_batch` for one unpadded pair of id sequences (a result with ``B = 1``).
+
+    ``s_phantom``/``t_phantom``: an int (the phantom prefix, at token 0) or one count per token
+    (e.g. ``Encoding.phantom_T``)."""
     s = _as_int_array(s_ids, "s_ids", 1)
     t = _as_int_array(t_ids, "t_ids", 1)
+    ph = {}
+    for side, arr, val in (("s", s, s_phantom), ("t", t, t_phantom)):
+        if np.ndim(val) == 0:
+            ph[f"{side}_phantom_B"] = np.array([val])
+        else:
+            ph[f"{side}_phantom_BT{side}"] = _as_int_array(val, f"{side}_phantom", 1)[None]
     return align_batch(s[None], np.array([s.size]), t[None], np.array([t.size]), s_table,
-                       t_table, s_phantom_B=np.array([s_phantom]),
-                       t_phantom_B=np.array([t_phantom]), chunks=chunks, method=method, **kwargs)
+                       t_table, chunks=chunks, method=method, **ph, **kwargs)
 
 
 _THREAD_CAP = [0]  # 0 = numba's default pool size
@@ -240,16 +261,39 @@ def _check_side(ids, lens, table: TokenByteTable, who: str, p: str):
     return ids, lens
 
 
-def _check_phantom(ph, B: int, name: str) -> np.ndarray:
-    if ph is None:
-        return np.zeros(B, np.int64)
-    arr = _as_int_array(ph, name, 1)
+def _check_phantom(ph_B, ph_BT, shape: tuple, lens: np.ndarray, p: str) -> np.ndarray:
+    """Per-token phantom counts, int64 ``[B, T]``, or ``[B, 1]`` for the per-row form (token 0;
+    the kernel reads no further)."""
+    B, T = shape
+    name_B, name_BT = f"{p}_phantom_B", f"{p}_phantom_BT{p}"
+    if ph_B is not None and ph_BT is not None:
+        raise AlignmentError(f"give {name_B} or {name_BT}, not both")
+    out = np.zeros((B, 1), np.int64)
+    if ph_BT is not None:
+        arr = _as_int_array(ph_BT, name_BT, 2)
+        if arr.shape != (B, T):
+            raise AlignmentError(f"{name_BT} has shape {arr.shape}, the ids {(B, T)}")
+        real = (np.arange(T)[None, :] < lens[:, None]) & (arr < 0)
+        if real.any():
+            b, i = (int(v) for v in np.argwhere(real)[0])
+            raise AlignmentError(f"{name_BT}[{b}, {i}] = {int(arr[b, i])} is negative")
+        return arr
+    if ph_B is None:
+        return out
+    arr = _as_int_array(ph_B, name_B, 1)
     if arr.shape[0] != B:
-        raise AlignmentError(f"{name} has {arr.shape[0]} entries for {B} rows")
+        raise AlignmentError(f"{name_B} has {arr.shape[0]} entries for {B} rows")
     neg = np.flatnonzero(arr < 0)
     if neg.size:
-        raise AlignmentError(f"{name}[{int(neg[0])}] = {int(arr[neg[0]])} is negative")
-    return arr
+        raise AlignmentError(f"{name_B}[{int(neg[0])}] = {int(arr[neg[0]])} is negative")
+    empty = np.flatnonzero((arr > 0) & (lens == 0))
+    if empty.size:
+        who = "student" if p == "s" else "teacher"
+        b = int(empty[0])
+        raise AlignmentError(f"{who} row {b}: phantom prefix of {int(arr[b])} bytes is longer "
+                             f"than the row's text")
+    out[:, 0] = arr
+    return out
 
 
 def _report_status(status_B, s_ids, s_len, t_ids, t_len, s_table, t_table, s_ph, t_ph) -> None:
@@ -259,20 +303,23 @@ def _report_status(status_B, s_ids, s_len, t_ids, t_len, s_table, t_table, s_ph,
 
     if not status_B.any():
         return
-    for code, side, ids, lens, table, ph in ((ROW_PHANTOM_S, "student", s_ids, s_len, s_table,
-                                              s_ph),
-                                             (ROW_PHANTOM_T, "teacher", t_ids, t_len, t_table,
-                                              t_ph)):
+    for code, side, lens, ph in ((ROW_PHANTOM_S, "student", s_len, s_ph),
+                                 (ROW_PHANTOM_T, "teacher", t_len, t_ph)):
         rows = np.flatnonzero(status_B == code)
         if rows.size:
             b = int(rows[0])
-            raise AlignmentError(f"{side} row {b}: phantom prefix of {int(ph[b])} bytes is longer "
-                                 f"than the row's text")
+            row = ph[b, :lens[b]]
+            if not row[1:].any():
+                raise AlignmentError(f"{side} row {b}: phantom prefix of {int(row[0])} bytes is "
+                                     f"longer than the row's text")
+            raise AlignmentError(f"{side} row {b}: phantom bytes ({int(row.sum())} in all, at "
+                                 f"tokens {np.flatnonzero(row).tolist()[:8]}) run past the "
+                                 f"row's text")
     rows = np.flatnonzero(status_B == ROW_TEXT_DIFFERS)
     if rows.size:
         b = int(rows[0])
         where = _first_difference(s_ids[b, :s_len[b]], t_ids[b, :t_len[b]], s_table, t_table,
-                                  int(s_ph[b]), int(t_ph[b]))
+                                  s_ph[b, :s_len[b]], t_ph[b, :t_len[b]])
         raise AlignmentError(f"row {b}: method='exact' but the student and teacher texts differ "
                              f"({where}); use method='auto' or 'dp'")
     for code, what in ((ROW_DP_TOO_BIG, "have regions left unaligned: the DP of a gap between "
@@ -285,12 +332,20 @@ def _report_status(status_B, s_ids, s_len, t_ids, t_len, s_table, t_table, s_ph,
                           stacklevel=3)
 
 
-def _first_difference(s_ids, t_ids, s_table, t_table, s_ph, t_ph) -> str:
-    def text(ids, table, ph):
-        roles = table.roles_V[ids]
-        return table.concat(i for i, r in zip(ids, roles) if r == 0)[ph:]
+def _first_difference(s_ids, t_ids, s_table, t_table, s_ph_T, t_ph_T) -> str:
+    def text(ids, table, ph_T):
+        out, rem = [], 0
+        ph = [int(v) for v in ph_T] + [0] * (len(ids) - len(ph_T))   # row form: token 0 only
+        for i, p in zip(ids, ph):
+            rem += p
+            if table.roles_V[i] == 0:
+                piece = table.token_bytes(int(i))
+                take = min(rem, len(piece))
+                rem -= take
+                out.append(piece[take:])
+        return b"".join(out)
 
-    a, c = text(s_ids, s_table, s_ph), text(t_ids, t_table, t_ph)
+    a, c = text(s_ids, s_table, s_ph_T), text(t_ids, t_table, t_ph_T)
     q = next((k for k in range(min(len(a), len(c))) if a[k] != c[k]), min(len(a), len(c)))
     return (f"first difference at text byte {q}: student {a[q:q + 12]!r} vs teacher "
             f"{c[q:q + 12]!r}; lengths {len(a)} and {len(c)}")

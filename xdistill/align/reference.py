@@ -8,10 +8,11 @@ Same definitions as :mod:`xdistill.align.api`, one row at a time, with plain lis
 * :func:`exact_chunks_sets`: the same chunks from the definition — cuts are the common byte
   offsets of both sides' token boundaries; a role token sits at the byte offset of the text
   before it;
-* :func:`banded_edit_path` / :func:`full_edit_distance`: the banded edit-distance DP with the same
-  band schedule and tie-breaking as the Numba DP, and an unbanded cost to check optimality;
-* :func:`find_anchors` / :func:`anchored_edit_path`: common prefix/suffix, unique K-gram anchors
-  (dict counts instead of hashes), banded DP on the gaps (see ``_anchor``);
+* :func:`banded_chunk_path` / :func:`find_anchors` / :func:`trim_anchors` /
+  :func:`anchored_chunk_path` (in :mod:`xdistill.align.reference_dp`, re-exported here): the
+  DP path, i.e. the common prefix cut back to a common cut, unique K-gram anchors cut back to
+  common cuts, and on the gaps the banded chunk DP (most bytes inside chunks, unaligned text
+  pushed towards the end on ties), with the Numba version's band schedule and tie-breaking;
 * :func:`norm`: the comparison space (lossy pairs: ASCII lower case, whitespace removed);
 * :func:`chunks_from_path`: chunks between consecutive cuts of each matched run.
 
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from xdistill.align.reference_dp import (anchored_chunk_path, banded_chunk_path,  # noqa: F401
+                                         find_anchors, trim_anchors)
 from xdistill.tokenization.table import ROLE_TEXT, TokenByteTable
 
 WHITESPACE = b" \t\n\v\f\r"
@@ -47,16 +50,35 @@ class _Chunk:
     adj: bool = False  # starts exactly where the previous chunk ended on both sides
 
 
-def effective_lengths(ids, table: TokenByteTable, phantom: int) -> list:
-    """Text bytes per token after removing the phantom prefix; -1 for role tokens."""
+def effective_lengths(ids, table: TokenByteTable, phantom) -> list:
+    """Text bytes per token after removing phantom bytes; -1 for role tokens.
+
+    ``phantom``: an int (the row's phantom prefix, i.e. phantom bytes at token 0) or one count
+    per token (bytes at the start of that token's table bytes that are not in the text; a count
+    larger than the token carries on into the next text tokens)."""
+    phantom_T = per_token_phantoms(phantom, len(ids))
     elen = [-1 if table.roles_V[i] != ROLE_TEXT else len(table.token_bytes(i)) for i in ids]
-    if phantom > sum(e for e in elen if e > 0):
-        raise ValueError("phantom prefix longer than the text")
+    rem = 0
     for k, e in enumerate(elen):
-        take = min(phantom, max(e, 0))
+        rem += phantom_T[k]
+        take = min(rem, max(e, 0))
         elen[k] -= take
-        phantom -= take
+        rem -= take
+    if rem > 0:
+        raise ValueError("phantom bytes longer than the text")
     return elen
+
+
+def per_token_phantoms(phantom, n: int) -> list:
+    """Per-token phantom counts from an int (all of it at token 0) or a per-token sequence."""
+    if isinstance(phantom, int) or getattr(phantom, "ndim", 1) == 0:
+        if n == 0 and int(phantom) > 0:
+            raise ValueError("phantom bytes longer than the text")
+        return [int(phantom)] * min(n, 1) + [0] * (n - 1)
+    out = [int(v) for v in phantom]
+    if len(out) != n:
+        raise ValueError(f"{len(out)} phantom counts for {n} tokens")
+    return out
 
 
 def token_text(tid: int, table: TokenByteTable, e: int) -> bytes:
@@ -207,142 +229,6 @@ def symbols(ids, elen, table: TokenByteTable, folded: bool):
     return sym, tok, isb + [True]
 
 
-def _band_fill(a, b, klo, W):
-    Ls, Lt, INF = len(a), len(b), float("inf")
-    cost = [[INF] * W for _ in range(Ls + 1)]
-    move = [[3] * W for _ in range(Ls + 1)]
-    for c in range(W):
-        if 0 <= klo + c <= Lt:
-            cost[0][c] = klo + c
-    for x in range(1, Ls + 1):
-        for c in range(W):
-            y = x + klo + c
-            if not 0 <= y <= Lt:
-                continue
-            cand = [(cost[x - 1][c] + (a[x - 1] != b[y - 1]) if y >= 1 else INF, 0),
-                    ((cost[x - 1][c + 1] + 1) if c + 1 < W else INF, 2),
-                    ((cost[x][c - 1] + 1) if (y >= 1 and c >= 1) else INF, 3)]
-            best = min(v for v, _ in cand)
-            cost[x][c], move[x][c] = next((v, mv) for v, mv in cand if v == best)
-    return cost[Ls][Lt - Ls - klo], move
-
-
-def banded_edit_path(a, b, band=32, max_cells=1 << 26):
-    """Moves (0 match, 1 substitution, 2 deletion, 3 insertion) of the banded edit DP."""
-    Ls, Lt = len(a), len(b)
-    D, w, best = Lt - Ls, max(band, 1), None
-    while True:
-        klo, khi = max(min(0, D) - w, -Ls), min(max(0, D) + w, Lt)
-        W = khi - klo + 1
-        if (Ls + 1) * W > max_cells:
-            break
-        cost, move = _band_fill(a, b, klo, W)
-        best = (klo, move)
-        if (klo == -Ls and khi == Lt) or cost <= abs(D) + 2 * w + 1:
-            break
-        w *= 2
-    if best is None:
-        return None
-    klo, move = best
-    x, y, path = Ls, Lt, []
-    while x > 0 or y > 0:
-        mv = 3 if x == 0 else move[x][y - x - klo]
-        if mv == 0:
-            path.append(0 if a[x - 1] == b[y - 1] else 1)
-            x, y = x - 1, y - 1
-        elif mv == 2:
-            path.append(2)
-            x -= 1
-        else:
-            path.append(3)
-            y -= 1
-    return path[::-1]
-
-
-def full_edit_distance(a, b) -> int:
-    """Unbanded Levenshtein distance (for checking that the band found the optimum)."""
-    prev = list(range(len(b) + 1))
-    for x in range(1, len(a) + 1):
-        cur = [x] + [0] * len(b)
-        for y in range(1, len(b) + 1):
-            cur[y] = min(prev[y - 1] + (a[x - 1] != b[y - 1]), prev[y] + 1, cur[y - 1] + 1)
-        prev = cur
-    return prev[-1]
-
-
-def _common_prefix(a, b) -> int:
-    p = 0
-    while p < min(len(a), len(b)) and a[p] == b[p]:
-        p += 1
-    return p
-
-
-def find_anchors(a, b, K: int) -> list:
-    """Anchor segments ``(x, y, length)``: K-grams unique in both strings, longest chain with
-    strictly increasing positions (patience LIS, same tie rules as the Numba version), overlapping
-    chained K-grams on one diagonal merged, those overlapping on another diagonal dropped."""
-    import bisect
-
-    if K <= 0 or len(a) < K or len(b) < K:
-        return []
-    def unique(s):
-        seen = {}
-        for x in range(len(s) - K + 1):
-            seen.setdefault(tuple(s[x:x + K]), []).append(x)
-        return {g: xs[0] for g, xs in seen.items() if len(xs) == 1}
-    ua, ub = unique(a), unique(b)
-    cand = sorted((x, ub[g]) for g, x in ua.items() if g in ub)
-    tails, tail_y, pred = [], [], []
-    for c, (_, y) in enumerate(cand):
-        pos = bisect.bisect_left(tail_y, y)
-        pred.append(tails[pos - 1] if pos > 0 else -1)
-        if pos == len(tails):
-            tails.append(c)
-            tail_y.append(y)
-        else:
-            tails[pos], tail_y[pos] = c, y
-    chain, c = [], tails[-1] if tails else -1
-    while c >= 0:
-        chain.append(cand[c])
-        c = pred[c]
-    segs = []
-    for x, y in reversed(chain):
-        if segs:
-            sx, sy, sl = segs[-1]
-            if x - y == sx - sy and x <= sx + sl:
-                segs[-1] = (sx, sy, max(sl, x + K - sx))
-                continue
-            if x < sx + sl or y < sy + sl:
-                continue
-        segs.append((x, y, K))
-    return segs
-
-
-def _gap_path(a, b, band, max_cells):
-    """Common prefix/suffix, then the banded DP (unaligned when it exceeds ``max_cells``)."""
-    p = _common_prefix(a, b)
-    q = _common_prefix(a[p:][::-1], b[p:][::-1])
-    mid_a, mid_b = a[p:len(a) - q], b[p:len(b) - q]
-    mid = None
-    if mid_a and mid_b:
-        mid = banded_edit_path(mid_a, mid_b, band, max_cells)
-    if mid is None:
-        mid = [2] * len(mid_a) + [3] * len(mid_b)
-    return [0] * p + mid + [0] * q
-
-
-def anchored_edit_path(a, b, band=32, max_cells=1 << 26, anchor_k=32):
-    """Moves of the anchored alignment: common prefix/suffix, anchors, gaps (see ``_anchor``)."""
-    p = _common_prefix(a, b)
-    q = _common_prefix(a[p:][::-1], b[p:][::-1])
-    mid_a, mid_b = a[p:len(a) - q], b[p:len(b) - q]
-    path, x, y = [0] * p, 0, 0
-    for sx, sy, sl in find_anchors(mid_a, mid_b, anchor_k):
-        path += _gap_path(mid_a[x:sx], mid_b[y:sy], band, max_cells) + [0] * sl
-        x, y = sx + sl, sy + sl
-    return path + _gap_path(mid_a[x:], mid_b[y:], band, max_cells) + [0] * q
-
-
 def chunks_from_path(path, sym_s, tok_s, isb_s, sym_t, tok_t, isb_t) -> list:
     """Chunks between consecutive cuts of each maximal run of matches on the path."""
     runs, x, y, cur = [], 0, 0, None
@@ -411,7 +297,7 @@ def align_row_reference(s_ids, t_ids, s_table, t_table, *, s_phantom=0, t_phanto
     if use_dp:
         sym_s, tok_s, isb_s = symbols(s_ids, elen_s, s_table, folded)
         sym_t, tok_t, isb_t = symbols(t_ids, elen_t, t_table, folded)
-        path = anchored_edit_path(sym_s, sym_t, dp_band, dp_max_cells, dp_anchor)
+        path = anchored_chunk_path(sym_s, sym_t, isb_s, isb_t, dp_band, dp_max_cells, dp_anchor)
         found = chunks_from_path(path, sym_s, tok_s, isb_s, sym_t, tok_t, isb_t)
     else:
         impl = exact_chunks_walk if exact_impl == "walk" else exact_chunks_sets

@@ -17,7 +17,8 @@ Special-token policy (the same for every tokenizer): no tokenizer adds special t
 Alignment is done per segment (a piece of one document): the student's ids for the segment come
 from the packer, the teacher tokenizes the same bytes (chat: its own rendering of the same span of
 the conversation, mapped through the message contents), and ``align_batch`` aligns all segments of
-the batch in one call with each segment's SentencePiece phantom prefix on both sides. Chunk ids
+the batch in one call with the SentencePiece phantom bytes: the student segment's phantom prefix,
+and the teacher's per-token phantom bytes (also those after special tokens in the text). Chunk ids
 are then renumbered per window in token order (BOS chunk, segment chunks, EOS chunk, ...).
 
 Truncation: a teacher with ``max_len`` keeps the longest prefix of the window that fits and ends at
@@ -66,7 +67,21 @@ class _Row:
     s_ids_T: np.ndarray
     t_ids_T: np.ndarray
     s_phantom: int
-    t_phantom: int
+    # teacher phantom bytes per token (SentencePiece dummy-prefix spaces, also after in-text
+    # special tokens), int64 [t_ids_T.size]
+    t_phantom_T: np.ndarray
+
+
+def _phantom_T(enc, n: int) -> np.ndarray:
+    """The first ``n`` per-token phantom byte counts of an encoding (``Encoding.phantom_T``; an
+    encoding without it has only its ``phantom_prefix``, at token 0)."""
+    ph = getattr(enc, "phantom_T", None)
+    if ph is not None:
+        return np.asarray(ph, dtype=np.int64)[:n]
+    out = np.zeros(n, dtype=np.int64)
+    if n:
+        out[0] = int(getattr(enc, "phantom_prefix", 0) or 0)
+    return out
 
 
 def _pad_id(tok) -> int:
@@ -250,7 +265,7 @@ class CrossTokenizerCollator:
                 if s_ids.size and t_ids.size:
                     items.append((b, "row", len(rows), 0))
                     rows.append(_Row(b, seg_pos[b][j], t_p, s_ids, t_ids, seg.phantom,
-                                     int(getattr(enc, "phantom_prefix", 0) or 0)))
+                                     _phantom_T(enc, t_ids.size)))
                 parts.append(t_ids)
                 loss.append(t_loss)
                 t_p, used = t_p + t_ids.size, used + t_ids.size
@@ -273,13 +288,14 @@ class CrossTokenizerCollator:
         t_len = np.array([r.t_ids_T.size for r in rows], dtype=np.int64)
         s_ids = np.zeros((N, int(s_len.max())), dtype=np.int64)
         t_ids = np.zeros((N, int(t_len.max())), dtype=np.int64)
+        t_ph = np.zeros((N, int(t_len.max())), dtype=np.int64)
         for n, r in enumerate(rows):
             s_ids[n, :r.s_ids_T.size] = r.s_ids_T
             t_ids[n, :r.t_ids_T.size] = r.t_ids_T
+            t_ph[n, :r.t_ids_T.size] = r.t_phantom_T
         return align_batch(s_ids, s_len, t_ids, t_len, self.student.table, spec.tokenizer.table,
                            s_phantom_B=np.array([r.s_phantom for r in rows], dtype=np.int64),
-                           t_phantom_B=np.array([r.t_phantom for r in rows], dtype=np.int64),
-                           chunks=self.chunks, method=self.method), s_len, t_len
+                           t_phantom_BTt=t_ph, chunks=self.chunks, method=self.method), s_len, t_len
 
     def _teacher_view(self, spec: TeacherSpec, windows, seg_pos, shape_BTs, attn_BTs) -> TeacherView:
         B, Ts = shape_BTs

@@ -124,24 +124,21 @@ def jsd(student_logits_BTV, teacher_logits_BTV, loss_mask_BT, *, beta=0.5, tempe
                               num_valid, chunk_size)
 
 
-def topk_tail_kl_rows(z_nV: torch.Tensor, tlogp_nK: torch.Tensor, tidx_nK: torch.Tensor
-                      ) -> torch.Tensor:
+def topk_tail_kl_rows(z_nV: torch.Tensor, tlogp_nK: torch.Tensor, tidx_nK: torch.Tensor,
+                      ttail_n: torch.Tensor | None = None) -> torch.Tensor:
     """Top-k forward KL with a tail bucket per row, [n]; ``z_nV`` are tempered student logits.
 
     ``sum_{v in K} q_v log(q_v / p_v) + q_R log(q_R / p_R)`` with ``q_R = 1 - sum_K q_v`` and
     ``p_R = 1 - sum_K p_v``: the exact KL between the two distributions coarsened to the K+1
     outcomes {each top-k id, "anything else"}, hence >= 0 with no clamp. Computed in log space:
-    ``log p_R = logsumexp(z outside K) - logsumexp(z)`` (no cancellation) and ``log q_R =
-    log1mexp(logsumexp(log q_K))``. Entries with ``log q = -inf`` are padding, not members of K.
-    If ``sum_K q_v`` exceeds 1 by rounding (e.g. bf16 storage), ``q_K`` is renormalised so the
-    teacher side stays a distribution.
+    ``log p_R = logsumexp(z outside K) - logsumexp(z)`` (no cancellation); ``log q_R`` is the
+    teacher's tail log-mass ``ttail_n`` when given, else ``log1mexp(logsumexp(log q_K))``.
+    Entries with ``log q = -inf`` are padding, not members of K. The teacher side is kept a
+    distribution (see :func:`_topk_teacher`); when the top-k ids cover all ``V`` columns the tail
+    is empty: ``q_R = 0`` and ``p_R = 0`` contribute nothing.
     """
-    in_K = torch.isfinite(tlogp_nK)
-    idx = torch.where(in_K, tidx_nK, torch.zeros_like(tidx_nK))
-    logq_K = torch.where(in_K, tlogp_nK.to(z_nV.dtype), torch.full_like(z_nV[:, :1], -math.inf))
-    mass = safe_logsumexp(logq_K, -1)
-    logq_K = logq_K - mass.clamp_min(0.0).unsqueeze(1)
-    logq_R = log1mexp(mass.clamp_max(0.0))
+    in_K, idx, logq_K, logq_R = _topk_teacher(tlogp_nK, tidx_nK, z_nV.dtype, z_nV.shape[1],
+                                              ttail_n)
     lse = safe_logsumexp(z_nV, -1)
     logp_K = z_nV.gather(1, idx) - lse.unsqueeze(1)
     member = torch.zeros_like(z_nV).scatter_add_(1, idx, in_K.to(z_nV.dtype)) > 0
@@ -150,11 +147,24 @@ def topk_tail_kl_rows(z_nV: torch.Tensor, tlogp_nK: torch.Tensor, tidx_nK: torch
     return top + xlogx_minus_xlogy(logq_R, logp_R)
 
 
-def _topk_teacher(tlogp_nK: torch.Tensor, tidx_nK: torch.Tensor, dt: torch.dtype):
+def _distinct_ids(in_K: torch.Tensor, tidx_nK: torch.Tensor) -> torch.Tensor:
+    """Number of distinct real top-k ids per row, [n]."""
+    sid = torch.where(in_K, tidx_nK, torch.full_like(tidx_nK, -1)).sort(1).values
+    new = sid >= 0
+    new[:, 1:] &= sid[:, 1:] != sid[:, :-1]
+    return new.sum(1)
+
+
+def _topk_teacher(tlogp_nK: torch.Tensor, tidx_nK: torch.Tensor, dt: torch.dtype, V: int,
+                  ttail_n: torch.Tensor | None = None):
     """Teacher side of the tail-bucket KL: (in_K, safe ids, log q_K, log q_R), all [n, K] / [n].
 
     Padding entries (``log q = -inf``) get the id of the row's first real entry (or 0 when the
-    row has none), so scatters through the safe ids never disturb another column.
+    row has none), so scatters through the safe ids never disturb another column. ``log q_R``:
+    ``-inf`` where the real ids cover all ``V`` columns (an empty tail; ``q_K`` is renormalised
+    to sum 1); else the teacher's tail log-mass ``ttail_n`` when given, and ``q_K`` and ``q_R``
+    are normalised jointly to sum 1 (absorbing the rounding of stored log-probs, e.g. bf16);
+    else ``log(1 - sum_K q)``, with ``q_K`` scaled down if its sum exceeds 1 by rounding.
     """
     in_K = torch.isfinite(tlogp_nK)
     first_n1 = in_K.long().argmax(1, keepdim=True)  # 0 when the row has no real entry
@@ -163,8 +173,18 @@ def _topk_teacher(tlogp_nK: torch.Tensor, tidx_nK: torch.Tensor, dt: torch.dtype
     idx = torch.where(in_K, tidx_nK, pad_id)
     logq_K = torch.where(in_K, tlogp_nK.to(dt), torch.full_like(tlogp_nK, -math.inf, dtype=dt))
     mass = safe_logsumexp(logq_K, -1)
-    logq_K = logq_K - mass.clamp_min(0.0).unsqueeze(1)
-    return in_K, idx, logq_K, log1mexp(mass.clamp_max(0.0))
+    if ttail_n is None:
+        logq_R = log1mexp(mass.clamp_max(0.0))
+        over = mass.clamp_min(0.0)
+    else:
+        logq_R = ttail_n.to(dt).clamp_max(0.0)
+        over = torch.logaddexp(mass, logq_R)
+        over = torch.where(torch.isfinite(over), over, torch.zeros_like(over))
+    if tidx_nK.shape[1] >= V:                       # the top-k may cover the vocabulary
+        empty = _distinct_ids(in_K, tidx_nK) >= V
+        logq_R = torch.where(empty, torch.full_like(logq_R, -math.inf), logq_R)
+        over = torch.where(empty & torch.isfinite(mass), mass, over)
+    return in_K, idx, logq_K - over.unsqueeze(1), logq_R - over
 
 
 def _term_and_weight(logq, logp):
@@ -176,7 +196,8 @@ def _term_and_weight(logq, logp):
 
 
 def topk_tail_kl_block(z_nV: torch.Tensor, tlogp_nK: torch.Tensor, tidx_nK: torch.Tensor,
-                       need_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       need_grad: bool, ttail_n: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Fused :func:`topk_tail_kl_rows`: (sum over rows, gradient w.r.t. ``z_nV`` or None).
 
     ``z_nV`` (tempered student logits, a private copy) is **overwritten** with the gradient.
@@ -186,9 +207,10 @@ def topk_tail_kl_block(z_nV: torch.Tensor, tlogp_nK: torch.Tensor, tidx_nK: torc
     ``w_k = q_k`` and ``w_R = q_R`` (0 where ``q = 0`` or ``log p`` is floored) and
     ``W = sum_k w_k + w_R``, the gradient is ``d/dz_v = p_v W - sum_{k: id_k = v} w_k`` for top-k
     ids and ``p_v (W - w_R / p_R)`` elsewhere: one more in-place pass plus two ``[n, K]`` scatters.
+    An empty tail (the top-k ids cover the vocabulary) has ``q_R = 0``: no term, no weight.
     """
     dt = z_nV.dtype
-    in_K, idx, logq_K, logq_R = _topk_teacher(tlogp_nK, tidx_nK, dt)
+    in_K, idx, logq_K, logq_R = _topk_teacher(tlogp_nK, tidx_nK, dt, z_nV.shape[1], ttail_n)
     m = z_nV.amax(-1, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # all -inf rows: p = 0
     z_K = z_nV.gather(1, idx)
@@ -219,26 +241,36 @@ def topk_tail_kl_block(z_nV: torch.Tensor, tlogp_nK: torch.Tensor, tidx_nK: torc
 
 
 def topk_forward_kl(student_logits_BTV, teacher_topk_logp_BTK, teacher_topk_idx_BTK, loss_mask_BT,
-                    *, temperature=1.0, num_valid=None, chunk_size=DEFAULT_CHUNK_SIZE):
+                    *, teacher_tail_logmass_BT=None, temperature=1.0, num_valid=None,
+                    chunk_size=DEFAULT_CHUNK_SIZE):
     """``tau^2 / num_valid * sum_i`` top-k tail-bucket KL (:func:`topk_tail_kl_rows`).
 
     ``teacher_topk_logp_BTK`` are teacher log-probabilities *at temperature tau* (over the full
     teacher vocabulary, so their exp sums to <= 1), ``teacher_topk_idx_BTK`` their token ids.
+    ``teacher_tail_logmass_BT`` (optional, ``[B, T]``): the teacher's log-mass outside its top-k
+    (``TeacherOutput.tail_logmass_BTt``), accurate where ``1 - sum exp(top-k)`` is not (a tiny
+    tail, bf16 log-probs); without it the tail is ``log(1 - sum exp(top-k))``. A top-k that
+    covers the whole vocabulary has an empty tail, which contributes exactly 0 either way.
     Evaluated by the fused :func:`topk_tail_kl_block` (hand-written gradient, no autograd graph).
     """
     _check_same_shape(student_logits_BTV, teacher_topk_logp_BTK, loss_mask_BT)
     if teacher_topk_idx_BTK.shape != teacher_topk_logp_BTK.shape:
         raise ValueError(f"top-k ids {tuple(teacher_topk_idx_BTK.shape)} and log-probs "
                          f"{tuple(teacher_topk_logp_BTK.shape)} differ in shape")
+    tail_BT = teacher_tail_logmass_BT
+    if tail_BT is not None and tuple(tail_BT.shape) != tuple(teacher_topk_logp_BTK.shape[:2]):
+        raise ValueError(f"teacher tail log-mass {tuple(tail_BT.shape)} must be [B, T] = "
+                         f"{tuple(teacher_topk_logp_BTK.shape[:2])}")
     tau = float(temperature)
     b_N, t_N = torch.nonzero(loss_mask_BT[:, 1:].bool(), as_tuple=True)
 
     def term(rows_nV, sl, need_grad):
         tl = teacher_topk_logp_BTK[b_N[sl], t_N[sl]]
         ti = teacher_topk_idx_BTK[b_N[sl], t_N[sl]].long()
+        tt = None if tail_BT is None else tail_BT[b_N[sl], t_N[sl]]
         if tau != 1.0:
             rows_nV.div_(tau)
-        value, g = topk_tail_kl_block(rows_nV, tl, ti, need_grad)
+        value, g = topk_tail_kl_block(rows_nV, tl, ti, need_grad, tt)
         return value, (g.div_(tau) if g is not None and tau != 1.0 else g)
 
     total = row_block_sum(student_logits_BTV, b_N, t_N, term, chunk_size, analytic=True)

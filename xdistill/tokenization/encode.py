@@ -10,15 +10,18 @@ tokens from the token-bytes table instead (lossless families):
 * a segment starts right after the text span of the role token before it (0 for the first);
 * inside a segment each token covers exactly ``len(table bytes)``, placed by a cumulative sum;
 * ``extra = (table bytes of the segment) - (bytes of text the segment covers, per HF's offset of
-  its last token)`` is the dummy-prefix space SentencePiece added: for a first segment starting
-  at byte 0 it is reported as ``phantom_prefix``; token starts are clipped at the segment start.
-  (Legacy SentencePiece also prepends a space after an in-text special token; such mid-text
-  phantoms are clipped the same way but not reported.)
+  its last token)`` is the dummy-prefix space SentencePiece added (legacy SentencePiece also
+  prepends one after each in-text special token); token starts are clipped at the segment start.
+  Every segment's extra bytes are reported per token in ``phantom_T`` (on the segment's first
+  token, carried into the next ones if longer than it); a first segment starting at byte 0
+  also reports its extra as ``phantom_prefix``.
 
 So for a lossless tokenizer and text without in-text special tokens, the concatenated table bytes
 of ``ids`` minus ``phantom_prefix`` bytes equal ``text.encode("utf-8")`` and each token's
-``[start, end)`` slice equals its table bytes. Lossy tokenizers (WordPiece) use HF's offsets,
-converted to bytes: the slice is the original text of the piece (before lowercasing).
+``[start, end)`` slice equals its table bytes; with in-text special tokens, each text token's
+table bytes minus its first ``phantom_T`` bytes are its ``[start, end)`` slice. Lossy
+tokenizers (WordPiece) use HF's offsets, converted to bytes: the slice is the original text of
+the piece (before lowercasing).
 
 Role tokens (BOS/EOS/chat markers, in-text or added by the template) get ``start == end`` at the
 end of the previous token.
@@ -38,12 +41,28 @@ class Encoding:
     ``phantom_prefix``: leading bytes of the concatenated token bytes that are not in the text
     (SentencePiece's dummy-prefix space), 0 otherwise. They belong to the first text token, which
     is token 0 unless role tokens (a BOS) come first; that token's ``start`` is clipped to 0.
+
+    ``phantom_T``: per token, the bytes at the start of its table bytes that are not in the text
+    (every dummy-prefix space, also those legacy SentencePiece puts after in-text special tokens);
+    ``None`` when only ``phantom_prefix`` is known (encodings built elsewhere). The aligner takes
+    it as ``s_phantom_BTs`` / ``t_phantom_BTt`` (see :meth:`phantom_bytes_T`).
     """
 
     ids: np.ndarray      # int64 [T]
     starts: np.ndarray   # int64 [T]
     ends: np.ndarray     # int64 [T]
     phantom_prefix: int = 0
+    phantom_T: np.ndarray | None = None   # int64 [T]
+
+    def phantom_bytes_T(self) -> np.ndarray:
+        """int64 ``[T]``: ``phantom_T``, or ``phantom_prefix`` at token 0 when it is ``None`` (the
+        aligner carries a count past role tokens and into the next text tokens)."""
+        if self.phantom_T is not None:
+            return np.asarray(self.phantom_T, dtype=np.int64)
+        out = np.zeros(len(self.ids), dtype=np.int64)
+        if out.size:
+            out[0] = self.phantom_prefix
+        return out
 
     def __len__(self) -> int:
         return int(self.ids.size)
@@ -74,15 +93,24 @@ def hf_byte_offsets(offsets: list[tuple[int, int]], cmap: np.ndarray | None):
 def place_tokens(ids_T: np.ndarray, hs_T: np.ndarray, he_T: np.ndarray, len_V: np.ndarray,
                  role_V: np.ndarray, lossless: bool) -> tuple[np.ndarray, np.ndarray, int]:
     """Byte ``starts_T``, ``ends_T`` and the phantom prefix (see the module docstring)."""
+    starts_T, ends_T, phantom, _ = place_tokens_phantoms(ids_T, hs_T, he_T, len_V, role_V, lossless)
+    return starts_T, ends_T, phantom
+
+
+def place_tokens_phantoms(ids_T: np.ndarray, hs_T: np.ndarray, he_T: np.ndarray,
+                          len_V: np.ndarray, role_V: np.ndarray, lossless: bool):
+    """:func:`place_tokens` plus the per-token phantom bytes ``phantom_T`` (int64 ``[T]``; zeros
+    for lossy placement, which uses HF's offsets)."""
     T = ids_T.size
+    no_phantom_T = np.zeros(T, dtype=np.int64)
     if T == 0:
-        return hs_T, he_T, 0
+        return hs_T, he_T, 0, no_phantom_T
     is_role_T = role_V[ids_T] != 0
     if not lossless:
         ends_T = np.where(is_role_T, 0, he_T)
         ends_T = np.maximum.accumulate(ends_T)
         starts_T = np.where(is_role_T, ends_T, hs_T)
-        return starts_T, ends_T, 0
+        return starts_T, ends_T, 0, no_phantom_T
     lens_T = np.where(is_role_T, 0, len_V[ids_T])
     # segment starts: text token whose predecessor is a role token (or the first token)
     prev_role_T = np.concatenate(([True], is_role_T[:-1]))
@@ -91,7 +119,7 @@ def place_tokens(ids_T: np.ndarray, hs_T: np.ndarray, he_T: np.ndarray, len_V: n
     first_S = np.flatnonzero(seg_start_T)
     if first_S.size == 0:                                     # only role tokens
         zeros = np.zeros(T, dtype=np.int64)
-        return zeros, zeros.copy(), 0
+        return zeros, zeros.copy(), 0, no_phantom_T
     last_S = np.append(first_S[1:], T) - 1
     # last text token of each segment: walk back over trailing role tokens
     text_idx_T = np.where(~is_role_T, np.arange(T), -1)
@@ -112,4 +140,8 @@ def place_tokens(ids_T: np.ndarray, hs_T: np.ndarray, he_T: np.ndarray, len_V: n
     ends_T = np.where(is_role_T, running_T, ends_T)
     starts_T = np.where(is_role_T, running_T, starts_T)
     phantom = int(extra_S[0]) if anchor_S[0] == 0 else 0
-    return starts_T, ends_T, phantom
+    # per token: the segment's extra bytes not yet used by the tokens before it in the segment
+    before_T = csum_T - lens_T - base_S[seg_c]
+    phantom_T = np.where(is_role_T | (seg_T < 0), 0,
+                         np.clip(extra_S[seg_c] - before_T, 0, lens_T)).astype(np.int64)
+    return starts_T, ends_T, phantom, phantom_T

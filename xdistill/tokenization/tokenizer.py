@@ -14,7 +14,8 @@ import numpy as np
 
 from xdistill.errors import TokenizerError
 from xdistill.tokenization.bytes import build_table_arrays, detect_family, walk_types
-from xdistill.tokenization.encode import Encoding, char_to_byte_map, hf_byte_offsets, place_tokens
+from xdistill.tokenization.encode import (Encoding, char_to_byte_map, hf_byte_offsets,
+                                          place_tokens_phantoms)
 from xdistill.tokenization.fingerprint import fingerprint
 from xdistill.tokenization.roles import role_tokens, roles_array
 from xdistill.tokenization.table import ROLE_NAMES, ROLE_TEXT, TokenByteTable
@@ -115,9 +116,9 @@ class Tokenizer:
         ids_T = np.asarray(enc.ids, dtype=np.int64)
         hs_T, he_T = hf_byte_offsets(enc.offsets, char_to_byte_map(text))
         lossless = self.is_exact_on(text)
-        starts_T, ends_T, phantom = place_tokens(ids_T, hs_T, he_T, self._len_V, self.table.roles_V,
-                                                 lossless=lossless)
-        return Encoding(ids_T, starts_T, ends_T, phantom)
+        starts_T, ends_T, phantom, phantom_T = place_tokens_phantoms(
+            ids_T, hs_T, he_T, self._len_V, self.table.roles_V, lossless=lossless)
+        return Encoding(ids_T, starts_T, ends_T, phantom, phantom_T)
 
     def is_exact_on(self, text: str) -> bool:
         """True when this text's token bytes will reproduce it exactly (barring in-text special
