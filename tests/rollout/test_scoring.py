@@ -15,7 +15,9 @@ from rollout_helpers import PermutedModel, PermutedTokenizer, tiny_llama
 from xdistill.data import TeacherSpec
 from xdistill.losses import ChunkAlignment, projection_from_csr
 from xdistill.losses.chunks import loss_chunks
-from xdistill.losses.onpolicy import (ONPOLICY_LOSSES, Clamps, OnPolicyLossSpec, onpolicy_loss)
+from xdistill.losses.onpolicy import (ONPOLICY_LOSSES, Clamps, OnPolicyLossSpec,
+                                      input_token_logprobs, onpolicy_loss)
+from xdistill.losses.onpolicy_kinds import KINDS_2026
 from xdistill.rollout import (HFGenerateEngine, RolloutScorer, SamplingParams,
                               rollouts_from_segments)
 
@@ -33,6 +35,24 @@ TOOL_TEXTS = [
      [(" calc(12*7)", True), (" => 84 ", False), ("So the answer is 84.", True),
       (" [env] episode over ", False)]),
 ]
+
+
+def _kind_kwargs(kind, view, t_logits, perm, V, s_table, t_table, s_logp_BTs):
+    """Inputs of the 2026 kinds: they work on chunks (the identity view's for the same
+    tokenizer), the shared vocabulary, the byte-prefix tables and the behaviour log-probs (= the
+    student's own log-probs: the rollouts are scored by the model that 'sampled' them)."""
+    from xdistill.losses.byteprefix import BytePrefixTables
+    from xdistill.losses.onpolicy import input_token_logprobs
+    from xdistill.projection.byteprefix import build_byteprefix_map
+
+    t_ids = view.input_ids_BTt
+    kw = dict(teacher_logits_BTtV=t_logits, teacher_ids_BTt=t_ids,
+              t_loss_mask_BTt=view.loss_mask_BTt, behaviour_logp_BTs=s_logp_BTs,
+              teacher_token_logp_BTt=input_token_logprobs(t_logits, t_ids),
+              shared_s_idx_N=torch.arange(V),
+              shared_t_idx_N=torch.arange(V) if view.identity else torch.from_numpy(perm),
+              tables=BytePrefixTables.from_map(build_byteprefix_map(s_table, t_table)))
+    return kw, ChunkAlignment.from_view(view)
 
 
 def _loss_kwargs(kind, view, t_logits, perm, V):
@@ -81,11 +101,17 @@ def test_byte_identical_teachers_give_zero_loss(student, cross):
     with torch.no_grad():
         zt_same = z.detach().clone()
         zt_perm = teacher(perm_view.input_ids_BTt, perm_view.attention_mask_BTt.long())
+    s_logp = input_token_logprobs(z.detach(), b.input_ids_BTs, b.loss_mask_BTs)
     for kind in ONPOLICY_LOSSES:
         for view, zt in ((b.teacher("same"), zt_same), (perm_view, zt_perm)):
             if kind == "topk_kl" and not view.identity:
                 continue
-            kw, align = _loss_kwargs(kind, view, zt, ptok.perm, tok.vocab_size)
+            if kind in KINDS_2026:
+                t_table = tok.table if view.identity else ptok.table
+                kw, align = _kind_kwargs(kind, view, zt, ptok.perm, tok.vocab_size, tok.table,
+                                         t_table, s_logp)
+            else:
+                kw, align = _loss_kwargs(kind, view, zt, ptok.perm, tok.vocab_size)
             spec = OnPolicyLossSpec(kind, cross=cross, clamps=Clamps(None, None, None))
             out = onpolicy_loss(spec, z, b.input_ids_BTs, b.loss_mask_BTs, align=align, **kw)
             (g,) = torch.autograd.grad(out.loss, z)

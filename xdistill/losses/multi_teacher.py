@@ -102,6 +102,8 @@ class TeacherLossInput:
     # top-K log-probs at ``temperature`` and their ids, [B, Tt, K]
     topk_logp_BTtK: torch.Tensor | None = None
     topk_idx_BTtK: torch.Tensor | None = None
+    # log-mass outside the top-K at ``temperature`` (accurate for tiny tails), [B, Tt]
+    tail_logmass_BTt: torch.Tensor | None = None
     # teacher distribution already projected into student space (log), [B, Tt, Vs]
     proj_logp_BTtVs: torch.Tensor | None = None
     # log p_T(t_j | t_<j) at input positions (ALM, CE score), [B, Tt]
@@ -188,7 +190,8 @@ def _same_tok_loss(spec, inp, s_logits, s_mask, num_valid, chunk_size):
     if spec.loss == "topk_kl":
         _check_pretempered(spec, inp, "top-k")
         return _div.topk_forward_kl(s_logits, _need(inp, "topk_logp_BTtK", spec),
-                                    _need(inp, "topk_idx_BTtK", spec), s_mask, **kw)
+                                    _need(inp, "topk_idx_BTtK", spec), s_mask,
+                                    teacher_tail_logmass_BT=inp.tail_logmass_BTt, **kw)
     t_logits = _need(inp, "logits_BTtV", spec)
     kw["teacher_temperature"] = _teacher_tau(spec, inp)
     if spec.loss == "forward_kl":

@@ -319,7 +319,8 @@ def _full_loss(spec: OnPolicyLossSpec, s_logits, s_mask, align, t_mask, teacher:
     if align is None:
         if spec.kind == "topk_kl":
             return _div.topk_forward_kl(s_logits, teacher["topk_logp_BTtK"], teacher["topk_idx_BTtK"],
-                                        s_mask, temperature=tau, num_valid=num_valid,
+                                        s_mask, teacher_tail_logmass_BT=teacher.get("tail"),
+                                        temperature=tau, num_valid=num_valid,
                                         chunk_size=chunk_size)
         fn = _div.reverse_kl if spec.kind == "reverse_kl" else (
             lambda *a, **k: _div.jsd(*a, beta=spec.beta, **k))
@@ -346,7 +347,7 @@ def _need(teacher: dict, name: str, spec: OnPolicyLossSpec):
 def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, s_loss_mask_BTs,
                   *, align: ChunkAlignment | None = None, t_loss_mask_BTt=None,
                   teacher_logits_BTtV=None, teacher_ids_BTt=None, teacher_token_logp_BTt=None,
-                  topk_logp_BTtK=None, topk_idx_BTtK=None, projection=None,
+                  topk_logp_BTtK=None, topk_idx_BTtK=None, tail_logmass_BTt=None, projection=None,
                   shared_s_idx_N=None, shared_t_idx_N=None, sample_weight_B=None,
                   unpaired_BTs=None, stop_BTs=None, behaviour_logp_BTs=None,
                   ref_logp_BTs=None, tables=None, num_valid=None,
@@ -387,7 +388,8 @@ def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, 
                        teacher_token_logp_BTt, teacher_logits_BTtV, teacher_ids_BTt, zero, **kw)
     else:
         teacher = {"logits_BTtV": teacher_logits_BTtV, "topk_logp_BTtK": topk_logp_BTtK,
-                   "topk_idx_BTtK": topk_idx_BTtK, "projection": projection,
+                   "topk_idx_BTtK": topk_idx_BTtK, "tail": tail_logmass_BTt,
+                   "projection": projection,
                    "shared_s_idx_N": shared_s_idx_N, "shared_t_idx_N": shared_t_idx_N}
         out = _full(spec, student_logits_BTsV, s_loss_mask_BTs, teacher, **kw)
     if align is None or count_unpaired(spec, s_loss_mask_BTs, unpaired_BTs) == 0:

@@ -183,7 +183,8 @@ def teacher_inputs(plan: OnPolicyPlan, name: str, view, out, s_width: int) -> tu
             kw["teacher_logits_BTtV"] = logits
         return align, kw
     if spec.kind == "topk_kl":
-        return align, dict(kw, topk_logp_BTtK=out.topk_logp_BTtK, topk_idx_BTtK=out.topk_idx_BTtK)
+        return align, dict(kw, topk_logp_BTtK=out.topk_logp_BTtK, topk_idx_BTtK=out.topk_idx_BTtK,
+                           tail_logmass_BTt=out.tail_logmass_BTt)
     kw["teacher_logits_BTtV"] = logits
     if name in plan.projections:
         kw["projection"] = plan.projections[name]  # moved (and cached) by the loss itself
