@@ -36,9 +36,12 @@ test: assets
 	$(PYTHON) -m pytest -m "not slow and not gpu and not multigpu" $(PYTEST_ARGS)
 
 # the demo: (1) real tokenizer pairs compared by bytes vs raw strings; (2) the shortened quality
-# harness (benchmarks/quality): a digit-splitting teacher (trained here by `xdistill train
+# harness (xdistill/quality): a digit-splitting teacher (trained here by `xdistill train
 # offpolicy`, cached under the asset folder) distilled into a student with another tokenizer;
-# CE-only vs P-KL (+ continuation) vs ALM on held-out accuracy and bits per byte, each arm a real trainer run
+# CE-only vs P-KL (+ continuation) vs ALM on held-out accuracy and bits per byte, each arm a real
+# trainer run on one thread, two at a time, with a progress line every 10 s. A run that fails or
+# stalls (no output for 600 s; `xdistill demo distill --stall-s N`) ends it with one error
+# naming the log to read.
 DEMO_OUT := runs/demo_distill
 demo: assets
 	$(VENV)/bin/xdistill demo tokenizers

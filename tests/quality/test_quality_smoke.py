@@ -4,7 +4,7 @@ A few steps each, tiny models, a 10x10 addition table: this checks the harness p
 (tokenizer invariants, teacher training through ``xdistill train offpolicy``, projections, the
 generated arm configs for every loss family, greedy scoring, bits per byte, checkpoints scored
 into accuracy curves, the report), not quality. The real numbers come from
-``python -m benchmarks.quality.run``.
+``python benchmarks/quality/run.py``.
 """
 
 from __future__ import annotations
@@ -12,31 +12,13 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from benchmarks.quality import task  # noqa: E402
-from benchmarks.quality.arms import ARMS, ArmSettings, arm_config  # noqa: E402
-from benchmarks.quality.prepare import PrepConfig  # noqa: E402
-
-TINY_TASK = task.TaskConfig(max_operand=9, n_heldout=20, passes=2, text_fraction=0.2)
-TINY_PREP = PrepConfig(task=TINY_TASK, big_layers=1, big_hidden=32, big_steps=4, weak_layers=1,
-                       weak_hidden=32, weak_steps=3, batch=8, seq_len=32)
-# a checkpoint (accuracy curve) and a held-out bpb evaluation every 2 steps: curve steps 2, 4
-TINY_ARMS = ArmSettings(steps=4, batch=8, seq_len=32, layers=1, hidden=32, eval_every=2,
-                        eval_batches=1)
-
-
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    from benchmarks.quality.prepare import prepare_all
-
-    return prepare_all(tmp_path_factory.mktemp("quality_prep"), TINY_PREP, log=lambda *_: None)
+from quality_helpers import TINY_ARMS, TINY_PREP, TINY_TASK
+from xdistill.quality import task
+from xdistill.quality.arms import ARMS, arm_config
 
 
 def test_task_is_deterministic_and_heldout_is_disjoint():
@@ -54,7 +36,7 @@ def test_task_is_deterministic_and_heldout_is_disjoint():
 def test_answer_noise_corrupts_only_the_student_corpus_answers():
     from dataclasses import replace
 
-    from benchmarks.quality.prepare import cache_key
+    from xdistill.quality.prepare import cache_key
 
     noisy_cfg = replace(TINY_TASK, answer_noise=0.5, passes=20)
     clean_cfg = replace(noisy_cfg, answer_noise=0.0)
@@ -91,7 +73,7 @@ def test_every_arm_config_is_valid(assets, tmp_path):
     from xdistill.train.config import OffPolicyConfig, validate_offpolicy
     from xdistill.train.setup import build_plan
 
-    from benchmarks.quality.runner import write_config
+    from xdistill.quality.runner import write_config
 
     from xdistill.train.onpolicy_config import OnPolicyConfig, validate_onpolicy
 
@@ -110,7 +92,7 @@ def test_every_arm_config_is_valid(assets, tmp_path):
 def test_harness_end_to_end(assets, tmp_path):
     from xdistill.tokenization import load_tokenizer
 
-    from benchmarks.quality.harness import run_harness, uncommon_answer_fraction
+    from xdistill.quality.harness import run_harness, uncommon_answer_fraction
 
     assert load_tokenizer(assets["tok_student"]).family == "byte_bpe"
     assert load_tokenizer(assets["tok_teacher"]).family == "spm"
@@ -152,8 +134,8 @@ def test_harness_end_to_end(assets, tmp_path):
 
 def _check_report(result: dict, arms: list[str], tmp_path: Path) -> None:
     """Table (with the learning-speed column), significance lines and both plots render."""
-    from benchmarks.quality.harness import acc_auc
-    from benchmarks.quality.report import plot_curves, plot_summary, render
+    from xdistill.quality.summary import acc_auc
+    from xdistill.quality.report import plot_curves, plot_summary, render
 
     for arm in arms:
         s = result["summary"][arm]
@@ -173,8 +155,8 @@ def _check_report(result: dict, arms: list[str], tmp_path: Path) -> None:
 def test_learning_speed_and_paired_significance_from_scores(tmp_path):
     """summarize/format_table/paired_significance on hand-made scores (3 seeds, CE vs one arm,
     plus an old score.json without a curve), checked against values computed by hand."""
-    from benchmarks.quality.harness import format_table, summarize
-    from benchmarks.quality.report import mean_band, paired_diffs, paired_significance
+    from xdistill.quality.summary import format_table, summarize
+    from xdistill.quality.report import mean_band, paired_diffs, paired_significance
 
     def run(arm, seed, acc, curve=None):
         r = {"arm": arm, "seed": seed, "accuracy": acc, "bpb": 3.0, "train_s": 1.0}
@@ -214,8 +196,8 @@ def test_acceptance_line_and_identical_paired_differences():
     """The criterion line names the best cross-tokenizer-only arm (``multi`` and ``same_kd`` have a
     same-tokenizer teacher and do not count) and divides its gain by the larger std; per-seed
     differences that are all equal print no (infinite) t."""
-    from benchmarks.quality.harness import summarize
-    from benchmarks.quality.report import _paired_text, acceptance
+    from xdistill.quality.summary import summarize
+    from xdistill.quality.report import _paired_text, acceptance
 
     def run(arm, seed, acc):
         return {"arm": arm, "seed": seed, "accuracy": acc, "bpb": 3.0, "train_s": 1.0}
@@ -235,7 +217,7 @@ def test_acceptance_line_and_identical_paired_differences():
 
 
 def test_results_md_keeps_hand_written_text_and_tagged_blocks(tmp_path):
-    from benchmarks.quality.run import update_results_md
+    from xdistill.quality.run import update_results_md
 
     path = tmp_path / "RESULTS.md"
     update_results_md("first", path)
@@ -261,19 +243,51 @@ def test_demo_arms_need_only_the_cross_teacher(assets, tmp_path):
         arm_config("same_kd", 0, only_big, TINY_ARMS, str(tmp_path / "same_kd"))
 
 
-def test_demo_run_prints_the_table_and_artifacts(tmp_path):
-    """`xdistill demo distill`'s run(): the harness path at a tiny budget; the printed table holds
-    each arm's measured accuracy and gain over CE-only and names the noisy-corpus setup."""
+def test_demo_run_prints_the_table_and_artifacts(tiny_cache, tmp_path, monkeypatch):
+    """`xdistill demo distill`'s run(), from a directory that is not the checkout: the harness
+    path at a tiny budget (CE-only next to the teacher step, the other arm after); the printed
+    table holds each arm's measured accuracy and gain over CE-only, names the noisy-corpus setup,
+    says one seed is a hint and what a re-run repeats; progress lines name
+    each run."""
     from xdistill.demo.distill import run
 
+    monkeypatch.chdir(tmp_path)
     printed = []
-    result = run(str(tmp_path / "demo"), arms=("ce", "pkl_cont"), cache=str(tmp_path / "cache"),
-                 prep=TINY_PREP, settings=TINY_ARMS, jobs=1, log=printed.append)
+    result = run("demo", arms=("ce", "pkl_cont"), cache=str(tiny_cache), prep=TINY_PREP,
+                 settings=TINY_ARMS, jobs=2, log=printed.append)
     report = printed[-1]
     s = result["summary"]
     gain = s["pkl_cont"]["accuracy"] - s["ce"]["accuracy"]
     assert "pkl_cont" in report and f"({gain:+.3f} vs CE-only)" in report
-    assert "50% of its answers wrong" in report
+    assert "50% of its answers wrong" in report and "a hint, not evidence" in report
+    assert "repeats these digits bit for bit" in report and "another machine" in report
     for path in result["artifacts"].values():
         assert Path(path).exists()
     assert (tmp_path / "demo" / "runs" / "pkl_cont" / "seed0" / "export" / "config.json").exists()
+    for label in ("ce seed 0", "pkl_cont seed 0"):
+        assert any(line.startswith(f"[{label}] training: 4 steps") for line in printed)
+        assert any(line.startswith(f"[{label}] accuracy") for line in printed)
+
+
+def test_demo_failure_is_one_message_naming_the_log(tiny_cache, tmp_path):
+    """A trainer child that fails (here: a generated config the trainer rejects) ends the demo
+    with one RunFailed naming the run, the trainer's own error line and the log to read; the
+    CLI prints it as one ``xdistill: error:`` message (no traceback) and exits 2."""
+    from dataclasses import replace
+
+    from xdistill.demo.distill import run
+    from xdistill.errors import XDistillError
+    from xdistill.quality.runner import RunFailed
+
+    bad = replace(TINY_ARMS, eval_batches=0)  # the trainer rejects it: eval.batches must be >= 1
+    with pytest.raises(RunFailed) as info:
+        run(str(tmp_path / "demo"), arms=("ce", "pkl_cont"), cache=str(tiny_cache),
+            prep=TINY_PREP, settings=bad, jobs=2, log=lambda *_: None)
+    msg = str(info.value)
+    log_path = tmp_path / "demo" / "runs" / "ce" / "seed0" / "config.log"
+    assert msg.startswith("ce seed 0: `xdistill train offpolicy --config ")
+    assert "xdistill: error: eval.batches must be >= 1, got 0" in msg
+    assert msg.endswith(f"Read the log: {log_path}") and log_path.exists()
+    assert "Traceback" not in msg and not info.value.cancelled
+    assert not (tmp_path / "demo" / "runs" / "pkl_cont" / "seed0" / "score.json").exists()
+    assert isinstance(info.value, XDistillError)  # the CLI prints it as `xdistill: error: ...`

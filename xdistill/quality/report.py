@@ -13,7 +13,7 @@ import math
 import statistics
 from pathlib import Path
 
-from benchmarks.quality.harness import acc_auc, format_table, read_metrics
+from xdistill.quality.summary import acc_auc, format_table, read_metrics
 
 
 def plot_summary(summary: dict, path: Path) -> Path:
@@ -74,12 +74,12 @@ def plot_curves(out: Path, arms, seeds, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from benchmarks.quality.arms import ARMS
+    from xdistill.quality.arms import ARMS
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
-    colors = plt.get_cmap("tab10")
+    colors = plt.get_cmap("tab20")
     for i, arm in enumerate(arms):  # the same colour for an arm in every plot
-        color = colors((ARMS.index(arm) if arm in ARMS else i) % 10)
+        color = colors((ARMS.index(arm) if arm in ARMS else i) % 20)
         style = {"color": "black", "ls": "--"} if arm == "ce" else {"color": color}
         for ax, series in zip(axes, _run_curves(Path(out), arm, seeds)):
             steps, mean, std = mean_band(series)
@@ -107,7 +107,7 @@ def plot_curves(out: Path, arms, seeds, path: Path) -> Path:
 
 def xtoken_ordering(summary: dict) -> str:
     """The measured accuracy ordering of the X-Token arms (worst to best)."""
-    from benchmarks.quality.arms import XTOKEN_ARMS
+    from xdistill.quality.arms import XTOKEN_ARMS
 
     present = [a for a in XTOKEN_ARMS if a in summary]
     ranked = sorted(present, key=lambda a: summary[a]["accuracy"])
@@ -138,7 +138,8 @@ def significance(summary: dict) -> list[str]:
 
 
 # arms whose only teacher has the other tokenizer (``multi`` also has a same-tokenizer teacher)
-CROSS_ONLY = ("uld", "gold", "exact_kl", "pkl_multi", "pkl_corpus", "pkl_cont", "alm", "onpolicy")
+CROSS_ONLY = ("uld", "uld_1to1", "gold", "gold_ce", "exact_kl", "pkl_multi", "pkl_corpus",
+              "pkl_cont", "alm", "alm_ce", "onpolicy")
 
 
 def acceptance(summary: dict) -> str:

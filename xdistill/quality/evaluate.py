@@ -10,11 +10,17 @@ Prompts are grouped by token length so a group is one dense batch (no padding, n
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
 
 import torch
 
-from benchmarks.quality.task import prompt
+from xdistill.quality.task import prompt
+
+# held by whoever loads and scores a model in the harness process: loading HF models and DCP
+# checkpoints from several threads at once is not safe (a checkpoint load in one thread, while
+# another thread loaded a model, found meta-device tensors and asked for a process group)
+SCORING = threading.Lock()
 
 
 @torch.no_grad()

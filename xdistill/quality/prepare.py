@@ -20,9 +20,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks.quality import task, toks
-from benchmarks.quality.runner import run_config
+from xdistill.quality import task, toks
+from xdistill.quality.runner import Watch, run_config, say
 
+# teacher runs write a metrics record every this many steps: the harness's progress lines (and its
+# stall detection) read them, so they come every few seconds even on a loaded machine
+TEACHER_LOG_EVERY = 5
 LLAMA = dict(num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
              tie_word_embeddings=True)
 
@@ -83,7 +86,7 @@ def ce_run_config(out: Path, tokenizer: str, data: str, eval_text: str, layers: 
         "optim": {"lr": cfg.lr, "weight_decay": 0.01, "grad_clip": 1.0},
         "scheduler": {"kind": "cosine", "warmup_steps": 20, "min_lr_ratio": 0.05},
         "train": {"steps": steps, "global_batch_size": cfg.batch, "seed": seed,
-                  "out_dir": str(out), "log_every": 25, "tensorboard": False,
+                  "out_dir": str(out), "log_every": TEACHER_LOG_EVERY, "tensorboard": False,
                   "num_threads": cfg.threads},
         "checkpoint": {"every": 0, "resume": "", "export_hf": True},
         "eval": {"every": 0, "paths": [eval_text], "batches": 4},
@@ -91,17 +94,22 @@ def ce_run_config(out: Path, tokenizer: str, data: str, eval_text: str, layers: 
 
 
 def train_teacher(out: Path, tokenizer: str, corpus: dict, layers: int, hidden: int, steps: int,
-                  cfg: PrepConfig) -> dict:
+                  cfg: PrepConfig, log=say, watch: Watch = Watch()) -> dict:
     """Train (or reuse) one teacher; returns its folder, held-out accuracy and bpb."""
     from xdistill.tokenization import load_tokenizer
 
-    from benchmarks.quality.evaluate import greedy_accuracy, load_model
+    from xdistill.quality.evaluate import SCORING, greedy_accuracy, load_model
 
     export = out / "export"
     if not (export / "config.json").exists():
+        log(f"[prepare] {out.name}: training {steps} steps on {cfg.threads} thread(s) "
+            f"(log: {out / 'config.log'})")
         run_config(ce_run_config(out, tokenizer, corpus["teacher"], corpus["eval_text"], layers,
-                                 hidden, steps, cfg), out / "config.yaml")
-    acc = greedy_accuracy(load_model(str(export)), load_tokenizer(str(export)), corpus["heldout"])
+                                 hidden, steps, cfg), out / "config.yaml", label=out.name,
+                   watch=watch, log=log)
+    with SCORING:
+        acc = greedy_accuracy(load_model(str(export)), load_tokenizer(str(export)),
+                              corpus["heldout"])
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x]
     bpb = [m["eval/bpb"] for m in metrics if "eval/bpb" in m]
     return {"model": str(export), "accuracy": acc["accuracy"], "bpb": bpb[-1] if bpb else None,
@@ -127,14 +135,16 @@ def build_projections(root: Path, tok_s: str, tok_t: str, corpus_jsonl: str) -> 
 TEACHERS = ("teacher_big", "teacher_weak")
 
 
-def prepare_all(root: str | Path, cfg: PrepConfig = PrepConfig(), log=print,
-                teachers=TEACHERS) -> dict:
+def prepare_all(root: str | Path, cfg: PrepConfig = PrepConfig(), log=say,
+                teachers=TEACHERS, watch: Watch = Watch()) -> dict:
     """Everything the arms need (cached under ``root/<key>``); returns ``assets.json``'s content.
 
     ``teachers`` names the teachers to have ready (the demo needs only ``teacher_big``); one that
-    a later call asks for is trained then and added to the manifest.
+    a later call asks for is trained then and added to the manifest. A teacher's trainer run is
+    watched (progress lines, stall detection: :mod:`xdistill.quality.runner`); one that fails
+    raises :class:`~xdistill.quality.runner.RunFailed` naming its log.
     """
-    root = Path(root) / cache_key(cfg)
+    root = Path(root).resolve() / cache_key(cfg)  # the manifest's paths work from any cwd
     manifest = root / "assets.json"
     if manifest.exists():
         assets = json.loads(manifest.read_text())
@@ -153,7 +163,8 @@ def prepare_all(root: str | Path, cfg: PrepConfig = PrepConfig(), log=print,
                                  if name == "teacher_big" else
                                  (cfg.weak_layers, cfg.weak_hidden, cfg.weak_steps))
         t1 = time.perf_counter()
-        assets[name] = train_teacher(root / name, tok, assets["corpus"], layers, hidden, steps, cfg)
+        assets[name] = train_teacher(root / name, tok, assets["corpus"], layers, hidden, steps, cfg,
+                                     log=log, watch=watch)
         assets["timings"][name] = time.perf_counter() - t1
         log(f"[prepare] {name}: held-out accuracy {assets[name]['accuracy']:.3f}, "
             f"bpb {assets[name]['bpb']:.3f} ({assets['timings'][name]:.0f}s)")

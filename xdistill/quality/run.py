@@ -1,0 +1,160 @@
+"""The harness's command line: prepare (cached), run every arm x seed, write results and report.
+
+    python benchmarks/quality/run.py --jobs 2              # full: all arms, 3 seeds
+    python benchmarks/quality/run.py --arms ce,pkl_multi,alm --seeds 0 --steps 100
+    python benchmarks/quality/run.py --jobs 2 --answer-noise 0 --tag clean --out runs/quality_clean
+
+(``benchmarks/quality/run.py`` calls :func:`main` with ``--report-dir benchmarks/quality``;
+``python -m xdistill.quality.run`` works from anywhere and reports into ``<out>``.) Writes
+``<out>/results.json`` and, in the report folder, ``accuracy_bpb.png``, ``curves.png`` (accuracy
+and bits per byte vs step, mean +- std over seeds) and the generated section of ``RESULTS.md``
+(between the GENERATED markers; the hand-written discussion around them is kept). Exit code 1
+when a run failed (the report is still written; each failure names its log).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from xdistill.quality.arms import ARMS, ArmSettings
+from xdistill.quality.prepare import PrepConfig
+from xdistill.quality.runner import Watch
+
+
+def markers(tag: str = "") -> tuple[str, str]:
+    """The generated block's markers; a ``tag`` names a second block (another protocol)."""
+    name = f"GENERATED:{tag}" if tag else "GENERATED"
+    return f"<!-- {name}:BEGIN -->", f"<!-- {name}:END -->"
+
+
+def update_results_md(text: str, path: Path, tag: str = "") -> Path:
+    """Replace the generated block of ``path`` (``tag``: another block) by ``text``; the rest of
+    the file (hand-written discussion) is kept. A missing block is appended."""
+    begin, end = markers(tag)
+    block = f"{begin}\n{text}\n{end}"
+    old = path.read_text(encoding="utf-8") if path.exists() else f"# Quality harness\n\n{begin}\n{end}\n"
+    if begin in old and end in old:
+        new = old[:old.index(begin)] + block + old[old.index(end) + len(end):]
+    else:
+        new = old.rstrip() + "\n\n" + block + "\n"
+    path.write_text(new, encoding="utf-8")
+    return path
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="runs/quality", help="runs and results folder")
+    p.add_argument("--cache", default="", help="prepared-assets cache (default <out>/prepared)")
+    p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--steps", type=int, default=ArmSettings.steps)
+    p.add_argument("--teacher-steps", type=int, default=PrepConfig.big_steps,
+                   help="CE training steps of the cross-tokenizer teacher")
+    p.add_argument("--answer-noise", type=float, default=PrepConfig().task.answer_noise,
+                   help="fraction of wrong answers in the student's distillation corpus "
+                        "(teachers train on clean answers)")
+    p.add_argument("--temperature", type=float, default=ArmSettings.temperature,
+                   help="distillation temperature of every teacher loss (both sides)")
+    p.add_argument("--eval-every", type=int, default=100,
+                   help="held-out bpb, and a checkpoint scored for held-out accuracy, every N "
+                        "steps (learning curves, mean accuracy over training); 0 = final only")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads per training run (1: see xdistill/quality/threads.py)")
+    p.add_argument("--jobs", type=int, default=1, help="training runs at a time")
+    p.add_argument("--stall-s", type=float, default=Watch.stall_s,
+                   help="kill a training run whose log and metrics have not grown for this many "
+                        "seconds")
+    p.add_argument("--no-report", action="store_true", help="do not touch RESULTS.md / plots")
+    p.add_argument("--report-dir", default="",
+                   help="folder of RESULTS.md and the plots (default: --out)")
+    p.add_argument("--tag", default="",
+                   help="report under this name: RESULTS.md block GENERATED:<tag>, plots "
+                        "accuracy_bpb_<tag>.png and curves_<tag>.png (another protocol's results "
+                        "next to the default one's)")
+    return p.parse_args(argv)
+
+
+def _load(avg) -> str:
+    return "/".join(f"{x:.1f}" for x in avg)
+
+
+def teachers_needed(arms) -> list[str]:
+    """The prepared teachers the ``arms`` read (``ce`` none, ``same_kd`` only the weak one)."""
+    arms = set(arms)
+    need = [t for t, users in (("teacher_big", set(ARMS) - {"ce", "same_kd"}),
+                               ("teacher_weak", {"same_kd", "multi"})) if users & arms]
+    return need
+
+
+def main(argv=None) -> int:
+    """Run the harness; a failing teacher run ends it with one message naming its log (exit 1)."""
+    from xdistill.errors import XDistillError
+
+    args = parse(argv)
+    try:
+        return _run(args, sys.argv[1:] if argv is None else argv)
+    except XDistillError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run(args, shown: list[str]) -> int:
+    from xdistill.quality.harness import run_harness, uncommon_answer_fraction
+    from xdistill.quality.prepare import prepare_all
+    from xdistill.quality.report import (plot_curves, plot_summary, render,
+                                         write_results_json)
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    t0 = time.perf_counter()
+    load_start = os.getloadavg()
+    out = Path(args.out)
+    arms = [a for a in args.arms.split(",") if a]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        print(f"error: unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}",
+              file=sys.stderr)
+        return 2
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    need = teachers_needed(arms)
+    watch = Watch(stall_s=args.stall_s)
+    base = PrepConfig()
+    prep = replace(base, big_steps=args.teacher_steps,
+                   task=replace(base.task, answer_noise=args.answer_noise))
+    assets = prepare_all(args.cache or out / "prepared", prep, teachers=need, watch=watch)
+    settings = replace(ArmSettings(), steps=args.steps, eval_every=args.eval_every,
+                       threads=args.threads, temperature=args.temperature)
+    result = run_harness(assets, arms, seeds, settings, out, jobs=args.jobs, watch=watch)
+    meta = {"command": "python benchmarks/quality/run.py " + " ".join(shown),
+            "hardware": f"{os.cpu_count()}-core CPU ({platform.processor() or platform.machine()}),"
+                        f" no GPU; load average (1/5/15 min) {_load(load_start)} at the start,"
+                        f" {_load(os.getloadavg())} at the end; {args.jobs} run(s) at a time",
+            "wall_s_this_invocation": round(time.perf_counter() - t0),
+            "arm_settings": asdict(settings), "prep": assets["prep"],
+            **{t: {k: assets[t][k] for k in ("accuracy", "bpb")} for t in need},
+            "prep_timings_s": {k: round(v) for k, v in assets["timings"].items()},
+            "gold_uncommon_answer_token_fraction": uncommon_answer_fraction(assets)}
+    result["meta"] = meta
+    write_results_json(result, out / "results.json")
+    print(render(result, meta))
+    if not args.no_report:
+        report_dir = Path(args.report_dir or out)
+        report_dir.mkdir(parents=True, exist_ok=True)
+        suffix = f"_{args.tag}" if args.tag else ""
+        plot_summary(result["summary"], report_dir / f"accuracy_bpb{suffix}.png")
+        plot_curves(out, arms, seeds, report_dir / f"curves{suffix}.png")
+        update_results_md(render(result, meta), report_dir / "RESULTS.md", tag=args.tag)
+    failed = [r for r in result["runs"] if "error" in r]
+    for r in failed:
+        print(f"FAILED {r['arm']} seed {r['seed']}: {r['error']}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
