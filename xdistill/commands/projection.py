@@ -1,7 +1,7 @@
 """``xdistill projection build|inspect``: offline sparse token-projection matrices.
 
 build:   xdistill projection build --student S --teacher T --method multitoken,exact --top-k 4 \\
-             [--corpus FILE ...] [--multitoken-decay 0.1] [--reverse] -o out.npz
+             [--corpus DIR|FILE ...] [--multitoken-decay 0.1] [--reverse] -o out.npz
 inspect: xdistill projection inspect out.npz --student S --teacher T [--plot out.png]
 
 S and T are tokenizer specs (asset name such as gpt2/qwen2/llama3/mistral/bert, an HF folder, a
@@ -28,8 +28,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="comma-separated methods in precedence order: exact, multitoken, corpus; "
                         "exact always pins identical tokens to a one-hot row (default: %(default)s)")
     b.add_argument("--top-k", type=int, default=4, help="weights kept per row (default: %(default)s)")
-    b.add_argument("--corpus", nargs="+", default=[], metavar="FILE",
-                   help="corpus files for the corpus method (.arrow/.parquet/.jsonl with 'text', or text)")
+    b.add_argument("--corpus", nargs="+", default=[], metavar="PATH",
+                   help="corpus for the corpus method: `xdistill data prepare` output folders or "
+                        "files (.arrow/.parquet/.jsonl with 'text', or text)")
     b.add_argument("--corpus-max-texts", type=int, default=0, help="read at most this many texts (0 = all)")
     b.add_argument("--corpus-min-count", type=int, default=1, help="drop pairs seen fewer times")
     b.add_argument("--multitoken-decay", type=float, default=0.1,
@@ -51,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
 def _build(args) -> int:
     from xdistill.errors import ProjectionError
     from xdistill.projection import BuildConfig, build_projection, parse_methods, save_projection
+    from xdistill.projection.corpus import resolve_corpus_files
     from xdistill.tokenization import load_tokenizer
 
     if not args.output.endswith(".npz"):
@@ -59,6 +61,9 @@ def _build(args) -> int:
         raise ProjectionError(f"--multitoken-decay must be >= 0, got {args.multitoken_decay}")
     t0 = time.perf_counter()
     methods = parse_methods(args.method)
+    if "corpus" in methods and not args.corpus:
+        raise ProjectionError("method 'corpus' needs a corpus (--corpus DIR|FILE ...)")
+    resolve_corpus_files(args.corpus)            # fail fast: before the tokenizers load
     student, teacher = load_tokenizer(args.student), load_tokenizer(args.teacher)
     config = BuildConfig(methods=methods, top_k=args.top_k,
                          multitoken_decay=args.multitoken_decay, reverse=args.reverse,

@@ -7,10 +7,13 @@ counts ``n(s, t)`` are accumulated as int64 keys ``s * Vt + t`` (merged with ``n
 million observations, so memory follows the number of *distinct* pairs) and normalised to
 ``P(t | s) = n(s, t) / sum_t' n(s, t')``. Pairs seen fewer than ``min_count`` times are dropped.
 
-Corpus files: ``.arrow`` (Arrow IPC file or stream, e.g. a ``datasets`` shard), ``.parquet``,
-``.jsonl`` (one JSON object per line), with a string column/field ``text``; any other extension is
-read as UTF-8 plain text split into paragraphs at blank lines (long paragraphs cut at line
-boundaries near 4,000 characters). pyarrow is imported only for arrow/parquet files.
+Corpus paths: a folder written by ``xdistill data prepare`` (its ``index.json`` lists the arrow
+shards; text documents give their ``text``, chat documents each message's ``content``), or files:
+``.arrow`` (Arrow IPC file or stream, e.g. a ``datasets`` shard), ``.parquet``, ``.jsonl`` (one
+JSON object per line), with a string column/field ``text``; any other extension is read as UTF-8
+plain text split into paragraphs at blank lines (long paragraphs cut at line boundaries near
+4,000 characters). pyarrow is imported only for arrow/parquet files. :func:`resolve_corpus_files`
+checks the paths up front, so a wrong one fails before any slow work.
 
 Legend: ``B`` batch, ``Ts``/``Tt`` tokens, ``C`` chunks, ``N`` observations.
 """
@@ -77,20 +80,50 @@ def _arrow_texts(path: Path) -> Iterator[str]:
         for batch in batches:
             if "text" not in batch.schema.names:
                 raise ProjectionError(f"corpus file {path}: no column 'text' (columns: {batch.schema.names})")
-            for text in batch.column("text").to_pylist():
+            chats = batch.column("messages").to_pylist() if "messages" in batch.schema.names \
+                else [None] * batch.num_rows
+            for text, chat in zip(batch.column("text").to_pylist(), chats):
                 if isinstance(text, str):
                     yield text
+                elif chat:                       # a prepared chat document: its contents
+                    yield from (m["content"] for m in chat
+                                if isinstance(m, dict) and isinstance(m.get("content"), str))
     except (pa.ArrowInvalid, OSError) as exc:
         raise ProjectionError(f"corpus file {path}: cannot read as arrow/parquet ({exc})") from exc
 
 
-def iter_corpus_texts(files, max_texts: int = 0) -> Iterator[str]:
-    """Texts of the corpus files in order (at most ``max_texts`` when > 0)."""
-    n = 0
-    for name in files:
+def resolve_corpus_files(paths) -> list[Path]:
+    """The files behind corpus paths: a prepared data folder (``index.json``) becomes its shards.
+    Raises :class:`ProjectionError` naming the first path that does not exist or is a folder
+    without ``index.json``."""
+    files: list[Path] = []
+    for name in paths:
         path = Path(name)
-        if not path.is_file():
-            raise ProjectionError(f"corpus file {path} does not exist")
+        if path.is_dir():
+            index = path / "index.json"
+            if not index.is_file():
+                raise ProjectionError(f"corpus path {path} is a folder without index.json (expected "
+                                      "an `xdistill data prepare` output folder or corpus files)")
+            try:
+                shards = [path / s["file"] for s in json.loads(index.read_text())["shards"]]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ProjectionError(f"corpus folder {path}: corrupt index.json ({exc!r})") from None
+            missing = [str(s) for s in shards if not s.is_file()]
+            if missing:
+                raise ProjectionError(f"corpus folder {path}: shard {missing[0]} listed in "
+                                      "index.json does not exist")
+            files += shards
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise ProjectionError(f"corpus path {path} does not exist")
+    return files
+
+
+def iter_corpus_texts(files, max_texts: int = 0) -> Iterator[str]:
+    """Texts of the corpus paths in order (at most ``max_texts`` when > 0)."""
+    n = 0
+    for path in resolve_corpus_files(files):
         if path.suffix in (".arrow", ".parquet"):
             texts = _arrow_texts(path)
         elif path.suffix == ".jsonl":

@@ -1,14 +1,22 @@
 """Build or load the student causal LM, and export it in Hugging Face format.
 
-* :func:`load_student` -- from a :class:`StudentConfig`: a local transformers folder
-  (``AutoModelForCausalLM.from_pretrained``, never the hub) or a fresh random-init model from a
-  model type and config fields (``AutoConfig.for_model`` + ``AutoModelForCausalLM.from_config``).
-  Fresh initialisation is seeded and does not touch the global RNG.
+* :func:`load_student` -- from a :class:`StudentConfig`: a model spec (see below) or a fresh
+  random-init model from a model type and config fields (``AutoConfig.for_model`` +
+  ``AutoModelForCausalLM.from_config``). Fresh initialisation is seeded and does not touch the
+  global RNG.
+* :func:`load_causal_lm` -- the loader students and teachers share. A model spec is a local
+  transformers folder (``AutoModelForCausalLM.from_pretrained``, never the hub), a ``.gguf`` file
+  (transformers' ``gguf_file`` support: dequantised, with the GGUF quantizer detached so the
+  model trains and saves as a plain model) or the name of a fetched pretrained model asset
+  (``smollm2-135m``, ``gemma3-270m``: :func:`xdistill.assets.model_dir`).
 * :func:`export_hf` -- write ``config.json`` + safetensors weights (+ the tokenizer) so that
   ``AutoModelForCausalLM.from_pretrained`` and vLLM load the folder directly. Works on a plain
   model and on an FSDP2-sharded one (every rank must call it; the full state dict is gathered to
   rank 0 on CPU, and only rank 0 writes). The folder appears atomically: it is written as
-  ``<out>.tmp`` and renamed.
+  ``<out>.tmp`` and renamed. With a tokenizer, its bos/eos/pad ids go into ``config.json`` and
+  ``generation_config.json`` (a fresh model carries its architecture's defaults, e.g. Llama's
+  1/2, so plain ``generate()`` would never stop at GPT-2's ``<|endoftext|>``), and its
+  ``model_max_length`` becomes the model's ``max_position_embeddings``.
 """
 
 from __future__ import annotations
@@ -81,22 +89,67 @@ def build_causal_lm(model_type: str, config_kwargs: dict[str, Any], *, seed: int
     return model.to(dtype)
 
 
-def load_causal_lm(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32,
-                   attn_implementation: str = "") -> nn.Module:
-    """``AutoModelForCausalLM.from_pretrained`` on a local folder (never the hub)."""
+def resolve_model_path(spec: str | os.PathLike) -> Path:
+    """A model spec as a local path: a pretrained model asset name (``smollm2-135m``) maps to
+    its converted folder, anything else is taken as a path (folder or ``.gguf`` file)."""
+    from xdistill.assets import MODEL_NAMES, model_dir
+
+    text = os.fspath(spec)
+    if text in MODEL_NAMES:
+        folder = model_dir(text)
+        if not (folder / "config.json").is_file():
+            raise XDistillError(f"model asset {text!r} not found at {str(folder)!r}; run "
+                                "`python tools/fetch_assets.py` (or set XDISTILL_ASSETS)")
+        return folder
+    return Path(text).expanduser()
+
+
+def load_causal_lm(path: str | os.PathLike, *, dtype: torch.dtype | str = torch.float32,
+                   attn_implementation: str = "", trust_remote_code: bool = False) -> nn.Module:
+    """A causal LM from a local folder, a ``.gguf`` file or a model asset name (never the hub).
+
+    ``dtype`` is a torch dtype or ``"auto"`` (the checkpoint's). A ``.gguf`` file is dequantised
+    into ``dtype`` and its quantizer detached (:func:`detach_quantizer`).
+    """
     from transformers import AutoModelForCausalLM
 
-    folder = Path(path)
+    folder = resolve_model_path(path)
+    kwargs: dict[str, Any] = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    if trust_remote_code:
+        kwargs["trust_remote_code"] = True
+    if folder.suffix.lower() == ".gguf":
+        if not folder.is_file():
+            raise XDistillError(f"model file {str(folder)!r} does not exist")
+        try:
+            with _quiet_transformers():
+                model = AutoModelForCausalLM.from_pretrained(
+                    str(folder.parent), gguf_file=folder.name, dtype=dtype, local_files_only=True,
+                    **kwargs)
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            raise XDistillError(f"cannot load a causal LM from {str(folder)!r}: "
+                                f"{type(exc).__name__}: {exc}") from None
+        return detach_quantizer(model)
     if not folder.is_dir():
-        raise XDistillError(f"student model folder {str(folder)!r} does not exist")
+        raise XDistillError(f"model folder {str(folder)!r} does not exist")
     if not (folder / "config.json").is_file():
-        raise XDistillError(f"student model folder {str(folder)!r} has no config.json "
-                            "(expected a Hugging Face save_pretrained folder)")
-    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        raise XDistillError(f"model folder {str(folder)!r} has no config.json "
+                            "(expected a Hugging Face save_pretrained folder or a .gguf file)")
     try:
         return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True, **kwargs)
     except (OSError, ValueError) as exc:
-        raise XDistillError(f"cannot load the student from {str(folder)!r}: {exc}") from None
+        raise XDistillError(f"cannot load a causal LM from {str(folder)!r}: {exc}") from None
+
+
+def detach_quantizer(model: nn.Module) -> nn.Module:
+    """Make a GGUF-loaded (already dequantised) model a plain one: drop the GGUF quantizer and
+    its ``quantization_config``, so ``save_pretrained`` writes ordinary safetensors and nothing
+    downstream (training, export, FSDP2) treats it as quantized."""
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer = None
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, "quantization_config", None) is not None:
+        del config.quantization_config
+    return model
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -187,11 +240,38 @@ def export_hf(model: nn.Module, out_dir: str | os.PathLike, tokenizer: Any = Non
     _fix_config(tmp / "config.json", cls.__name__, cast)
     if tokenizer is not None:
         _save_tokenizer(tokenizer, tmp)
+        _write_token_ids(tmp, tokenizer, _max_positions(model))
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
     xdist.barrier()
     return out
+
+
+def _max_positions(model: nn.Module) -> int | None:
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    value = getattr(text, "max_position_embeddings", None)
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def _write_token_ids(folder: Path, tokenizer: Any, max_positions: int | None) -> None:
+    """The tokenizer's bos/eos/pad ids into ``config.json`` and ``generation_config.json``, and
+    ``model_max_length = max_positions`` into ``tokenizer_config.json`` (see the module doc)."""
+    hf_tok = getattr(tokenizer, "hf", tokenizer)
+    ids = {f"{k}_token_id": getattr(hf_tok, f"{k}_token_id", None) for k in ("bos", "eos", "pad")}
+    for name in ("config.json", "generation_config.json"):
+        path = folder / name
+        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        data.update(ids)
+        path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tok_cfg = folder / "tokenizer_config.json"
+    if max_positions is not None and tok_cfg.is_file():
+        data = json.loads(tok_cfg.read_text(encoding="utf-8"))
+        data["model_max_length"] = max_positions
+        tok_cfg.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 @contextlib.contextmanager

@@ -74,19 +74,20 @@ class TeacherWorker:
     """Loads ``config.model`` and computes :class:`TeacherOutput` s (see module doc)."""
 
     def __init__(self, config: TeacherConfig, projection_VsVt: torch.Tensor | None = None):
-        from transformers import AutoModelForCausalLM
+        from xdistill.student.model import load_causal_lm, resolve_model_path
 
         self.config = config.validate()
-        if not config.model or not os.path.isdir(config.model):
-            raise TeacherError(f"teacher {config.name!r}: model folder {config.model!r} does not "
-                               "exist (a local Hugging Face checkpoint folder is expected)")
+        path = resolve_model_path(config.model) if config.model else None
+        if path is None or not (path.is_dir() or (path.suffix.lower() == ".gguf" and path.is_file())):
+            raise TeacherError(f"teacher {config.name!r}: model {config.model!r} does not exist (a "
+                               "local Hugging Face folder, a .gguf file or a model asset name is "
+                               "expected)")
         if config.output == "projected" and projection_VsVt is None:
             raise TeacherError(f"teacher {config.name!r}: output 'projected' needs a projection")
         self.device = torch.device(config.device)
         self._home = torch.device("cpu") if config.offload else self.device
-        self.model = AutoModelForCausalLM.from_pretrained(
-            config.model, dtype=resolve_dtype(config.dtype), local_files_only=True,
-            trust_remote_code=config.trust_remote_code)
+        self.model = load_causal_lm(path, dtype=resolve_dtype(config.dtype),
+                                    trust_remote_code=config.trust_remote_code)
         self.model.eval().requires_grad_(False).to(self._home)
         head = self.model.get_output_embeddings()
         V = int(head.weight.shape[0]) if head is not None else \

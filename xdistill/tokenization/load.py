@@ -3,7 +3,9 @@
 ``spec`` may be
 
 * an asset name (``gpt2``, ``qwen2``, ``llama3``, ``mistral``, ``bert``, ``llama-spm``, ``phi3``):
-  the folder ``$XDISTILL_ASSETS/tokenizers/<name>`` that ``tools/fetch_assets.py`` writes;
+  the folder ``$XDISTILL_ASSETS/tokenizers/<name>`` that ``tools/fetch_assets.py`` writes; or a
+  pretrained model asset (``smollm2-135m``, ``gemma3-270m``): its model folder
+  ``$XDISTILL_ASSETS/models/<name>`` (:func:`xdistill.assets.model_dir`);
 * a local Hugging Face folder (``tokenizer.json`` / ``tokenizer.model`` + config), or a folder
   holding a single ``.gguf``;
 * a ``tokenizer.json`` file;
@@ -11,7 +13,8 @@
   pattern and ``<|endoftext|>`` for 50,256 ranks, Llama-3 pattern and its 256 special tokens for
   128,000 ranks, otherwise the Llama-3 (cl100k-style) pattern without special tokens;
 * a SentencePiece ``.model`` (BPE; loaded with ``LlamaTokenizer.from_pretrained``);
-* a ``.gguf`` file (``AutoTokenizer.from_pretrained(dir, gguf_file=...)``);
+* a ``.gguf`` file (``AutoTokenizer.from_pretrained(dir, gguf_file=...)``; a whole model's GGUF
+  works too, its weights are not read);
 * a hub name (``org/name``), only when ``HF_HUB_OFFLINE`` is not set.
 
 Every failure is a :class:`~xdistill.errors.TokenizerError` naming the spec or file.
@@ -27,7 +30,20 @@ from pathlib import Path
 from xdistill.errors import TokenizerError
 from xdistill.tokenization.tokenizer import Tokenizer
 
-ASSET_NAMES = ("gpt2", "qwen2", "llama3", "mistral", "bert", "llama-spm", "phi3")
+#: pre-tokenizer patterns and special tokens of the tiktoken-format vocabularies (GPT-2, Llama-3)
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_SPECIALS = [
+    "<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
+    "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|step_id|>",
+    "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>", "<|python_tag|>",
+    "<|image|>",
+] + [f"<|reserved_special_token_{2 + i}|>" for i in range(256 - 12)]
+
+TOKENIZER_ASSETS = ("gpt2", "qwen2", "llama3", "mistral", "bert", "llama-spm", "phi3")
+MODEL_ASSETS = ("smollm2-135m", "gemma3-270m")     # = xdistill.assets.MODEL_NAMES
+ASSET_NAMES = TOKENIZER_ASSETS + MODEL_ASSETS
 
 
 def _offline() -> bool:
@@ -47,18 +63,26 @@ def _is_tiktoken_file(path: Path) -> bool:
     return len(line) == 2 and line[1].isdigit() and all(c < 128 for c in head)
 
 
-def _load_tiktoken(path: Path):
-    from xdistill.assets import GPT2_PATTERN, LLAMA3_PATTERN, LLAMA3_SPECIALS, _from_tiktoken
+def from_tiktoken(path: Path, pattern: str, specials: list[str], **roles):
+    """A fast HF tokenizer from a tiktoken rank file (GPT-2 byte alphabet, byte-level BPE)."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
 
+    tok = TikTokenConverter(vocab_file=str(path), pattern=pattern,
+                            extra_special_tokens=specials).converted()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **roles)
+
+
+def _load_tiktoken(path: Path):
     with open(path, "rb") as fh:
         n_ranks = sum(1 for line in fh if line.strip())
     if n_ranks == 50256:
-        return _from_tiktoken(path, GPT2_PATTERN, ["<|endoftext|>"], bos_token="<|endoftext|>",
-                              eos_token="<|endoftext|>", unk_token="<|endoftext|>")
+        return from_tiktoken(path, GPT2_PATTERN, ["<|endoftext|>"], bos_token="<|endoftext|>",
+                             eos_token="<|endoftext|>", unk_token="<|endoftext|>")
     if n_ranks == 128000:
-        return _from_tiktoken(path, LLAMA3_PATTERN, LLAMA3_SPECIALS, bos_token="<|begin_of_text|>",
-                              eos_token="<|end_of_text|>", pad_token="<|finetune_right_pad_id|>")
-    return _from_tiktoken(path, LLAMA3_PATTERN, [])
+        return from_tiktoken(path, LLAMA3_PATTERN, LLAMA3_SPECIALS, bos_token="<|begin_of_text|>",
+                             eos_token="<|end_of_text|>", pad_token="<|finetune_right_pad_id|>")
+    return from_tiktoken(path, LLAMA3_PATTERN, [])
 
 
 def _load_spm(path: Path):

@@ -1,11 +1,20 @@
 """Special-token roles: which vocabulary entries carry no text bytes, and what they mean.
 
-A token gets a role (and zero bytes in the token-bytes table) when it is one of the tokenizer's
-special tokens, or an *added* token whose content looks like a control marker (``<...>``,
-``<|...|>``, ``[...]`` without whitespace; e.g. Phi-3 stores ``</s>`` as a non-special added
-token). Other non-special added tokens (whitespace runs, words) stay ordinary text.
+*Whether* a token gets a role (and zero bytes in the token-bytes table) is decided by what the
+tokenizer itself says, never by the shape of the string:
 
-Roles are decided by name first (so Qwen's ``<|endoftext|>`` is an EOS even though the tokenizer
+* an added token flagged ``special`` (a GGUF file's *control* tokens become exactly these when
+  transformers converts it; its *user-defined* tokens become non-special added tokens);
+* an id the HF wrapper declares special (bos/eos/pad/unk/mask and its extra special tokens);
+* in a SentencePiece vocabulary, the pieces SentencePiece reserves as control symbols at their
+  default ids (``<unk>`` 0, ``<s>`` 1, ``</s>`` 2), which some conversions list as plain added
+  tokens (Phi-3's ``</s>``).
+
+Every other token is text, whatever it looks like: Gemma's ``<h1>``, ``<em>``, ``<s>``, ``</s>``
+(ids 184..237, user-defined HTML tags), ``[multimodal]`` and newline/tab runs are ordinary text
+with the bytes of their string, and a text containing ``<s>`` round-trips byte for byte.
+
+*Which* role a role token gets is decided by name first (so Qwen's ``<|endoftext|>`` is an EOS even though the tokenizer
 also calls it BOS and PAD), then by the tokenizer's declared bos/eos/pad/unk attributes:
 
 * bos: ``<s>``, ``<|begin_of_text|>``, ``<bos>``, ``<|startoftext|>``, ``[CLS]``
@@ -38,12 +47,8 @@ _TOOL_RX = re.compile(r"tool|function|python_tag|ipython|plugin", re.I)
 _CHAT_RX = re.compile(
     r"im_start|header_id|\[/?inst\]|^<\|(user|assistant|system|developer|ipython)\|>$|start_of_turn|"
     r"system_prompt|<\|?(start|end)_?of_?role|^<\|(im_sep|channel|message|start)\|>$", re.I)
-_MARKER_RX = re.compile(r"^(<[^\s<>]+>|\[[^\s\[\]]+\])$")
-
-
-def looks_like_marker(content: str) -> bool:
-    """``<...>``/``<|...|>``/``[...]`` without whitespace: a control marker, not text."""
-    return bool(_MARKER_RX.match(content))
+#: SentencePiece's default control pieces and their default ids
+_SPM_RESERVED = {0: "<unk>", 1: "<s>", 2: "</s>"}
 
 
 def role_of(content: str, declared: dict[str, str | None]) -> int:
@@ -63,15 +68,17 @@ def role_of(content: str, declared: dict[str, str | None]) -> int:
 
 
 def role_tokens(added: dict[int, tuple[str, bool]], special_ids: set[int],
-                declared: dict[str, str | None], id_to_token) -> dict[int, int]:
-    """``{id: role}`` for every token that carries a role.
+                declared: dict[str, str | None], id_to_token, family: str = "") -> dict[int, int]:
+    """``{id: role}`` for every token that carries a role (see the module docstring).
 
     ``added`` maps id -> (content, special) for the tokenizer's added tokens; ``special_ids`` are
-    ids the HF wrapper calls special; ``id_to_token`` gives the string of any other id.
+    ids the HF wrapper calls special; ``id_to_token`` gives the string of any other id;
+    ``family`` (``spm``/``unigram``) enables SentencePiece's reserved control pieces.
     """
     out: dict[int, int] = {}
     for tid, (content, special) in added.items():
-        if special or tid in special_ids or looks_like_marker(content):
+        reserved = family in ("spm", "unigram") and _SPM_RESERVED.get(tid) == content
+        if special or tid in special_ids or reserved:
             out[tid] = role_of(content, declared)
     for tid in special_ids:
         if tid not in out:

@@ -8,7 +8,16 @@ decoded text. A :class:`TokenByteTable` holds, for a vocabulary of ``V`` ids:
 * ``roles_V`` (int8, ``[V]``): :data:`ROLE_TEXT` for ordinary tokens, otherwise the role of a
   special token (bos, eos, pad, ...). Role tokens are aligned by role, never by string;
 * ``lossy``: the tokenizer normalises text (lowercasing, accent stripping, dropped whitespace,
-  e.g. WordPiece), so concatenated token bytes need not equal the input text.
+  e.g. WordPiece), so concatenated token bytes need not equal the input text. The aligner reads
+  it as "compare case- and whitespace-folded" (``xdistill.align.api``), so it is *not* set for
+  the narrower defect below;
+* ``missing_bytes``: byte values no token of a lossless byte-level vocabulary can produce (no
+  text token consists of that byte alone: SmolLM2's byte-level BPE lacks 21 of the 256, e.g.
+  ``\x04``, ``\xc0``, ``\xf5``..``\xff``). The tokenizer silently drops such bytes, so a text
+  containing one is not reproduced by its token bytes (``Tokenizer.is_exact_on`` is False and
+  encodings fall back to HF's offsets); every other text still is, exactly. The aligner needs
+  nothing special: the two texts differ there, so the row takes the DP path and the dropped
+  bytes stay unaligned. Empty for lossy tables (they are never exact anyway).
 
 This module imports numpy only, so ``xdistill.align`` and ``xdistill.projection`` may use it.
 """
@@ -42,6 +51,7 @@ class TokenByteTable:
     data: np.ndarray
     roles_V: np.ndarray
     lossy: bool = False
+    missing_bytes: bytes = b""   # sorted byte values no token produces (see the module doc)
 
     def __post_init__(self) -> None:
         off = self.offsets_V1
@@ -53,6 +63,8 @@ class TokenByteTable:
             raise ValueError("offsets_V1 must start at 0, be non-decreasing and end at len(data)")
         if self.roles_V.dtype != np.int8 or self.roles_V.shape != (off.size - 1,):
             raise ValueError(f"roles_V must be int8 of shape ({off.size - 1},)")
+        if list(self.missing_bytes) != sorted(set(self.missing_bytes)):
+            raise ValueError("missing_bytes must hold distinct byte values in increasing order")
 
     @property
     def vocab_size(self) -> int:
@@ -82,3 +94,13 @@ class TokenByteTable:
         roles_arr = (np.zeros(len(pieces), dtype=np.int8) if roles is None
                      else np.asarray(roles, dtype=np.int8))
         return cls(offsets, data, roles_arr, lossy)
+
+
+def bytes_without_token(offsets_V1: np.ndarray, data: np.ndarray, roles_V: np.ndarray) -> bytes:
+    """Sorted byte values that no text token consists of alone (``TokenByteTable.missing_bytes``
+    of a lossless byte-level vocabulary: byte-level BPE, or SentencePiece with byte fallback)."""
+    single_V = (np.diff(offsets_V1) == 1) & (roles_V == ROLE_TEXT)
+    present = np.zeros(256, dtype=bool)
+    present[data[offsets_V1[:-1][single_V]]] = True
+    return bytes(np.flatnonzero(~present).astype(np.uint8).tolist())
+

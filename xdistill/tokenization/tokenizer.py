@@ -18,7 +18,7 @@ from xdistill.tokenization.encode import (Encoding, char_to_byte_map, hf_byte_of
                                           place_tokens_phantoms)
 from xdistill.tokenization.fingerprint import fingerprint
 from xdistill.tokenization.roles import role_tokens, roles_array
-from xdistill.tokenization.table import ROLE_NAMES, ROLE_TEXT, TokenByteTable
+from xdistill.tokenization.table import ROLE_NAMES, ROLE_TEXT, TokenByteTable, bytes_without_token
 
 _LOSSY_NORMALIZERS = ("Lowercase", "StripAccents", "NFKC", "NFKD", "NFD", "Precompiled", "Strip",
                       "BertNormalizer")
@@ -96,12 +96,18 @@ class Tokenizer:
                  for t in self._spec.get("added_tokens") or []}
         declared = {a: getattr(self.hf, f"{a}_token", None) for a in ("bos", "eos", "pad", "unk")}
         special_ids = {i for i in self.hf.all_special_ids if i is not None and 0 <= i < V}
-        roles = role_tokens(added, special_ids, declared, id2tok.get)
+        roles = role_tokens(added, special_ids, declared, id2tok.get, self.family)
         roles_V = roles_array(V, roles, holes)
         byte_fallback = bool((self._spec.get("model") or {}).get("byte_fallback"))
         offsets_V1, data = build_table_arrays(tokens, self.family, holes | (roles_V != ROLE_TEXT),
                                               byte_fallback)
-        return TokenByteTable(offsets_V1, data, roles_V, self.lossy)
+        missing = b"" if self.lossy else bytes_without_token(offsets_V1, data, roles_V)
+        return TokenByteTable(offsets_V1, data, roles_V, self.lossy, missing)
+
+    @functools.cached_property
+    def _present_bytes(self) -> bytes:
+        """Every byte value but ``table.missing_bytes`` (a ``bytes.translate`` deletion set)."""
+        return bytes(b for b in range(256) if b not in set(self.table.missing_bytes))
 
     @functools.cached_property
     def fingerprint(self) -> str:
@@ -122,12 +128,15 @@ class Tokenizer:
 
     def is_exact_on(self, text: str) -> bool:
         """True when this text's token bytes will reproduce it exactly (barring in-text special
-        tokens): the tokenizer is not lossy, the text is NFC if the tokenizer applies NFC, and
-        for SentencePiece the text holds no literal ``▁`` (U+2581), which SentencePiece cannot
-        tell apart from a space."""
+        tokens): the tokenizer is not lossy, the text is NFC if the tokenizer applies NFC, it
+        holds none of the table's ``missing_bytes`` (which the tokenizer drops), and for
+        SentencePiece no literal ``▁`` (U+2581), which SentencePiece cannot tell from a space."""
         if self.lossy:
             return False
         if self.nfc and not unicodedata.is_normalized("NFC", text):
+            return False
+        if self.table.missing_bytes and \
+                text.encode("utf-8", "surrogatepass").translate(None, self._present_bytes):
             return False
         return not (self.family in ("spm", "unigram") and "\u2581" in text)
 
