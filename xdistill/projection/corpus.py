@@ -138,12 +138,15 @@ def iter_corpus_texts(files, max_texts: int = 0) -> Iterator[str]:
 
 
 def _pad(encs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Right-padded ids ``[B, T]``, lengths ``[B]`` and per-token phantom bytes ``[B, T]`` (every
+    dummy-prefix space, also those legacy SentencePiece puts after in-text special tokens)."""
     len_B = np.array([len(e.ids) for e in encs], dtype=np.int64)
     ids_BT = np.zeros((len(encs), max(1, int(len_B.max(initial=0)))), dtype=np.int64)
+    phantom_BT = np.zeros_like(ids_BT)
     for b, e in enumerate(encs):
         ids_BT[b, :len_B[b]] = e.ids
-    phantom_B = np.array([int(getattr(e, "phantom_prefix", 0) or 0) for e in encs], dtype=np.int64)
-    return ids_BT, len_B, phantom_B
+        phantom_BT[b, :len_B[b]] = e.phantom_bytes_T()
+    return ids_BT, len_B, phantom_BT
 
 
 def chunk_start_pairs(student, teacher, texts: list[str]) -> np.ndarray:
@@ -153,7 +156,7 @@ def chunk_start_pairs(student, teacher, texts: list[str]) -> np.ndarray:
     s_ids, s_len, s_ph = _pad(student.encode_batch(texts, add_special_tokens=False))
     t_ids, t_len, t_ph = _pad(teacher.encode_batch(texts, add_special_tokens=False))
     res = align_batch(s_ids, s_len, t_ids, t_len, student.table, teacher.table,
-                      s_phantom_B=s_ph, t_phantom_B=t_ph)
+                      s_phantom_BTs=s_ph, t_phantom_BTt=t_ph)
     b_N, c_N = np.nonzero(res.chunk_valid_BC)
     s_first = s_ids[b_N, res.chunk_s_start_BC[b_N, c_N]]
     t_first = t_ids[b_N, res.chunk_t_start_BC[b_N, c_N]]

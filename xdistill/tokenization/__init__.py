@@ -2,10 +2,11 @@
 
 Public API::
 
-    tok = load_tokenizer("qwen2")      # asset name, HF folder, tokenizer.json, .tiktoken,
-                                       # SentencePiece .model, .gguf, or hub name (online only)
+    tok = load_tokenizer("qwen2")      # asset name (also gemma3-270m, smollm2-135m), HF folder,
+                                       # tokenizer.json, .tiktoken, SentencePiece .model, .gguf,
+                                       # or hub name (online only)
     tok.family                         # "byte_bpe" | "spm" | "wordpiece" | "unigram"
-    tok.table                          # TokenByteTable: id -> bytes, roles, lossy
+    tok.table                          # TokenByteTable: id -> bytes, roles, lossy, missing_bytes
     tok.fingerprint                    # stable sha256 hex
     enc = tok.encode(text)             # Encoding: ids, starts, ends (byte offsets), phantom_prefix
 
