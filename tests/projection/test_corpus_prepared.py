@@ -63,3 +63,17 @@ def test_bad_corpus_path_fails_fast_naming_it(tmp_path, capsys, kind):
         from xdistill.commands.projection import main
         main(["build", "--student", "gpt2", "--teacher", "qwen2", "--method", "corpus",
               "-o", str(tmp_path / "p.npz")])
+
+
+def test_chunk_starts_use_per_token_phantoms(get_tokenizer):
+    """Legacy SentencePiece (Phi-3) puts a phantom space after an in-text special token; with
+    only the row's phantom prefix the aligner saw an extra space there and lost the
+    ("General", "▁General") chunk."""
+    from xdistill.projection.corpus import chunk_start_pairs
+
+    s, t = get_tokenizer("gpt2"), get_tokenizer("phi3")
+    keys = chunk_start_pairs(s, t, ["Hello there<|endoftext|>General Kenobi"])
+    pairs = [(s.hf.convert_ids_to_tokens(int(k // t.vocab_size)),
+              t.hf.convert_ids_to_tokens(int(k % t.vocab_size))) for k in keys]
+    assert pairs == [("Hello", "▁Hello"), ("Ġthere", "▁there"), ("<|endoftext|>", "<|endoftext|>"),
+                     ("General", "▁General"), ("ĠKenobi", "▁Ken")]
