@@ -32,7 +32,7 @@ def test_smollm2_student_gemma_teacher(tmp_path, get_tokenizer):
     s_tok, t_tok = get_tokenizer("smollm2-135m"), get_tokenizer("gemma3-270m")
     out, elapsed = _build(tmp_path, "smollm2-135m", "gemma3-270m")
     print(f"\nsmollm2-135m -> gemma3-270m projection built in {elapsed:.1f} s")
-    assert elapsed < 90
+    assert elapsed < 40      # ~6 s on 2 cores
     proj = load_projection(out, s_tok, t_tok)
     cov = proj.meta["coverage"]
     assert proj.shape == (49_152, 262_144) and cov["mapped_fraction"] > 0.99
@@ -46,12 +46,11 @@ def test_smollm2_student_gemma_teacher(tmp_path, get_tokenizer):
         assert max(row, key=row.get) == t_tok.table.concat(t_tok.encode(" unconventional").ids[:1])
 
 
-@pytest.mark.slow     # ~40 s on 2 cores: 262,144 student rows re-tokenized one by one
 def test_gemma_student_smollm2_teacher(tmp_path, get_tokenizer):
     s_tok, t_tok = get_tokenizer("gemma3-270m"), get_tokenizer("smollm2-135m")
     out, elapsed = _build(tmp_path, "gemma3-270m", "smollm2-135m")
     print(f"\ngemma3-270m -> smollm2-135m projection built in {elapsed:.1f} s")
-    assert elapsed < 180
+    assert elapsed < 60      # 262,144 student rows re-tokenized: ~11 s on 2 cores
     proj = load_projection(out, s_tok, t_tok)
     assert proj.shape == (262_144, 49_152) and proj.meta["coverage"]["mapped_fraction"] > 0.97
     for piece in (b"7", b" Paris", b"\n\n"):
