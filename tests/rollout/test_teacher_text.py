@@ -107,3 +107,42 @@ def test_scorer_aligns_every_response_token_and_bridges_the_stop(get_tokenizer, 
         assert (region >= 0).all(), (name, b)
     assert not view.s_unpaired_BTs.any()
     assert scored.stats.unaligned_frac["t"] == 0.0
+
+
+def test_prompt_that_already_starts_with_bos_gets_one_bos(get_tokenizer):
+    """A rendered prompt whose template writes the BOS itself is not given a second one."""
+    from xdistill.rollout.render import encode_prompts
+
+    tok = get_tokenizer("mistral")
+    bos = tok.hf.convert_ids_to_tokens(int(tok.bos_id))
+    with_bos, plain = encode_prompts(tok, [f"{bos}Hello there", "Hello there"], 64, add_bos=True)
+    for ids in (with_bos, plain):
+        assert int((ids == tok.bos_id).sum()) == 1 and ids[0] == tok.bos_id
+
+
+def test_teacher_bos_is_set_per_teacher(get_tokenizer):
+    """The student without a BOS, one teacher with its own BOS: only that teacher's row starts
+    with it; the teacher whose setting follows the student's gets none."""
+    student, spm = get_tokenizer("gpt2"), get_tokenizer("mistral")
+    ro = rollouts_from_segments(student, ["Q: 1+1\nA:"], [[("2.", True)]], finished=True)
+    scored = RolloutScorer(student, [TeacherSpec("bos", spm, None, add_bos=True),
+                                     TeacherSpec("nobos", spm, None, add_bos=False)])(ro)
+    assert int(scored.batch.input_ids_BTs[0, 0]) != student.bos_id
+    assert int(scored.batch.teacher("bos").input_ids_BTt[0, 0]) == spm.bos_id
+    assert int(scored.batch.teacher("nobos").input_ids_BTt[0, 0]) != spm.bos_id
+
+
+def test_teacher_bos_setting_resolution(get_tokenizer):
+    from types import SimpleNamespace
+
+    from xdistill.errors import ConfigError
+    from xdistill.train.setup import teacher_bos
+
+    spm = get_tokenizer("mistral")
+    t = lambda v: SimpleNamespace(name="t", add_bos=v)  # noqa: E731
+    assert teacher_bos(t(None), True, spm) and not teacher_bos(t(None), False, spm)
+    assert teacher_bos(t(True), False, spm) and not teacher_bos(t(False), True, spm)
+    if get_tokenizer("bert").bos_id is None:
+        assert not teacher_bos(t(None), True, get_tokenizer("bert"))
+        with pytest.raises(ConfigError, match="has no BOS token"):
+            teacher_bos(t(True), False, get_tokenizer("bert"))

@@ -84,6 +84,8 @@ def encode_prompts(tok, prompts, max_len: int, *, add_bos: bool = False) -> list
         if add_bos:
             if tok.bos_id is None:
                 raise DataError(f"add_bos is set but tokenizer {tok.name!r} has no BOS token")
+            if ids.size and int(ids[0]) == int(tok.bos_id):  # the template already wrote it
+                ids = ids[1:]
             ids = np.concatenate([[int(tok.bos_id)], ids[-(max_len - 1):] if max_len > 1 else ids[:0]])
         else:
             ids = ids[-max_len:]

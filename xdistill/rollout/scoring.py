@@ -223,7 +223,7 @@ class RolloutScorer:
                                         ro.response_mask_BTr[b, :r].numpy())
             reg = teacher_region(tok, render_prompt(tok, ro.prompts[b]), raw)
             pre = reg.prefix_ids
-            if spec.add_bos:
+            if spec.add_bos and not (pre.size and int(pre[0]) == int(tok.bos_id)):
                 pre = np.concatenate([[int(tok.bos_id)], pre])
             t_ids, t_ph = reg.ids_T, reg.phantom_T
             t_loss = token_loss_mask(t_ids, reg.starts_T, reg.ends_T, tok.table.roles_V, spans,

@@ -66,6 +66,9 @@ class TeacherRunConfig:
     # most teacher tokens per window (longer windows are cut at a byte boundary shared with the
     # student); null = no limit
     max_len: int | None = None
+    # prepend this teacher's BOS token to each of its rows (e.g. Gemma needs its <bos>; a
+    # student whose declared BOS is a chat marker does not); null = follow data.add_bos
+    add_bos: bool | None = None
     # the teacher worker: model folder, placement, output kind, transport, timeouts
     worker: TeacherConfig = field(default_factory=TeacherConfig)
     # how this teacher's divergence is computed and weighted

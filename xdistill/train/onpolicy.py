@@ -122,6 +122,7 @@ class OnPolicyMode(core.TrainMode):
         from xdistill.data import TeacherSpec as ScoringTeacher
         from xdistill.rollout import RolloutScorer, build_engine
         from xdistill.teacher import TeacherPool
+        from xdistill.train.setup import teacher_bos
 
         cfg, env, plan = run.cfg, run.env, run.plan
         run.accum = grad_accum_steps(cfg, env.world_size, cfg.prompts.batch_size)
@@ -131,7 +132,7 @@ class OnPolicyMode(core.TrainMode):
         self.scorer = RolloutScorer(
             plan.student_tok,
             [ScoringTeacher(t.name, plan.teacher_toks[t.name], t.max_len,
-                            add_bos=add_bos and plan.teacher_toks[t.name].bos_id is not None)
+                            add_bos=teacher_bos(t, add_bos, plan.teacher_toks[t.name]))
              for t in cfg.teachers],
             student_add_bos=add_bos, chunks=cfg.scoring.chunks, method=cfg.scoring.method)
         self.pool = TeacherPool([t.worker for t in cfg.teachers])

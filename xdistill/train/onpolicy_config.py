@@ -54,10 +54,12 @@ class OnPolicyTeacherLoss:
     projection: str = ""
     # strict_topk: size k of the student's top-k set inside the shared vocabulary
     top_k: int = 16
-    # dpca / simple_opd: PPO ratio clip 1 - clip_low .. 1 + clip_high, dual clip c for negative
-    # advantages (loss.loss_max is the advantage clamp)
+    # dpca / simple_opd: the PPO ratio is clipped below at 1 - clip_low (loss.loss_max is the
+    # advantage clamp)
     clip_low: float = 0.2
+    # dpca / simple_opd: the PPO ratio is clipped above at 1 + clip_high
     clip_high: float = 0.28
+    # dpca / simple_opd: dual clip c: the loss of a negative advantage is at most -c * A
     dual_clip: float = 10.0
     # simple_opd: weight beta of the reference KL(q_theta || q_init) to the initial student
     # (0 = off; > 0 keeps a frozen copy of the initial student)
@@ -81,6 +83,9 @@ class OnPolicyTeacherConfig:
     tokenizer: str = ""
     # most teacher tokens per scored row (the prompt is cut from the left first); null = no limit
     max_len: int | None = None
+    # prepend this teacher's BOS token to its rows (unless its rendered prompt already starts
+    # with it); null = follow rollout.add_bos
+    add_bos: bool | None = None
     # the teacher worker: model folder, placement, output kind, transport, timeouts
     worker: TeacherConfig = field(default_factory=TeacherConfig)
     # the on-policy loss of this teacher

@@ -378,7 +378,8 @@ def offpolicy_config(cfg: OnPolicyConfig, plan: OnPolicyPlan):
         loss = TeacherLossConfig(kind=kind, weight=t.loss.weight, temperature=t.loss.temperature,
                                  projection=t.loss.projection, direction=direction,
                                  beta=t.loss.beta)
-        teachers.append(TeacherRunConfig(t.name, t.tokenizer, t.max_len, t.worker, loss))
+        teachers.append(TeacherRunConfig(name=t.name, tokenizer=t.tokenizer, max_len=t.max_len,
+                                         add_bos=t.add_bos, worker=t.worker, loss=loss))
     data = cfg.offpolicy.data
     train = TrainConfig(steps=cfg.train.steps, global_batch_size=0, seed=cfg.train.seed,
                         out_dir=cfg.train.out_dir)

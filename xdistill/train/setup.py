@@ -145,10 +145,22 @@ def build_loss(cfg: OffPolicyConfig, plan: Plan) -> MultiTeacherLoss | None:
 
 
 def collator_teachers(cfg: OffPolicyConfig, plan: Plan) -> list[CollatorTeacher]:
-    """The collator's view of the teachers (tokenizer, max_len, BOS when the student adds one)."""
+    """The collator's view of the teachers (tokenizer, max_len, BOS per :func:`teacher_bos`)."""
     return [CollatorTeacher(t.name, plan.teacher_toks[t.name], t.max_len,
-                            add_bos=cfg.data.add_bos and plan.teacher_toks[t.name].bos_id is not None)
+                            add_bos=teacher_bos(t, cfg.data.add_bos, plan.teacher_toks[t.name]))
             for t in cfg.teachers]
+
+
+def teacher_bos(t, default: bool, tok) -> bool:
+    """Whether teacher ``t`` gets its BOS: its own ``add_bos`` setting, else the student's
+    (``default``) when the teacher has a BOS token. An explicit ``add_bos: true`` for a
+    tokenizer without a BOS is an error naming the teacher."""
+    if t.add_bos is None:
+        return bool(default) and tok.bos_id is not None
+    if t.add_bos and tok.bos_id is None:
+        raise ConfigError(f"teacher {t.name!r}: add_bos is true but tokenizer {tok.name!r} "
+                          "has no BOS token")
+    return bool(t.add_bos)
 
 
 def build_pool(cfg: OffPolicyConfig, plan: Plan):
