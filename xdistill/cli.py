@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "projection": ("xdistill.commands.projection", "build and inspect sparse token-projection matrices"),
     "data": ("xdistill.commands.data", "prepare arrow shards from jsonl/parquet/text/chat files"),
     "train": ("xdistill.commands.train", "train a student: `train offpolicy` or `train onpolicy`"),
+    "eval": ("xdistill.commands.eval", "score models before training: a run's evaluation, or any model's bits per byte"),
     "plot": ("xdistill.commands.plot", "plot metrics.jsonl curves to a PNG"),
     "config": ("xdistill.commands.config", "show a config with every field documented"),
     "demo": ("xdistill.commands.demo", "the demo that `make demo` runs"),
