@@ -22,6 +22,7 @@ import torch
 
 from xdistill.errors import TeacherError
 from xdistill.teacher.config import TeacherConfig
+from xdistill.teacher.head import fill_from_hidden
 from xdistill.teacher.outputs import (TeacherOutput, fill_output, output_spec,
                                       prepare_projection)
 
@@ -99,11 +100,26 @@ class TeacherWorker:
             self.proj_VsVt = prepare_projection(projection_VsVt, self.device)
             Vs = int(self.proj_VsVt.shape[0])
         compute = next(self.model.parameters()).dtype
+        self.split = self._split_head()
         self.info = TeacherInfo(
             name=config.name, kind=config.output, vocab_size=V, student_vocab_size=Vs,
             top_k=min(config.top_k, V) if config.output == "topk" else 0,
             temperature=float(config.temperature), device=str(self.device),
             logits_dtype=resolve_dtype(config.logits_dtype, compute), pid=os.getpid())
+
+    def _split_head(self):
+        """:class:`SplitHead` when it reproduces this model's logits (outputs are then written
+        block by block from hidden states, with no full-size logits copy), else None."""
+        from xdistill.teacher.head import SplitHead
+
+        split = SplitHead.of(self.model)
+        if split is None or split.V != self.vocab_size:
+            return None
+        self.model.to(self.device)
+        try:
+            return split if split.verify(self.model, self.device) else None
+        finally:
+            self.model.to(self._home)
 
     def output_spec(self, B: int, Tt: int) -> dict:
         i = self.info
@@ -134,6 +150,11 @@ class TeacherWorker:
                     rows = slice(a, min(a + cfg.micro_batch_size, B))
                     ids = ids_BTt[rows].to(self.device, non_blocking=True)
                     mask = mask_BTt[rows].to(self.device, non_blocking=True).long()
+                    if self.split is not None:
+                        fill_from_hidden(self.split, self.info.kind, self.split.hidden(ids, mask),
+                                         ids, out, rows, temperature=cfg.temperature,
+                                         top_k=self.info.top_k, proj_VsVt=self.proj_VsVt)
+                        continue
                     logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
                     fill_output(self.info.kind, logits, out, rows, temperature=cfg.temperature,
                                 top_k=self.info.top_k, proj_VsVt=self.proj_VsVt, ids_nT=ids)

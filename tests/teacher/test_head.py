@@ -1,0 +1,96 @@
+"""Teacher outputs from hidden states block by block (xdistill/teacher/head.py).
+
+* the split path is active for Llama and soft-capped Gemma-3 and gives the values of the plain
+  forward for every output kind and temperature;
+* peak memory: with a 262,144-token vocabulary the worker holds one full-size logits buffer (its
+  output), not the model's logits plus soft-cap temporaries besides it (measured in subprocesses).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from xdistill.student.model import build_causal_lm
+from xdistill.teacher import TeacherConfig, TeacherRequest, TeacherWorker
+
+GEMMA = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+             num_key_value_heads=1, head_dim=8, max_position_embeddings=128,
+             final_logit_softcapping=3.0, sliding_window=16)
+LLAMA = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+             num_key_value_heads=1, max_position_embeddings=128)
+
+
+def _save(tmp_path, kind: str, cfg: dict, V: int) -> str:
+    model = build_causal_lm(kind, dict(cfg, vocab_size=V), seed=0)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(40.0)  # logits large enough to be soft-capped
+    path = tmp_path / kind
+    model.save_pretrained(str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("kind,cfg", [("gemma3_text", GEMMA), ("llama", LLAMA)])
+@pytest.mark.parametrize("output", ["logits", "topk", "projected"])
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_split_head_equals_the_plain_forward(tmp_path, kind, cfg, output, temperature):
+    V = 300
+    path = _save(tmp_path, kind, cfg, V)
+    proj = None
+    if output == "projected":
+        proj = torch.eye(V)[: V // 2].repeat_interleave(1, 0).to_sparse_csr()
+    tc = TeacherConfig(name="t", model=path, output=output, top_k=7, temperature=temperature,
+                       micro_batch_size=2)
+    worker = TeacherWorker(tc, proj)
+    assert worker.split is not None
+    ids = torch.randint(0, V, (3, 11), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    got = worker.forward(TeacherRequest(0, ids, mask))
+    worker.split = None  # the plain forward + fill_output
+    ref = worker.forward(TeacherRequest(0, ids, mask))
+    for name in ("logits_BTtV", "topk_logp_BTtK", "topk_idx_BTtK", "tail_logmass_BTt",
+                 "proj_logp_BTtVs", "token_logp_BTt"):
+        a, b = getattr(got, name), getattr(ref, name)
+        assert (a is None) == (b is None), name
+        if a is not None:
+            if a.dtype.is_floating_point:
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)
+            else:
+                assert torch.equal(a, b), name
+
+
+_PEAK = """
+import json, resource, sys, torch
+from xdistill.teacher import TeacherConfig, TeacherRequest, TeacherWorker
+torch.set_num_threads(1)
+w = TeacherWorker(TeacherConfig(name="t", model=sys.argv[1], micro_batch_size=4))
+if sys.argv[2] == "plain":
+    w.split = None
+ids = torch.randint(0, 262144, (4, 64), generator=torch.Generator().manual_seed(0))
+req = TeacherRequest(0, ids, torch.ones_like(ids, dtype=torch.bool))
+w.forward(TeacherRequest(0, ids[:1, :4], torch.ones(1, 4, dtype=torch.bool)))  # warm-up
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+out = w.forward(req)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"growth_mb": (after - before) / 1024, "split": w.split is not None}))
+"""
+
+
+def test_262k_vocab_teacher_holds_one_logits_buffer(tmp_path):
+    path = _save(tmp_path, "gemma3_text", dict(GEMMA, num_hidden_layers=1), 262144)
+    full_mb = 4 * 64 * 262144 * 4 / 2 ** 20   # one float32 [B, T, V]: 256 MiB
+    res = {}
+    for mode in ("split", "plain"):
+        proc = subprocess.run([sys.executable, "-c", _PEAK, path, mode], capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        res[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["split"]["split"] and not res["plain"]["split"]
+    print(f"\npeak growth: split {res['split']['growth_mb']:.0f} MiB, plain "
+          f"{res['plain']['growth_mb']:.0f} MiB, one [B,T,V] float32 = {full_mb:.0f} MiB")
+    assert res["split"]["growth_mb"] < 1.3 * full_mb
+    assert res["plain"]["growth_mb"] > res["split"]["growth_mb"] + 0.8 * full_mb

@@ -1,0 +1,123 @@
+"""Teacher outputs written block by block from hidden states: no full-size logits copy.
+
+Legend: n rows of a micro-batch, T teacher tokens, H hidden size, V logit width, N = n*T flat
+positions, Vs student vocabulary, K top-k.
+
+A Hugging Face causal LM returns its logits as one ``[n, T, V]`` tensor (Gemma-3 then soft-caps
+them through three more temporaries). With a 262k-token teacher vocabulary that is 300 MB per
+4 x 72 tokens each, on top of the output buffer the worker writes into. :class:`SplitHead` runs the
+model's trunk once (hidden states ``[n, T, H]``, small) and then the output layer over blocks of
+positions, writing each block's result straight into the output buffer: full logits land in their
+buffer with no second copy; top-k, projected and token log-prob outputs never hold more than one
+``[block, V]`` float32 block.
+
+The split is used only where it reproduces the model's own forward: the model must expose
+``get_decoder()`` and a linear output layer, a final logit soft-cap (Gemma 2/3) is applied in
+place, and :meth:`SplitHead.verify` compares both paths on a short probe when the worker starts
+(any other architecture falls back to the plain forward).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from xdistill.teacher.outputs import LOG_FLOOR
+
+# float32 bytes of one [block, V] block: 32 MiB (e.g. 32 positions of a 262k vocabulary), so the
+# block temporaries stay small next to the output buffer itself
+BLOCK_BYTES = 1 << 25
+
+
+class SplitHead:
+    """``trunk(ids, mask) -> hidden`` and ``head(hidden block) -> logits block`` of a causal LM."""
+
+    def __init__(self, model):
+        self.decoder = model.get_decoder()
+        self.head = model.get_output_embeddings()
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") \
+            else model.config
+        self.softcap = getattr(cfg, "final_logit_softcapping", None)
+        self.V = int(self.head.weight.shape[0])
+
+    @classmethod
+    def of(cls, model) -> "SplitHead | None":
+        """The split of ``model``, or None when it does not expose a plain trunk and head."""
+        try:
+            decoder = model.get_decoder()
+        except Exception:  # noqa: BLE001 - no decoder accessor
+            return None
+        head = model.get_output_embeddings()
+        if decoder is None or not isinstance(head, torch.nn.Linear):
+            return None
+        return cls(model)
+
+    def hidden(self, ids_nT, mask_nT) -> torch.Tensor:
+        return self.decoder(input_ids=ids_nT, attention_mask=mask_nT,
+                            use_cache=False).last_hidden_state
+
+    def logits(self, h_NH: torch.Tensor, out_NV: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of ``N`` positions (float32 unless ``out_NV`` says otherwise), soft-capped."""
+        w = self.head.weight
+        if out_NV is not None and out_NV.dtype == w.dtype and self.head.bias is None:
+            z = torch.matmul(h_NH.to(w.dtype), w.t(), out=out_NV)
+        else:
+            z = self.head(h_NH.to(w.dtype))
+        if self.softcap is not None:
+            z.div_(self.softcap).tanh_().mul_(self.softcap)
+        return z
+
+    @torch.inference_mode()
+    def verify(self, model, device, rtol: float = 1e-4) -> bool:
+        """Whether the split reproduces ``model(...).logits`` on a short probe."""
+        ids = torch.arange(1, 9, device=device).remainder(self.V)[None]
+        mask = torch.ones_like(ids)
+        ref = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
+        got = self.logits(self.hidden(ids, mask).reshape(8, -1)).float().view_as(ref)
+        scale = float(ref.abs().max()) or 1.0
+        return float((got - ref).abs().max()) <= rtol * scale + 1e-5
+
+
+def block_rows(width: int) -> int:
+    return max(1, BLOCK_BYTES // (4 * max(width, 1)))
+
+
+def fill_from_hidden(split: SplitHead, kind: str, h_nTH: torch.Tensor, ids_nT: torch.Tensor,
+                     out: dict, rows: slice, *, temperature: float, top_k: int = 0,
+                     proj_VsVt=None) -> None:
+    """The ``kind`` outputs of rows ``rows`` from their hidden states, block by block (module
+    doc); same values as :func:`xdistill.teacher.outputs.fill_output` on the full logits."""
+    from xdistill.teacher.outputs import projected_logprobs, topk_logprobs
+
+    n, T, H = h_nTH.shape
+    N, V = n * T, split.V
+    h_NH = h_nTH.reshape(N, H)
+    tgt_N = torch.zeros(N, dtype=torch.int64, device=h_NH.device)
+    tgt_N.view(n, T)[:, :-1] = ids_nT[:, 1:].clamp(0, V - 1)
+    tok_N = torch.zeros(N, dtype=torch.float32, device=h_NH.device)
+    dst_NV = out["logits_BTtV"][rows].reshape(N, V) if kind == "logits" else None
+    step = block_rows(V)
+    for a in range(0, N, step):
+        b = min(a + step, N)
+        direct = dst_NV is not None and temperature == 1.0
+        z = split.logits(h_NH[a:b], dst_NV[a:b] if direct else None)
+        zf = z.float()
+        if temperature != 1.0:
+            zf = zf / temperature
+        if dst_NV is not None and not direct:
+            dst_NV[a:b].copy_(zf)
+        picked = zf.gather(1, tgt_N[a:b, None]).squeeze(1)
+        tok_N[a:b] = (picked - torch.logsumexp(zf, dim=-1)).clamp(min=LOG_FLOOR)
+        if kind == "topk":
+            v, i, tail = topk_logprobs(zf, top_k, 1.0)
+            flat = lambda name, last: out[name][rows].reshape(N, *last)  # noqa: E731
+            flat("topk_logp_BTtK", (v.shape[-1],))[a:b] = v
+            flat("topk_idx_BTtK", (v.shape[-1],))[a:b] = i
+            flat("tail_logmass_BTt", ())[a:b] = tail
+        elif kind == "projected":
+            lp = projected_logprobs(zf, proj_VsVt, 1.0)
+            out["proj_logp_BTtVs"][rows].reshape(N, -1)[a:b] = lp
+    if "token_logp_BTt" in out:
+        tok = tok_N.view(n, T)
+        res = torch.zeros(n, T, dtype=torch.float32, device=tok.device)
+        res[:, 1:] = tok[:, :-1]
+        out["token_logp_BTt"][rows].copy_(res)
