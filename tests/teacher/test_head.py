@@ -92,5 +92,5 @@ def test_262k_vocab_teacher_holds_one_logits_buffer(tmp_path):
     assert res["split"]["split"] and not res["plain"]["split"]
     print(f"\npeak growth: split {res['split']['growth_mb']:.0f} MiB, plain "
           f"{res['plain']['growth_mb']:.0f} MiB, one [B,T,V] float32 = {full_mb:.0f} MiB")
-    assert res["split"]["growth_mb"] < 1.3 * full_mb
-    assert res["plain"]["growth_mb"] > res["split"]["growth_mb"] + 0.8 * full_mb
+    assert res["split"]["growth_mb"] < 1.6 * full_mb  # the buffer + at most half of it in blocks
+    assert res["plain"]["growth_mb"] > res["split"]["growth_mb"] + 0.5 * full_mb

@@ -1,0 +1,158 @@
+"""Real-pair off-policy step on CPU: Gemma-3-270M teacher -> SmolLM2-135M student (P-KL).
+
+    .venv/bin/python benchmarks/real/step.py [--steps 6] [--batch 4] [--seq-len 64]
+        [--variants before,split,threads,projected,pipelined,bf16] [--out FILE]
+
+Every variant is the real trainer (``core.build`` + ``OffPolicyMode`` + ``core.train_step``) in a
+fresh subprocess (its own peak RSS), on the same Shakespeare windows and projection; the table
+gives the mean step time over steps 2.. with its split, the peak RSS, and the ratio to
+``before``. Variants (each changes one thing from the one above it, except bf16):
+
+* ``before``    the trainer as it was: in-process teacher computing its full logits through the
+                model's own forward (logits + soft-cap temporaries), OpenMP's spinning wait policy;
+* ``split``     teacher outputs written block by block from hidden states (one logits buffer);
+* ``threads``   + OMP_WAIT_POLICY=PASSIVE (the default now; matters when cores are shared);
+* ``projected`` + the teacher returns log-probs already projected into the student vocabulary
+                (49k instead of 262k floats per position);
+* ``pipelined`` full logits, the teacher in a subprocess with one thread, scoring the next
+                micro-batch while the student (one thread) computes;
+* ``bf16``      ``threads`` with the teacher's weights in bfloat16 (slower on CPUs without bf16
+                instructions, as here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+VARIANTS = ("before", "split", "threads", "projected", "pipelined", "bf16")
+PHASES = ("data", "teacher", "transport", "student", "loss", "optim")
+
+
+def assets(root: Path) -> dict:
+    from xdistill.assets import model_dir
+    from xdistill.projection import BuildConfig, build_projection, save_projection
+    from xdistill.tiny import make_corpus
+    from xdistill.tokenization import load_tokenizer
+
+    train, _ = make_corpus(root / "corpus", n_train=120, n_eval=4, max_chars=600)
+    proj = build_projection(load_tokenizer("smollm2-135m"), load_tokenizer("gemma3-270m"),
+                            BuildConfig(methods=("multitoken", "exact"), top_k=4))
+    save_projection(proj, root / "proj.npz")
+    return {"train": str(train), "proj": str(root / "proj.npz"),
+            "student": str(model_dir("smollm2-135m")), "teacher": str(model_dir("gemma3-270m"))}
+
+
+def config(variant: str, a: dict, args, out: Path) -> dict:
+    worker = {"model": a["teacher"], "micro_batch_size": args.batch}
+    threads = 2
+    if variant == "projected":
+        worker["output"] = "projected"
+    if variant == "pipelined":
+        worker.update(placement="subprocess", num_threads=1, slots=2)
+        threads = 1
+    if variant == "bf16":
+        worker["dtype"] = "bfloat16"
+    return {"student": {"path": a["student"]}, "student_tokenizer": "smollm2-135m",
+            "teachers": [{"name": "gemma", "tokenizer": "gemma3-270m", "add_bos": True,
+                          "worker": worker,
+                          "loss": {"kind": "pkl", "projection": a["proj"]}}],
+            "data": {"paths": [a["train"]], "seq_len": args.seq_len, "batch_size": args.batch,
+                     "num_workers": 1},
+            "loss": {"ce_weight": 0.1, "chunk_size": 64},
+            "optim": {"lr": 1e-5}, "scheduler": {"kind": "constant"},
+            "train": {"steps": args.steps, "out_dir": str(out), "tensorboard": False,
+                      "num_threads": threads, "pipeline_teachers": variant == "pipelined"},
+            "checkpoint": {"export_hf": False, "resume": ""}}
+
+
+def child(variant: str, cfg_path: str) -> dict:
+    """One variant in this (fresh) process: its steps' metrics and the peak RSS."""
+    from xdistill.config import from_dict
+    from xdistill.train import core
+    from xdistill.train.config import OffPolicyConfig
+    from xdistill.train.offpolicy import OffPolicyMode
+
+    if variant == "before":
+        from xdistill.teacher.worker import TeacherWorker
+
+        TeacherWorker._split_head = lambda self: None
+    cfg = from_dict(OffPolicyConfig, json.loads(Path(cfg_path).read_text()))
+    run = core.build(cfg, OffPolicyMode())
+    run.mode.start(run)
+    try:
+        ms = [core.train_step(run, s) for s in range(1, cfg.train.steps + 1)][1:]
+    finally:
+        run.mode.close()
+    mean = lambda k: sum(m.get(k, 0.0) for m in ms) / len(ms)  # noqa: E731
+    return {"step": mean("step_s"), "split": {k: mean(f"time/{k}") for k in PHASES},
+            "tokens": mean("tokens"), "loss": ms[-1]["loss"],
+            "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def run_variant(variant: str, a: dict, args, root: Path) -> dict:
+    path = root / f"{variant}.json"
+    path.write_text(json.dumps(config(variant, a, args, root / variant)))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env["OMP_WAIT_POLICY"] = "ACTIVE" if variant in ("before", "split") else "PASSIVE"
+    proc = subprocess.run([sys.executable, __file__, "--child", variant, str(path)], env=env,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"variant {variant} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def report(res: dict, args, seconds: float, load: str) -> str:
+    ref = res.get("before", next(iter(res.values())))["step"]
+    lines = ["# Real pair, off-policy P-KL step: Gemma-3-270M -> SmolLM2-135M (CPU)", "",
+             f"{platform.machine()}, {os.cpu_count()} cores, no GPU; {load}; batch {args.batch} x "
+             f"{args.seq_len} student tokens; mean over steps 2..{args.steps}; every variant a fresh "
+             f"process; total {seconds:.0f} s.", "",
+             "| variant | s/step | x before | student tok/s | peak RSS (MB) | "
+             + " | ".join(PHASES) + " |", "|---|---|---|---|---|" + "---|" * len(PHASES)]
+    for name, r in res.items():
+        split = " | ".join(f"{r['split'][k]:.2f}" for k in PHASES)
+        lines.append(f"| {name} | {r['step']:.2f} | {r['step'] / ref:.2f} | "
+                     f"{r['tokens'] / r['step']:.0f} | {r['peak_mb']:.0f} | {split} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "step.md"))
+    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(*args.child)))
+        return 0
+    t0, res = time.perf_counter(), {}
+    with tempfile.TemporaryDirectory() as tmp:
+        a = assets(Path(tmp))
+        names = args.variants.split(",")
+        for i, name in enumerate(names):
+            res[name] = run_variant(name, a, args, Path(tmp))
+            print(f"[real step] {name}: {res[name]['step']:.2f} s/step, peak "
+                  f"{res[name]['peak_mb']:.0f} MB ({i + 1}/{len(names)}, "
+                  f"{time.perf_counter() - t0:.0f} s)", flush=True)
+    load = "load average %.2f / %.2f / %.2f" % os.getloadavg()
+    text = report(res, args, time.perf_counter() - t0, load)
+    print(text)
+    Path(args.out).write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
