@@ -72,6 +72,11 @@ class ArmSettings:
     threads: int = 1
     # distillation temperature on both sides
     temperature: float = 1.0
+    # continuation protocol (xdistill/quality/continued.py): optimizer steps after the CE
+    # checkpoint, their peak learning rate, and the tokens each rollout may sample
+    cont_steps: int = 300
+    cont_lr: float = 1e-3
+    cont_new_tokens: int = 4
 
 
 def _teacher(name: str, model: str, tokenizer: str, kind: str, settings: ArmSettings,
@@ -128,15 +133,19 @@ def log_every(steps: int) -> int:
 
 def arm_command(arm: str) -> str:
     """The ``xdistill train`` subcommand of ``arm``."""
-    return "onpolicy" if arm == "onpolicy" else "offpolicy"
+    return "onpolicy" if arm == "onpolicy" or arm.startswith("op_") else "offpolicy"
 
 
 def arm_config(arm: str, seed: int, assets: dict, s: ArmSettings, out_dir: str) -> dict:
     """The full run config of ``arm`` with ``seed`` (see the module docstring)."""
     from xdistill.quality.prepare import model_config
 
+    from xdistill.quality.continued import CONT_ARMS, cont_config
+
     if arm == "onpolicy":
         return onpolicy_config(seed, assets, s, out_dir)
+    if arm in CONT_ARMS:
+        return cont_config(arm, seed, assets, s, out_dir)
     corpus = assets["corpus"]
     return {
         "student": {"model_type": "llama", "model_config": model_config(s.layers, s.hidden),

@@ -60,6 +60,9 @@ def parse(argv=None):
     p.add_argument("--answer-noise", type=float, default=PrepConfig().task.answer_noise,
                    help="fraction of wrong answers in the student's distillation corpus "
                         "(teachers train on clean answers)")
+    p.add_argument("--cont-steps", type=int, default=ArmSettings.cont_steps,
+                   help="continuation protocol (cont_* / op_* arms): steps after the CE "
+                        "checkpoint of each seed")
     p.add_argument("--temperature", type=float, default=ArmSettings.temperature,
                    help="distillation temperature of every teacher loss (both sides)")
     p.add_argument("--eval-every", type=int, default=100,
@@ -85,9 +88,34 @@ def _load(avg) -> str:
     return "/".join(f"{x:.1f}" for x in avg)
 
 
+def run_phases(assets, arms, seeds, settings, out, jobs, watch) -> dict:
+    """All runs; the continuation arms (``xdistill/quality/continued.py``) start from each
+    seed's ``ce`` run, which therefore runs (or is reused) first, and is reported only when
+    asked for."""
+    from xdistill.quality.continued import CONT_ARMS
+    from xdistill.quality.harness import run_harness
+    from xdistill.quality.summary import summarize
+
+    cont = [a for a in arms if a in CONT_ARMS]
+    base = [a for a in arms if a not in CONT_ARMS]
+    if not cont:
+        return run_harness(assets, base, seeds, settings, out, jobs=jobs, watch=watch)
+    first = run_harness(assets, base if "ce" in base else ["ce"] + base, seeds, settings, out,
+                        jobs=jobs, watch=watch)
+    if "ce" in first["failed"]:
+        return first
+    second = run_harness(assets, cont, seeds, settings, out, jobs=jobs, watch=watch)
+    runs = [r for r in first["runs"] if r["arm"] in base] + second["runs"]
+    return {"runs": runs, "summary": summarize(runs, arms),
+            "failed": {**{a: e for a, e in first["failed"].items() if a in base},
+                       **second["failed"]}}
+
+
 def teachers_needed(arms) -> list[str]:
     """The prepared teachers the ``arms`` read (``ce`` none, ``same_kd`` only the weak one)."""
-    arms = set(arms)
+    from xdistill.quality.continued import CONT_ARMS
+
+    arms = set(arms) | ({"pkl_cont"} if set(arms) & set(CONT_ARMS) else set())
     need = [t for t, users in (("teacher_big", set(ARMS) - {"ce", "same_kd"}),
                                ("teacher_weak", {"same_kd", "multi"})) if users & arms]
     return need
@@ -106,7 +134,7 @@ def main(argv=None) -> int:
 
 
 def _run(args, shown: list[str]) -> int:
-    from xdistill.quality.harness import run_harness, uncommon_answer_fraction
+    from xdistill.quality.harness import uncommon_answer_fraction
     from xdistill.quality.prepare import prepare_all
     from xdistill.quality.report import (plot_curves, plot_summary, render,
                                          write_results_json)
@@ -115,11 +143,13 @@ def _run(args, shown: list[str]) -> int:
     t0 = time.perf_counter()
     load_start = os.getloadavg()
     out = Path(args.out)
+    from xdistill.quality.continued import CONT_ARMS
+
     arms = [a for a in args.arms.split(",") if a]
-    unknown = [a for a in arms if a not in ARMS]
+    unknown = [a for a in arms if a not in ARMS + CONT_ARMS]
     if unknown:
-        print(f"error: unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}",
-              file=sys.stderr)
+        print(f"error: unknown arm(s) {', '.join(unknown)}; choose from "
+              f"{', '.join(ARMS + CONT_ARMS)}", file=sys.stderr)
         return 2
     seeds = [int(s) for s in args.seeds.split(",") if s]
     need = teachers_needed(arms)
@@ -129,8 +159,9 @@ def _run(args, shown: list[str]) -> int:
                    task=replace(base.task, answer_noise=args.answer_noise))
     assets = prepare_all(args.cache or out / "prepared", prep, teachers=need, watch=watch)
     settings = replace(ArmSettings(), steps=args.steps, eval_every=args.eval_every,
-                       threads=args.threads, temperature=args.temperature)
-    result = run_harness(assets, arms, seeds, settings, out, jobs=args.jobs, watch=watch)
+                       threads=args.threads, temperature=args.temperature,
+                       cont_steps=args.cont_steps)
+    result = run_phases(assets, arms, seeds, settings, out, args.jobs, watch)
     meta = {"command": "python benchmarks/quality/run.py " + " ".join(shown),
             "hardware": f"{os.cpu_count()}-core CPU ({platform.processor() or platform.machine()}),"
                         f" no GPU; load average (1/5/15 min) {_load(load_start)} at the start,"

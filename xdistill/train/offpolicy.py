@@ -91,6 +91,7 @@ class OffPolicyMode(core.TrainMode):
                             remote=pending.remote)
         record_report(metrics, report)
         metrics.add("tokens", micro.stats.student_tokens)
+        metrics.add("forward_tokens", micro.stats.student_tokens)
 
     def evaluate(self, run, step: int):
         if not self.eval_loaders:

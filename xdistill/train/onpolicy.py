@@ -258,6 +258,7 @@ def _rollout_metrics(metrics, ro, scored) -> None:
     st = scored.stats
     metrics.add("response_tokens", st.response_tokens)
     metrics.add("tokens", st.response_tokens)
+    metrics.add("forward_tokens", scored.batch.stats.student_tokens)
     metrics.mean("tool_token_ratio", st.tool_token_ratio)
     metrics.mean("response_len", float(ro.response_len_B.float().mean()))
     metrics.mean("stop_fraction", float(np.mean([r == "stop" for r in ro.finish_reasons])))

@@ -1,0 +1,54 @@
+"""The continuation protocol (xdistill/quality/continued.py): every on-policy kind and the two
+off-policy continuations start from the CE run of the same seed, run through the real trainers
+and are reported against continued CE."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from quality_helpers import TINY_ARMS
+
+from xdistill.quality.continued import CONT_ARMS, ONPOLICY_KIND, ce_checkpoint, cont_config
+
+
+def test_every_continuation_arm_config_is_valid(assets, tmp_path):
+    from xdistill.config import load_config
+    from xdistill.quality.arms import arm_command
+    from xdistill.quality.runner import write_config
+    from xdistill.train.config import OffPolicyConfig, validate_offpolicy
+    from xdistill.train.onpolicy_config import OnPolicyConfig, validate_onpolicy
+
+    ce = tmp_path / "runs" / "ce" / "seed0" / "export"
+    ce.mkdir(parents=True)   # the path only has to exist for validation
+    for arm in CONT_ARMS:
+        out = tmp_path / "runs" / arm / "seed0"
+        d = cont_config(arm, 0, assets, TINY_ARMS, str(out))
+        assert d["student"] == {"path": str(ce)} and ce_checkpoint(str(out), 0) == ce
+        path = write_config(d, tmp_path / f"{arm}.yaml")
+        if arm_command(arm) == "onpolicy":
+            cfg = validate_onpolicy(load_config(OnPolicyConfig, str(path)))
+            assert cfg.teachers[0].loss.kind == ONPOLICY_KIND[arm]
+        else:
+            cfg = validate_offpolicy(load_config(OffPolicyConfig, str(path)))
+        assert cfg.train.steps == TINY_ARMS.cont_steps
+
+
+def test_continuation_protocol_end_to_end(assets, tmp_path):
+    from xdistill.quality.report import render
+    from xdistill.quality.run import run_phases
+    from xdistill.quality.runner import Watch
+
+    s = replace(TINY_ARMS, cont_steps=2, eval_every=0)
+    arms = ["cont_ce", "op_dpca", "op_escd"]
+    result = run_phases(assets, arms, [0], s, tmp_path, 2, Watch())
+    assert not result["failed"] and set(result["summary"]) == set(arms)  # ce ran, not reported
+    assert (tmp_path / "runs" / "ce" / "seed0" / "score.json").exists()
+    for arm in arms:
+        cfg = (tmp_path / "runs" / arm / "seed0" / "config.yaml").read_text()
+        assert str(tmp_path / "runs" / "ce" / "seed0" / "export") in cfg
+        lines = (tmp_path / "runs" / arm / "seed0" / "metrics.jsonl").read_text().splitlines()
+        last = [json.loads(x) for x in lines if '"loss"' in x][-1]
+        assert last["step"] == 2 and last["forward_tokens"] > 0
+    text = render(result, {})
+    assert "On-policy kinds by held-out accuracy" in text and "vs cont_ce" in text

@@ -1,0 +1,89 @@
+"""On-policy arms from the CE-trained student, against continuing it off-policy (same tokens).
+
+Every published on-policy recipe starts from a warm (SFT / CE-trained) student, not from a random
+one. In this protocol each seed's ``ce`` run (the CE-only arm, ``ArmSettings.steps`` steps on the
+noisy student corpus) is the starting checkpoint of every arm below, which trains it for
+``ArmSettings.cont_steps`` more optimizer steps with the same learning rate, schedule and about the
+same number of student tokens per step (forward tokens: prompt + response on-policy, windows
+off-policy; ``cont_prompts`` prompts per step are chosen to match ``batch x seq_len``):
+
+==================  =============================================================================
+arm                 what continues training the CE checkpoint
+==================  =============================================================================
+``cont_ce``         CE on the student corpus (the noisy labels alone)
+``cont_pkl_cont``   off-policy P-KL + continuation KL to the cross-tokenizer teacher, + CE (the
+                    best off-policy distillation arm of the from-scratch protocol)
+``op_k1``           on-policy, k1: policy gradient with the chunk log-ratio as advantage
+``op_k3``           on-policy, k3 estimator of the reverse KL over chunks
+``op_rkl``          on-policy reverse KL through the projection (P-KL at chunk starts)
+``op_strict``       strict top-16 reverse KL at exact 1:1 positions (Hou et al. 2026)
+``op_dpca``         DPCA: chunk log-ratio split by behaviour log-probs, PPO-clipped (Niu et al.)
+``op_simple``       SimpleOPD: advantage at exact 1:1 spans only, PPO-clipped, stop tokens 0
+``op_bpm``          BPM: teacher mass mapped to student tokens by byte prefix, forward KL
+``op_escd``         ESCD: BPM + the completion-set term at the visited child state
+==================  =============================================================================
+
+On-policy arms sample ``cont_new_tokens`` tokens per prompt at temperature 1 from the current
+student (rollouts of the student's training prompts) and use the cross-tokenizer teacher only
+(the digit-splitting one), so they test the cross-tokenizer on-policy losses.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CONT_ARMS = ("cont_ce", "cont_pkl_cont", "op_k1", "op_k3", "op_rkl", "op_strict", "op_dpca",
+             "op_simple", "op_bpm", "op_escd")
+ONPOLICY_KIND = {"op_k1": "k1", "op_k3": "k3", "op_rkl": "reverse_kl", "op_strict": "strict_topk",
+                 "op_dpca": "dpca", "op_simple": "simple_opd", "op_bpm": "bpm", "op_escd": "escd"}
+# student forward tokens of one prompt + response here: "Q: 12+7=? A:" is ~8 tokens, the answer,
+# "." and what follows up to cont_new_tokens: ~4 (measured and reported per run)
+TOKENS_PER_ROLLOUT = 12
+
+
+def ce_checkpoint(out_dir: str, seed: int) -> Path:
+    """The exported CE-only student of ``seed`` (``<out>/runs/ce/seed<k>/export``)."""
+    return Path(out_dir).parents[1] / "ce" / f"seed{seed}" / "export"
+
+
+def cont_prompts(s) -> int:
+    """Prompts per on-policy step so that its forward tokens match an off-policy step's."""
+    return max(1, round(s.batch * s.seq_len / TOKENS_PER_ROLLOUT))
+
+
+def cont_config(arm: str, seed: int, assets: dict, s, out_dir: str) -> dict:
+    """The run config of a continuation arm (module doc)."""
+    from xdistill.quality.arms import _teacher, arm_config
+    from xdistill.quality.prepare import prompts_file
+
+    ce = str(ce_checkpoint(out_dir, seed))
+    base = arm_config("pkl_cont" if arm == "cont_pkl_cont" else "ce", seed, assets, s, out_dir)
+    base["student"] = {"path": ce}
+    base["train"]["steps"] = s.cont_steps
+    base["train"]["log_every"] = max(1, min(10, s.cont_steps // 30))
+    base["scheduler"]["warmup_steps"] = max(1, s.cont_steps // 20)
+    base["optim"]["lr"] = s.cont_lr
+    base["checkpoint"]["every"] = s.eval_every and min(s.eval_every, s.cont_steps)
+    base["eval"]["every"] = base["checkpoint"]["every"]
+    if arm in ("cont_ce", "cont_pkl_cont"):
+        return base
+    kind = ONPOLICY_KIND[arm]
+    loss = {"kind": kind, "weight": 1.0, "temperature": 1.0}
+    if kind == "reverse_kl":
+        loss["projection"] = assets["projections"]["multitoken"]
+    cross = _teacher("cross", assets["teacher_big"]["model"], assets["tok_teacher"], kind, s)
+    cross["loss"] = loss
+    cross["worker"]["micro_batch_size"] = cont_prompts(s)
+    return {
+        "student": {"path": ce}, "student_tokenizer": assets["tok_student"],
+        "teachers": [cross],
+        "prompts": {"paths": [prompts_file(assets)], "batch_size": cont_prompts(s),
+                    "shuffle": True},
+        "rollout": {"backend": "hf", "temperature": 1.0, "top_p": 1.0,
+                    "max_new_tokens": s.cont_new_tokens, "max_prompt_len": 32, "seed": seed},
+        "loss": {"chunk_size": s.seq_len,
+                 "stop_advantage": "zero" if kind == "simple_opd" else "teacher"},
+        "optim": base["optim"], "scheduler": base["scheduler"],
+        "train": {k: v for k, v in base["train"].items() if k != "global_batch_size"},
+        "checkpoint": base["checkpoint"],
+    }
