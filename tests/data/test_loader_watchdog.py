@@ -10,6 +10,8 @@ from torch.utils.data import IterableDataset
 from xdistill.data.loader import DataLoaderTimeout, WatchedIterator
 
 
+pytestmark = pytest.mark.integration  # starts processes
+
 class _Stuck(IterableDataset):
     """Yields one item, then blocks far longer than the watchdog allows."""
 

@@ -4,6 +4,8 @@ and are reported against continued CE."""
 
 from __future__ import annotations
 
+import pytest
+
 import json
 from dataclasses import replace
 
@@ -11,6 +13,8 @@ from quality_helpers import TINY_ARMS
 
 from xdistill.quality.continued import CONT_ARMS, ONPOLICY_KIND, ce_checkpoint, cont_config
 
+
+pytestmark = pytest.mark.integration  # starts processes
 
 def test_every_continuation_arm_config_is_valid(assets, tmp_path):
     from xdistill.config import load_config

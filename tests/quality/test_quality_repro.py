@@ -15,6 +15,8 @@ import torch
 from quality_helpers import TINY_ARMS
 
 # metrics that measure wall time, not what was trained
+pytestmark = pytest.mark.integration  # starts processes
+
 TIMING = ("time", "step_s", "tok_per_s")
 
 

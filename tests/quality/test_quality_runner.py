@@ -16,6 +16,8 @@ import pytest
 from xdistill.quality.runner import (RunFailed, Watch, format_duration, last_error_line,
                                      watch_process)
 
+pytestmark = pytest.mark.integration  # starts processes
+
 FAST = Watch(report_every=0.3, stall_s=3.0, poll_s=0.05)
 
 

@@ -21,6 +21,8 @@ from xdistill.quality import task
 from xdistill.quality.arms import ARMS, arm_config
 
 
+pytestmark = pytest.mark.integration  # starts processes
+
 def test_task_is_deterministic_and_heldout_is_disjoint():
     tr1, held1 = task.split_pairs(TINY_TASK)
     tr2, held2 = task.split_pairs(TINY_TASK)

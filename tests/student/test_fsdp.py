@@ -18,6 +18,8 @@ from distributed_helpers import CLIP, TINY_LLAMA, build_tiny, run_torchrun, trai
 STEPS, SAVE_AT = 6, 3
 
 
+pytestmark = pytest.mark.integration  # starts processes
+
 def _max_diff(a: dict, b: dict) -> float:
     assert sorted(a) == sorted(b)
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)

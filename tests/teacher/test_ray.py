@@ -24,6 +24,8 @@ from xdistill.teacher.outputs import topk_logprobs
 ray = pytest.importorskip("ray")
 
 
+pytestmark = pytest.mark.integration  # starts processes
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     ray.cloudpickle.register_pickle_by_value(teacher_fakes)  # test engines travel by value

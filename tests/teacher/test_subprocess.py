@@ -22,6 +22,8 @@ from xdistill.teacher import SubprocessClient, TeacherConfig, TeacherPool, Teach
 from xdistill.teacher.outputs import projected_logprobs, prepare_projection, topk_logprobs
 
 
+pytestmark = pytest.mark.integration  # starts processes
+
 def _req(ids, mask):
     return TeacherRequest(-1, ids, mask)
 

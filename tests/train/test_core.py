@@ -31,6 +31,7 @@ def _nan_teacher(src: str, dst):
     return str(dst)
 
 
+@pytest.mark.integration
 def test_nan_teacher_stops_the_run_with_one_error_and_no_export(tmp_path, tiny_assets):
     """A teacher with NaN weights: every step is skipped (the student is not updated with NaN),
     each is logged naming the teacher, and the CLI exits non-zero with one line after
@@ -103,6 +104,7 @@ def _weights(out):
     return load_file(str(out / "export" / "model.safetensors"))
 
 
+@pytest.mark.integration
 def test_pipelined_teachers_equal_the_sequential_path_across_a_resume(tmp_path, tiny_assets):
     """Two subprocess teachers, 2 micro-batches per step. Pipelined (next micro-batches submitted
     while the student computes, across step boundaries) == sequential, bitwise: per-step losses

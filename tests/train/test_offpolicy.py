@@ -46,6 +46,7 @@ def _samples(out_dir: Path, rank: int = 0) -> dict[int, list[str]]:
     return {r["step"]: r["hashes"] for r in map(json.loads, lines)}
 
 
+@pytest.mark.integration
 def test_two_ranks_fsdp_equal_one_process(tmp_path, tiny_assets):
     """2 ranks (FSDP2, gloo) vs 1 process reading the same 2 data shards: same losses, same
     weights within fp32 tolerance; the loss decreases."""
@@ -76,6 +77,7 @@ def test_two_ranks_fsdp_equal_one_process(tmp_path, tiny_assets):
         assert both[0][step] + both[1][step] == hashes
 
 
+@pytest.mark.integration
 def test_kill_and_resume_is_bitwise(tmp_path, tiny_assets):
     """A run killed right after its step-3 checkpoint and resumed ends with the same weights
     (bitwise) as an uninterrupted run and sees each window exactly once; the LR that the
@@ -155,6 +157,7 @@ def test_real_tokenizers_end_to_end(tmp_path, tiny_assets):
     assert model.config.vocab_size == 50257
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_kill_and_resume_two_ranks(tmp_path, tiny_assets):
     """2-rank FSDP2: killed after the step-3 checkpoint and resumed == uninterrupted (fp32

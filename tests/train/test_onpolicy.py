@@ -251,6 +251,7 @@ def test_offpolicy_mixing(tmp_path, tiny_assets, sharp):
     assert recs[1]["same/loss"] > 0 and recs[1]["cross/loss"] > 0 and recs[1]["ce"] > 0
 
 
+@pytest.mark.integration
 def test_two_ranks_shard_prompts_and_train_one_student(tmp_path, tiny_assets, sharp):
     """``torchrun`` with 2 gloo ranks through the real CLI: every rank samples its own shard of the
     prompts (disjoint; one epoch of the 12 prompts over 3 steps), generation stays in lockstep
@@ -290,6 +291,7 @@ def test_two_ranks_shard_prompts_and_train_one_student(tmp_path, tiny_assets, sh
     assert (out / "export" / "model.safetensors").is_file()
 
 
+@pytest.mark.integration
 def test_two_ranks_two_tokenizer_families_with_2026_kinds(tmp_path, tiny_assets, sharp):
     """``torchrun`` with 2 gloo ranks, two threads per rank, gradient accumulation (2 micro-batches
     per rank per step): a SentencePiece-style teacher (the Mistral tokenizer, byte fallback,
