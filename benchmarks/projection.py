@@ -1,6 +1,6 @@
 """Projection build benchmark: time and peak RSS per (pair, method), plus exact-overlap counts.
 
-Each (pair, method) runs in a fresh child process so peak RSS (``ru_maxrss``) figures don't mix;
+Each (pair, method) runs in a fresh child process so peak RSS (``VmHWM``) figures don't mix;
 the child reports tokenizer load time, build time, RSS after loading (the tokenizers' share) and
 peak RSS. References measured in the same child: a pure-Python dict implementation of the exact
 match (time ratio), and the memory a dense ``[Vs, Vt]`` bf16 matrix would need (NeMo-RL's
@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -63,6 +62,7 @@ def _raw_overlap(student, teacher) -> int:
 
 def child(student_name: str, teacher_name: str, method: str) -> dict:
     from xdistill.projection import BuildConfig, build_projection, save_projection
+    from xdistill.metrics import peak_rss_mb
     from xdistill.projection.methods import exact_pairs
     from xdistill.tokenization import load_tokenizer
 
@@ -81,7 +81,7 @@ def child(student_name: str, teacher_name: str, method: str) -> dict:
     result = {"student": student_name, "teacher": teacher_name, "method": method,
               "Vs": student.vocab_size, "Vt": teacher.vocab_size, "load_s": load_s,
               "build_s": build_s, "rss_after_load_mb": rss_loaded,
-              "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+              "peak_rss_mb": peak_rss_mb(),
               "nnz": proj.proj_VsVt.nnz, "npz_bytes": out.stat().st_size,
               "coverage": proj.meta["coverage"]["rows"]}
     if method == "exact":
@@ -109,7 +109,7 @@ def report(results: list[dict]) -> str:
     lines = ["# Projection build benchmark", "",
              f"Hardware: {os.cpu_count()}-core CPU ({cpu}), no GPU, Python {platform.python_version()}; "
              "the machine was shared with other jobs, so times are upper bounds. Each row is a fresh "
-             "child process; peak RSS = `ru_maxrss` of that child (includes the two loaded tokenizers, "
+             "child process; peak RSS = `VmHWM` of that child (includes the two loaded tokenizers, "
              "`rss after load`). Top-4 everywhere. Corpus: first "
              f"{CORPUS_TEXTS} paragraphs of the Shakespeare asset.", "",
              "| student × teacher | method | build s | tokenizer load s | peak RSS MB | RSS after load MB "

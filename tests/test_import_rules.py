@@ -67,3 +67,47 @@ def test_fully_shard_only_in_parallelize_student():
 def test_projection_imports_no_torch():
     for path in (PKG / "projection").rglob("*.py"):
         assert not any(n.split(".")[0] == "torch" for n in imports_of(path)), path
+
+
+REPO = PKG.parent
+# every Python file of the repository (the venv and git internals aside)
+REPO_PY = sorted(p for p in REPO.rglob("*.py")
+                 if not any(part.startswith(".") for part in p.relative_to(REPO).parts))
+
+
+def test_package_imports_nothing_from_the_repository_scripts():
+    """The installed package must work outside a checkout: no imports of benchmarks/, tests/
+    or tools/, and no sys.path manipulation."""
+    bad = []
+    for path in sorted(PKG.rglob("*.py")):
+        for name in imports_of(path):
+            if name.split(".")[0] in ("benchmarks", "tests", "tools", "conftest"):
+                bad.append(f"{path.relative_to(REPO)}: imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_sys_path_manipulation_anywhere():
+    """Scripts import the installed package; tests get their folders from pytest (rootdir
+    import); subprocesses get PYTHONPATH. Inserting into sys.path is never needed."""
+    words = ["sys.path." + verb for verb in ("insert", "append")]
+    bad = [str(p.relative_to(REPO)) for p in REPO_PY
+           if any(w in p.read_text(encoding="utf-8") for w in words)]
+    assert not bad, "sys.path manipulation in: " + ", ".join(bad)
+
+
+def test_benchmarks_and_tests_do_not_import_each_other():
+    bad = []
+    for path in REPO_PY:
+        top = path.relative_to(REPO).parts[0]
+        other = {"benchmarks": "tests", "tests": "benchmarks"}.get(top)
+        if other and any(n.split(".")[0] == other for n in imports_of(path)):
+            bad.append(str(path.relative_to(REPO)))
+    assert not bad, "\n".join(bad)
+
+
+def test_tokenizer_patterns_live_in_tokenization():
+    """Pre-tokenizer regex patterns (GPT-2, Llama-3, ...) are defined once, in tokenization/."""
+    marker = r"\p{L}+"  # a piece every byte-level BPE pattern has
+    users = [str(p.relative_to(REPO)) for p in PKG.rglob("*.py")
+             if marker in p.read_text(encoding="utf-8")]
+    assert users and all(u.startswith("xdistill/tokenization/") for u in users), users

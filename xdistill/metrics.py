@@ -99,3 +99,22 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError as exc:
             raise XDistillError(f"{path}:{number}: not a JSON record ({exc.msg})") from None
     return records
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size in MiB (``VmHWM``).
+
+    Not ``getrusage().ru_maxrss``: Linux carries the parent's peak across ``fork`` + ``exec``, so a
+    child started from a large process (pytest late in a suite) reports the parent's figure.
+    Falls back to ``ru_maxrss`` where ``/proc`` is missing.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

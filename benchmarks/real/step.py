@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
@@ -77,6 +76,7 @@ def config(variant: str, a: dict, args, out: Path) -> dict:
 def child(variant: str, cfg_path: str) -> dict:
     """One variant in this (fresh) process: its steps' metrics and the peak RSS."""
     from xdistill.config import from_dict
+    from xdistill.metrics import peak_rss_mb
     from xdistill.train import core
     from xdistill.train.config import OffPolicyConfig
     from xdistill.train.offpolicy import OffPolicyMode
@@ -95,7 +95,7 @@ def child(variant: str, cfg_path: str) -> dict:
     mean = lambda k: sum(m.get(k, 0.0) for m in ms) / len(ms)  # noqa: E731
     return {"step": mean("step_s"), "split": {k: mean(f"time/{k}") for k in PHASES},
             "tokens": mean("tokens"), "loss": ms[-1]["loss"],
-            "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "peak_mb": peak_rss_mb()}
 
 
 def run_variant(variant: str, a: dict, args, root: Path) -> dict:

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import json
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from tiny import TinyTokenizer  # noqa: E402
+from tiny import TinyTokenizer  # pytest puts this folder on sys.path (rootdir-less conftest)
 
 WORDS = ["the", "quick", "brown", "fox", "naïve", "café", "東京", "🙂", "tabs\t", "new\nline",
          "code(x)", "  spaces", "distill", "ünïcödé", "42", "—"]

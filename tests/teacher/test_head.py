@@ -64,8 +64,12 @@ def test_split_head_equals_the_plain_forward(tmp_path, kind, cfg, output, temper
 
 
 _PEAK = """
-import json, resource, sys, torch
+import json, sys, torch
 from xdistill.teacher import TeacherConfig, TeacherRequest, TeacherWorker
+
+def hwm_kib():  # this process's own peak RSS (getrusage's ru_maxrss keeps the parent's from fork)
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmHWM:"))
 torch.set_num_threads(1)
 w = TeacherWorker(TeacherConfig(name="t", model=sys.argv[1], micro_batch_size=4))
 if sys.argv[2] == "plain":
@@ -73,9 +77,9 @@ if sys.argv[2] == "plain":
 ids = torch.randint(0, 262144, (4, 64), generator=torch.Generator().manual_seed(0))
 req = TeacherRequest(0, ids, torch.ones_like(ids, dtype=torch.bool))
 w.forward(TeacherRequest(0, ids[:1, :4], torch.ones(1, 4, dtype=torch.bool)))  # warm-up
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = hwm_kib()
 out = w.forward(req)
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+after = hwm_kib()
 print(json.dumps({"growth_mb": (after - before) / 1024, "split": w.split is not None}))
 """
 

@@ -1,5 +1,5 @@
 """Token-bytes and role tables against independent references (tiktoken, sentencepiece, the
-Rust decoders), and the per-family conventions of DESIGN.md §3."""
+Rust decoders), and the per-family conventions of docs/architecture.md §3."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ atomicity under crashes (injected and a real SIGKILL), pruning, --resume semanti
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -26,6 +27,13 @@ from xdistill.train.checkpoint import (
     resolve_resume,
     save_checkpoint,
 )
+
+
+def _tests_env() -> dict[str, str]:
+    """The subprocess imports distributed_helpers from tests/ and xdistill from the repo."""
+    env = _env()
+    env["PYTHONPATH"] = f"{HERE.parent}{os.pathsep}{env['PYTHONPATH']}"
+    return env
 
 
 def _fresh(total_steps=10):
@@ -117,8 +125,7 @@ def test_incomplete_folders_are_skipped_and_resume_semantics(tmp_path):
 
 
 CRASH = """
-import os, sys
-sys.path.insert(0, {tests!r})
+import os
 from distributed_helpers import build_tiny, build_optim
 import xdistill.train.checkpoint as ck
 model, _ = build_tiny()
@@ -136,8 +143,8 @@ ck.save_checkpoint({root!r}, 2, model, opt, sched)
 
 @pytest.mark.parametrize("point", ["rank_state", "rename"])
 def test_crash_mid_write_keeps_previous_checkpoint(tmp_path, point):
-    code = CRASH.format(tests=str(HERE.parent), root=str(tmp_path), point=point)
-    proc = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True,
+    code = CRASH.format(root=str(tmp_path), point=point)
+    proc = subprocess.run([sys.executable, "-c", code], env=_tests_env(), capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 9, proc.stderr[-3000:]
     assert (tmp_path / "step_0000002.tmp").is_dir()
@@ -147,8 +154,6 @@ def test_crash_mid_write_keeps_previous_checkpoint(tmp_path, point):
 
 
 LOOP = """
-import sys
-sys.path.insert(0, {tests!r})
 from distributed_helpers import build_tiny, build_optim
 from xdistill.train.checkpoint import save_checkpoint
 model, _ = build_tiny()
@@ -162,8 +167,8 @@ while True:
 
 
 def test_sigkill_during_saves_leaves_a_loadable_latest(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-c", LOOP.format(tests=str(HERE.parent), root=str(tmp_path))],
-                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", LOOP.format(root=str(tmp_path))],
+                            env=_tests_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for _ in range(3):  # let a few saves complete, then kill at an arbitrary point
             assert proc.stdout.readline(), proc.stderr.read()[-3000:]

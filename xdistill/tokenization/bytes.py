@@ -2,7 +2,7 @@
 
 Legend: ``V`` vocabulary size, ``N`` total characters/bytes of the concatenated vocabulary.
 
-Per family (see DESIGN.md §3):
+Per family (see docs/architecture.md §3):
 
 * ``byte_bpe`` (GPT-2, Llama-3, Qwen2): token strings are written in the GPT-2 byte-to-unicode
   alphabet (``Ġ`` = 0x20, ``Ċ`` = 0x0A, ...); every character maps back to exactly one byte.
