@@ -99,7 +99,7 @@ def run_arm(arm: str, seed: int, assets: dict, settings: ArmSettings, out: Path,
         check_same_config(run_dir, cfg)
         return json.loads(score_path.read_text())
     label = f"{arm} seed {seed}"
-    log(f"[{label}] training: {settings.steps} steps (log: {run_dir / 'config.log'})")
+    log(f"[{label}] training: {cfg['train']['steps']} steps (log: {run_dir / 'config.log'})")
     t0 = time.perf_counter()
     run_config(cfg, run_dir / "config.yaml", command=arm_command(arm), label=label, watch=watch,
                log=log, cancel=cancel)

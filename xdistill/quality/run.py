@@ -63,6 +63,8 @@ def parse(argv=None):
     p.add_argument("--cont-steps", type=int, default=ArmSettings.cont_steps,
                    help="continuation protocol (cont_* / op_* arms): steps after the CE "
                         "checkpoint of each seed")
+    p.add_argument("--cont-lr", type=float, default=ArmSettings.cont_lr,
+                   help="continuation protocol: peak learning rate after the CE checkpoint")
     p.add_argument("--temperature", type=float, default=ArmSettings.temperature,
                    help="distillation temperature of every teacher loss (both sides)")
     p.add_argument("--eval-every", type=int, default=100,
@@ -160,7 +162,7 @@ def _run(args, shown: list[str]) -> int:
     assets = prepare_all(args.cache or out / "prepared", prep, teachers=need, watch=watch)
     settings = replace(ArmSettings(), steps=args.steps, eval_every=args.eval_every,
                        threads=args.threads, temperature=args.temperature,
-                       cont_steps=args.cont_steps)
+                       cont_steps=args.cont_steps, cont_lr=args.cont_lr)
     result = run_phases(assets, arms, seeds, settings, out, args.jobs, watch)
     meta = {"command": "python benchmarks/quality/run.py " + " ".join(shown),
             "hardware": f"{os.cpu_count()}-core CPU ({platform.processor() or platform.machine()}),"
