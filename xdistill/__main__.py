@@ -1,0 +1,5 @@
+"""``python -m xdistill``: the ``xdistill`` console script without the installed entry point."""
+
+from xdistill.cli import main
+
+raise SystemExit(main())
