@@ -37,10 +37,13 @@ def shakespeare_dir() -> Path:
     return asset_dir() / "corpus" / "shakespeare"
 
 
-def passages(max_chars: int = 600, limit: int | None = None) -> list[str]:
-    """Shakespeare split at blank lines and regrouped into passages of up to ``max_chars``."""
+def passages(max_chars: int = 600, limit: int | None = None,
+             plays: list[str] | None = None) -> list[str]:
+    """Shakespeare split at blank lines and regrouped into passages of up to ``max_chars``
+    (``plays``: only these plays, by file stem, e.g. ``["tempest"]``; default all)."""
     out, cur = [], ""
-    for path in sorted(shakespeare_dir().glob("*.txt")):
+    paths = sorted(shakespeare_dir().glob("*.txt"))
+    for path in [p for p in paths if plays is None or p.stem in plays]:
         for para in path.read_text(encoding="utf-8").split("\n\n"):
             para = para.strip()
             if not para:

@@ -1,0 +1,153 @@
+"""Child processes of ``benchmarks/real/distill.py``: starting figures and one arm's run.
+
+    python benchmarks/real/distill_eval.py start <job.json>   # bpb of the three models, the
+                                                             # teacher's greedy predictions
+    python benchmarks/real/distill_eval.py arm <job.json>     # train one arm, evaluating on the way
+
+Teacher agreement (module doc of ``distill.py``): at every byte offset of a held-out passage where
+both tokenizations start a token, the greedy next tokens agree when one's bytes are a prefix of
+the other's. Predictions are keyed by byte offset, so the two tokenizations need no alignment.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def greedy_by_offset(model, tok, texts: list[str], add_bos: bool) -> list[dict[int, bytes]]:
+    """Per text: {byte offset where a token starts: the model's greedy next-token bytes there}."""
+    out = []
+    was_training = model.training
+    model.eval()
+    for text in texts:
+        enc = tok.encode(text)
+        ids = [int(i) for i in enc.ids]
+        lead = [tok.bos_id] if add_bos and tok.bos_id is not None else []
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([lead + ids])).logits[0, len(lead):]
+        best = logits.argmax(-1).tolist()
+        # position i predicts the token that starts where token i ends
+        out.append({int(enc.ends[i]): tok.table.token_bytes(best[i]) for i in range(len(ids))})
+    model.train(was_training)
+    return out
+
+
+def agreement(student: list[dict[int, bytes]], teacher: list[dict[int, bytes]]) -> float:
+    hit = total = 0
+    for s_map, t_map in zip(student, teacher):
+        for offset in s_map.keys() & t_map.keys():
+            a, b = s_map[offset], t_map[offset]
+            if not a or not b:
+                continue
+            total += 1
+            hit += a.startswith(b) or b.startswith(a)
+    return hit / max(total, 1)
+
+
+def save_preds(preds: list[dict[int, bytes]], path: str) -> None:
+    Path(path).write_text(json.dumps([{str(k): v.hex() for k, v in p.items()} for p in preds]))
+
+
+def load_preds(path: str) -> list[dict[int, bytes]]:
+    return [{int(k): bytes.fromhex(v) for k, v in p.items()} for p in json.loads(Path(path).read_text())]
+
+
+def held_out_bpb(model, tok, ev: dict, add_bos: bool) -> float:
+    from xdistill.train.evaluate import model_bits_per_byte
+
+    was_training = model.training
+    res = model_bits_per_byte(model, tok, ev["paths"], seq_len=128, batch_size=4,
+                              batches=ev["batches"], add_bos=add_bos)
+    model.train(was_training)
+    return res["bpb"]
+
+
+def start(job: dict) -> dict:
+    from xdistill.assets import model_dir
+    from xdistill.student.model import load_causal_lm
+    from xdistill.tokenization import load_tokenizer
+
+    torch.set_num_threads(job["threads"])
+    ev, figures = job["eval"], {}
+    gemma, smol = load_tokenizer("gemma3-270m"), load_tokenizer("smollm2-135m")
+    models = [("gemma3-270m stock", str(model_dir("gemma3-270m")), gemma, True),
+              ("gemma3-270m adapted (teacher)", job["teacher"], gemma, True),
+              ("smollm2-135m stock (student)", str(model_dir("smollm2-135m")), smol, False)]
+    preds = {}
+    for i, (name, path, tok, bos) in enumerate(models):
+        model = load_causal_lm(path).float()
+        figures[f"bpb {name}"] = held_out_bpb(model, tok, ev, bos)
+        if "stock" not in name or "student" in name:
+            preds[name] = greedy_by_offset(model, tok, ev["texts"], bos)
+        del model
+        say(f"step {i + 1}/3 | {name}: held-out bpb {figures[f'bpb {name}']:.4f}")
+    teacher = preds["gemma3-270m adapted (teacher)"]
+    figures["agreement smollm2-135m stock vs teacher"] = agreement(
+        preds["smollm2-135m stock (student)"], teacher)
+    save_preds(teacher, job["preds"])
+    return {"figures": figures, "preds": job["preds"]}
+
+
+def run_arm(job: dict) -> dict:
+    from xdistill.config import from_dict
+    from xdistill.train import core
+    from xdistill.train.config import OffPolicyConfig
+    from xdistill.train.offpolicy import OffPolicyMode
+
+    cfg = from_dict(OffPolicyConfig, job["cfg"])
+    teacher = load_preds(job["teacher_preds"])
+    ev, every, steps = job["eval"], job["eval_every"], cfg.train.steps
+    run = core.build(cfg, OffPolicyMode())
+    tok = run.plan.student_tok
+
+    def evaluate(step: int) -> dict:
+        point = {"step": step, "bpb": held_out_bpb(run.model, tok, ev, cfg.data.add_bos),
+                 "agree": agreement(greedy_by_offset(run.model, tok, ev["texts"], False), teacher)}
+        say(f"eval step {step} | held-out bpb {point['bpb']:.4f} | agreement {point['agree']:.4f}")
+        return point
+
+    curve, losses, t0 = [evaluate(0)], [], time.perf_counter()
+    run.mode.start(run)
+    try:
+        for step in range(1, steps + 1):
+            m = core.train_step(run, step)
+            losses.append(m.get("loss"))
+            rate = step / (time.perf_counter() - t0)
+            say(f"step {step}/{steps} | loss {m.get('loss', float('nan')):.4f} | "
+                f"{m['step_s']:.2f} s/step | ETA {(steps - step) / rate:.0f} s")
+            if step == steps or (every > 0 and step % every == 0):
+                curve.append(evaluate(step))
+    finally:
+        run.mode.close()
+    return {"curve": curve, "losses": losses, "seconds": time.perf_counter() - t0}
+
+
+def main(argv: list[str]) -> int:
+    import hashlib
+
+    kind, path = argv
+    job = json.loads(Path(path).read_text())
+    digest = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()[:12]  # = distill._digest
+    if kind == "start":
+        res = start(job)
+        out = Path(path).with_name("start.json")
+    elif kind == "arm":
+        res = run_arm(job)
+        out = Path(path).with_name("result.json")
+    else:
+        raise SystemExit(f"unknown child kind {kind!r}: start or arm")
+    out.write_text(json.dumps(dict(res, digest=digest)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
