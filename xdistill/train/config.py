@@ -237,11 +237,24 @@ def default_out_dir(cfg, kind: str) -> None:
 
 def check_path(path: str, key: str, kind: str = "any") -> None:
     """ConfigError naming ``key`` unless ``path`` exists (and is a directory for ``kind="dir"``)."""
-    p = Path(path)
+    p = Path(path).expanduser()
     if not p.exists():
         raise ConfigError(f"{key}: {path!r} does not exist")
     if kind == "dir" and not p.is_dir():
         raise ConfigError(f"{key}: {path!r} is not a directory")
+
+
+def check_model_path(spec: str, key: str, kind: str = "any") -> None:
+    """Like :func:`check_path`, but a pretrained model asset name (``smollm2-135m``) is resolved
+    to its fetched folder first (an unfetched asset is an error naming the fetch script)."""
+    from xdistill.errors import XDistillError
+    from xdistill.student.model import resolve_model_path
+
+    try:
+        path = resolve_model_path(spec)
+    except XDistillError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+    check_path(str(path), key, kind)
 
 
 def validate_run_sections(cfg) -> None:
@@ -266,7 +279,7 @@ def validate_run_sections(cfg) -> None:
 def validate_student_source(cfg, path_kind: str = "any") -> None:
     """``student.path`` exists; a fresh student (no path) needs ``student_tokenizer``."""
     if cfg.student.path:
-        check_path(cfg.student.path, "student.path", path_kind)
+        check_model_path(cfg.student.path, "student.path", path_kind)
     if not cfg.student_tokenizer and not cfg.student.path:
         raise ConfigError("student_tokenizer: set it (a fresh student model has no tokenizer)")
 
@@ -282,7 +295,7 @@ def validate_teacher_worker(t, key: str, model_kind: str = "any") -> None:
     t.worker.name = t.name
     if not t.worker.model:
         raise ConfigError(f"{key}.worker.model: a teacher model folder is required")
-    check_path(t.worker.model, f"{key}.worker.model", model_kind)
+    check_model_path(t.worker.model, f"{key}.worker.model", model_kind)
     t.worker.validate()
 
 
