@@ -81,9 +81,10 @@ def measure(kinds: list[str], a: dict, args, root: Path, t0: float) -> dict:
     try:
         for run in runs.values():
             run.mode.start(run)
+        order = list(runs)
         for s in range(1, args.steps + 1):
-            for k, run in runs.items():
-                steps[k].append(core.train_step(run, s))
+            for k in order[s % len(order):] + order[:s % len(order)]:  # rotated every step
+                steps[k].append(core.train_step(runs[k], s))
             print(f"[onpolicy_step] step {s}/{args.steps} of every kind "
                   f"({time.perf_counter() - t0:.0f} s)", flush=True)
     finally:
@@ -93,8 +94,11 @@ def measure(kinds: list[str], a: dict, args, root: Path, t0: float) -> dict:
 
 
 def _summary(ms: list[dict]) -> dict:
-    mean = {k: sum(m.get(f"time/{k}", 0.0) for m in ms) / len(ms) for k in PHASES}
-    return {"step": sum(m["step_s"] for m in ms) / len(ms), "split": mean,
+    """Medians over the steps (a busy machine's stalls land on single steps)."""
+    from statistics import median
+
+    split = {k: median(m.get(f"time/{k}", 0.0) for m in ms) for k in PHASES}
+    return {"step": median(m["step_s"] for m in ms), "split": split,
             "tokens": sum(m["response_tokens"] for m in ms) / len(ms),
             "loss": ms[-1]["loss"], "units": ms[-1]["units/t"]}
 
@@ -106,9 +110,10 @@ def report(res: dict, args, load: str, seconds: float) -> str:
              f"Hardware: {platform.machine()}, {os.cpu_count()} cores, CPU only, torch "
              f"{torch.__version__}, {args.threads} torch threads; {load}. Student: tiny Llama "
              f"(hidden 32, 2 layers) on gpt2 (50,257 ids); teacher: tiny Llama on {args.teacher}; "
-             f"batch {args.batch} prompts, up to {args.new} new tokens; mean over steps 2..{args.steps}"
+             f"batch {args.batch} prompts, up to {args.new} new tokens; steps 2..{args.steps}"
              f" of `core.train_step`; total {seconds:.0f} s.", "",
-             "Kinds are stepped round-robin in one process. Generation time follows the response "
+             "Kinds are stepped round-robin in one process (the order rotated every step); figures are "
+             "medians over steps 2.. . Generation time follows the response "
              "lengths, which drift apart as each kind trains its own student; *x k1 w/o gen* "
              "compares the rest of the step (scoring, teacher, student, loss, optimizer).", "",
              "| kind | s/step | x k1 | x k1 w/o gen | response tok/s | units | "

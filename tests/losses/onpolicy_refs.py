@@ -91,35 +91,44 @@ def ppo_ref(logp, beh, adv, eps_low=0.2, eps_high=0.28, c=10.0, lr_max=20.0):
 
 
 def dpca_ref(s_logp, beh, t_logp, align, *, s_mask=None, t_mask=None, adv_clamp=10.0, eps=1e-6,
-             ppo=(0.2, 0.28, 10.0)):
-    """(sum of token losses, units, counters) from the DPCA definition."""
+             ppo=(0.2, 0.28, 10.0), baseline="none"):
+    """(sum of token losses, units, counters) from the DPCA definition; ``baseline="mean"``
+    subtracts the mean advantage over all unit tokens before the clamp."""
     total, units = 0.0, 0
     fired = {"adv_clamped": 0, "ratio_clipped": 0, "dual_clipped": 0, "uniform_fallbacks": 0}
+    raw = []
     for b, S, T in loss_chunk_list(align, s_mask, t_mask):
         LT = sum(max(float(t_logp[b, j]), -1e4) for j in T)
         LS = sum(float(beh[b, i]) for i in S)
         uniform = abs(LS) < eps
         fired["uniform_fallbacks"] += uniform
         for i in S:
-            A = (LT - LS) / len(S) if uniform else (LT / LS - 1.0) * float(beh[b, i])
-            if adv_clamp is not None and abs(A) > adv_clamp:
-                fired["adv_clamped"] += 1
-                A = max(-adv_clamp, min(adv_clamp, A))
-            loss, clip, dual = ppo_ref(float(s_logp[b, i]), float(beh[b, i]), A, *ppo)
-            fired["ratio_clipped"] += clip
-            fired["dual_clipped"] += dual
-            total += loss
-            units += 1
+            raw.append((b, i, (LT - LS) / len(S) if uniform else (LT / LS - 1.0) * float(beh[b, i])))
+    mean = sum(a for _, _, a in raw) / len(raw) if raw and baseline == "mean" else 0.0
+    for b, i, A in raw:
+        A -= mean
+        if adv_clamp is not None and abs(A) > adv_clamp:
+            fired["adv_clamped"] += 1
+            A = max(-adv_clamp, min(adv_clamp, A))
+        loss, clip, dual = ppo_ref(float(s_logp[b, i]), float(beh[b, i]), A, *ppo)
+        fired["ratio_clipped"] += clip
+        fired["dual_clipped"] += dual
+        total += loss
+        units += 1
     return total, units, fired
 
 
 def simple_opd_ref(s_logp, beh, t_logp, align, stop, s_mask, *, t_mask=None, adv_clamp=10.0,
-                   ref_logp=None, beta=0.0, ppo=(0.2, 0.28, 10.0)):
-    """(sum of token losses, units, scored tokens) from the SimpleOPD definition."""
+                   ref_logp=None, beta=0.0, ppo=(0.2, 0.28, 10.0), baseline="none"):
+    """(sum of token losses, units, scored tokens) from the SimpleOPD definition;
+    ``baseline="mean"`` subtracts the mean over the scored tokens (others stay at 0)."""
     adv = {}
     for b, S, T in loss_chunk_list(align, s_mask, t_mask, exact_only=True):
         if not bool(stop[b, S[0]]):
             adv[(b, S[0])] = float(t_logp[b, T[0]]) - float(beh[b, S[0]])
+    if adv and baseline == "mean":
+        mean = sum(adv.values()) / len(adv)
+        adv = {k: v - mean for k, v in adv.items()}
     total, units = 0.0, 0
     for b in range(s_mask.shape[0]):
         for i in range(1, s_mask.shape[1]):

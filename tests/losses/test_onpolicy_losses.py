@@ -87,6 +87,46 @@ def test_same_tokenizer_sampled_matches_float64_reference(kind, clamps):
         assert sum(fired.values()) > 0  # the tight clamps actually fire
 
 
+def test_k1_mean_baseline_matches_float64_reference():
+    """baseline "mean": A_u = clamp(r_u - mean_v r_v); loss = -sum_u w_u A_u log p(u) / count."""
+    zs, zt, ids, mask = _inputs(5)
+    clamps = Clamps(-10.0, 1.0, 20.0)  # a tight clamp, applied after the centring
+    out = sampled_loss("k1", input_token_logprobs(zs, ids, mask), input_token_logprobs(zt, ids),
+                       mask, clamps=clamps, num_valid=9, baseline="mean")
+    s_ref, t_ref = _token_logp_ref(zs, ids), _token_logp_ref(zt, ids)
+    units = [(b, i) for b in range(2) for i in range(1, 7) if mask[b, i]]
+    r = [max(t_ref[u], -10.0) - max(s_ref[u], -10.0) for u in units]
+    mean = sum(r) / len(r)
+    ref = sum(-min(max(x - mean, -1.0), 1.0) * max(s_ref[u], -10.0) for x, u in zip(r, units)) / 9
+    assert float(out.loss) == pytest.approx(ref, rel=1e-9, abs=1e-12)
+    assert out.counters["loss_clamp"] == sum(abs(x - mean) > 1.0 for x in r) > 0
+    assert out.mean_logratio == pytest.approx(mean, rel=1e-9)  # the diagnostic stays uncentred
+
+
+def test_k1_baseline_turns_all_negative_advantages_into_both_signs():
+    """A teacher that rates every sample far below the student: uncentred, every sampled token's
+    log-prob gets pushed down; centred, the better-rated half is pushed up."""
+    zs, _, ids, mask = _inputs(6)
+    s_logp = input_token_logprobs(zs.clone().requires_grad_(True), ids, mask)
+    t_logp = s_logp.detach() - 5.0 - torch.rand(s_logp.shape, generator=torch.Generator().manual_seed(0),
+                                                dtype=torch.float64)
+    for baseline, want_pos in (("none", False), ("mean", True)):
+        s = s_logp.detach().clone().requires_grad_(True)
+        sampled_loss("k1", s, t_logp, mask, clamps=Clamps(None, None, None), baseline=baseline
+                     ).loss.backward()
+        g = s.grad[:, 1:][mask[:, 1:]]
+        assert bool((g < 0).any()) == want_pos and bool((g > 0).any())  # grad > 0: pushed down
+    s = s_logp.detach().clone().requires_grad_(True)
+    out = sampled_loss("k1", s, s.detach(), mask, baseline="mean")  # self-teacher: zero
+    out.loss.backward()
+    assert float(out.loss) == 0.0 and float(s.grad.abs().max()) == 0.0
+
+
+def test_baseline_is_validated():
+    with pytest.raises(ValueError, match="baseline"):
+        OnPolicyLossSpec("k1", baseline="median")
+
+
 def _chunked_alignment():
     """Two rows; student chunks of 1-2 tokens, teacher chunks of 1-3 tokens; some unaligned."""
     s_chunk = torch.tensor([[-1, 0, 1, 1, 2, -1, 3], [-1, -1, 0, 1, 2, 2, -1]])

@@ -60,15 +60,15 @@ def test_ppo_formula_cases():
         assert float(loss[i]) == pytest.approx(ppo_ref(float(logp[i]), 0.0, float(adv[i]))[0])
 
 
-@pytest.mark.parametrize("tau", [1.0, 0.7])
-def test_dpca_matches_float64_reference(tau):
+@pytest.mark.parametrize("tau,baseline", [(1.0, "none"), (0.7, "none"), (1.0, "mean")])
+def test_dpca_matches_float64_reference(tau, baseline):
     c = _case(1)
     loss, stats = dpca(c["zs"], c["ids"], c["beh"], c["t_logp"], c["align"],
                        s_loss_mask_BTs=c["s_mask"], t_loss_mask_BTt=c["t_mask"],
-                       temperature=tau, chunk_size=5)
+                       temperature=tau, chunk_size=5, baseline=baseline)
     cur = token_logp(c["zs"], c["ids"], tau)
     ref, units, fired = dpca_ref(cur, c["beh"], c["t_logp"], c["align"], s_mask=c["s_mask"],
-                                 t_mask=c["t_mask"])
+                                 t_mask=c["t_mask"], baseline=baseline)
     assert stats.units == units == count_dpca_units(c["align"], c["s_mask"], c["t_mask"]) > 5
     assert float(loss) == pytest.approx(ref / units, rel=1e-10)
     assert (stats.adv_clamped, stats.ratio_clipped, stats.dual_clipped, stats.uniform_fallbacks) \
@@ -105,19 +105,20 @@ def test_dpca_split_preserves_chunk_logratio_and_uniform_fallback():
     assert float(loss) == pytest.approx(ref / units, rel=1e-10)
 
 
-@pytest.mark.parametrize("beta", [0.0, 0.3])
-def test_simple_opd_matches_float64_reference(beta):
+@pytest.mark.parametrize("beta,baseline", [(0.0, "none"), (0.3, "none"), (0.3, "mean")])
+def test_simple_opd_matches_float64_reference(beta, baseline):
     c = _case(3)
     g = torch.Generator().manual_seed(30)
     ref_logp = c["beh"] + 0.5 * torch.randn(c["beh"].shape, generator=g, dtype=torch.float64)
     kw = dict(ref_logp_BTs=ref_logp, ref_beta=beta) if beta else {}
     loss, stats = simple_opd(c["zs"], c["ids"], c["beh"], c["t_logp"], c["align"], c["stop"],
                              c["s_mask"], t_loss_mask_BTt=c["t_mask"], chunk_size=4,
-                             ppo=PPOClip(0.1, 0.2, 3.0), adv_clamp=2.0, **kw)
+                             ppo=PPOClip(0.1, 0.2, 3.0), adv_clamp=2.0, baseline=baseline, **kw)
     cur = token_logp(c["zs"], c["ids"])
     ref, units, scored = simple_opd_ref(cur, c["beh"], c["t_logp"], c["align"], c["stop"],
                                         c["s_mask"], t_mask=c["t_mask"], adv_clamp=2.0,
-                                        ref_logp=ref_logp, beta=beta, ppo=(0.1, 0.2, 3.0))
+                                        ref_logp=ref_logp, beta=beta, ppo=(0.1, 0.2, 3.0),
+                                        baseline=baseline)
     assert stats.units == units == count_simple_opd_units(c["s_mask"])
     assert stats.scored == scored and 3 < scored < units and stats.stop_zeroed > 0
     assert float(loss) == pytest.approx(ref / units, rel=1e-10)

@@ -33,6 +33,7 @@ def test_every_continuation_arm_config_is_valid(assets, tmp_path):
         if arm_command(arm) == "onpolicy":
             cfg = validate_onpolicy(load_config(OnPolicyConfig, str(path)))
             assert cfg.teachers[0].loss.kind == ONPOLICY_KIND[arm]
+            assert cfg.loss.advantage_baseline == ("mean" if arm.endswith("_mean") else "none")
         else:
             cfg = validate_offpolicy(load_config(OffPolicyConfig, str(path)))
         assert cfg.train.steps == TINY_ARMS.cont_steps

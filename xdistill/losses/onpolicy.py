@@ -49,6 +49,13 @@ advantage in the sampled estimators (they still count in the normalisation), so 
 view of where to stop cannot drive the length; ``"teacher"`` (default) treats them like any
 other unit (the scorer pairs them with the teacher's own end token).
 
+Advantage baseline (``baseline = "mean"``; dpca / simple_opd: ``params.baseline``): the
+sampled-token advantages minus their mean over the micro-batch's units, before the clamp. A
+constant baseline leaves the expected gradient unchanged (``E_p[grad log p] = 0``) and cuts its
+variance; it matters when a teacher rates nearly every sample below the student's own likelihood:
+uncentred, every advantage is negative and the update pushes down whatever was sampled, the stop
+token included (the quality harness's k1/dpca/simple_opd arms collapse that way).
+
 Reward weighting: an optional per-sample weight ``w_b`` multiplies every unit of sample ``b``
 (:func:`reward_weights` gives HJSang's ``B * softmax(reward / beta)``). Normalisation: the weighted
 sum over units divided by ``num_valid`` (the trainer's global count of units, from
@@ -67,6 +74,7 @@ from xdistill.losses.chunks import ChunkAlignment, chunk_sum, loss_chunks, resol
 from xdistill.losses.engine import DEFAULT_CHUNK_SIZE, shift_targets, token_logprobs
 from xdistill.losses.onpolicy_kinds import (KIND_COUNTERS, KINDS_2026, KindParams,
                                             count_kind_units, kind_loss)
+from xdistill.losses.policy import BASELINES, center_advantages
 
 ONPOLICY_LOSSES = ("reverse_kl", "topk_kl", "jsd", "k1", "k3") + KINDS_2026
 SAMPLED_LOSSES = ("k1", "k3")
@@ -109,10 +117,15 @@ class OnPolicyLossSpec:
     stop_advantage: str = "teacher"
     # knobs of the 2026 kinds (strict_topk, dpca, simple_opd, bpm, escd)
     params: KindParams = field(default_factory=KindParams)
+    # k1: advantage baseline, "none" or "mean" over the micro-batch's units (dpca / simple_opd
+    # take theirs from params.baseline)
+    baseline: str = "none"
 
     def __post_init__(self):
         if self.unpaired not in UNPAIRED:
             raise ValueError(f"unknown unpaired policy {self.unpaired!r}; allowed: {UNPAIRED}")
+        if self.baseline not in BASELINES or self.params.baseline not in BASELINES:
+            raise ValueError(f"unknown advantage baseline; allowed: {BASELINES}")
         if self.stop_advantage not in STOP_ADVANTAGE:
             raise ValueError(f"unknown stop_advantage {self.stop_advantage!r}; allowed: "
                              f"{STOP_ADVANTAGE}")
@@ -251,13 +264,15 @@ def unit_logprobs(s_logp_BTs: torch.Tensor, t_logp_BTt: torch.Tensor, s_loss_mas
 
 
 def sampled_unit_losses(kind: str, s_unit_N: torch.Tensor, t_unit_N: torch.Tensor,
-                        clamps: Clamps) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """(per-unit loss [N], log-ratio r [N] (detached), counters) of ``k1`` (PG) or ``k3``."""
+                        clamps: Clamps, baseline: str = "none"
+                        ) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(per-unit loss [N], log-ratio r [N] (detached), counters) of ``k1`` (PG) or ``k3``.
+    ``baseline = "mean"`` centres k1's advantages on their mean before the clamp."""
     r_N = t_unit_N - s_unit_N
     counts = {"exp_clip": 0, "loss_clamp": 0}
     hi = clamps.loss_max
     if kind == "k1":
-        adv_N = r_N.detach()
+        adv_N = center_advantages(r_N.detach(), baseline)
         if hi is not None:
             counts["loss_clamp"] = int((adv_N.abs() > hi).sum())
             adv_N = adv_N.clamp(-hi, hi)
@@ -291,7 +306,7 @@ def unit_flags(flag_BTs: torch.Tensor, s_loss_mask_BTs, align: ChunkAlignment | 
 
 def sampled_loss(kind: str, s_logp_BTs, t_logp_BTt, s_loss_mask_BTs, *, align=None,
                  t_loss_mask_BTt=None, clamps: Clamps = Clamps(), sample_weight_B=None,
-                 num_valid=None, zero_BTs=None) -> OnPolicyLossOutput:
+                 num_valid=None, zero_BTs=None, baseline: str = "none") -> OnPolicyLossOutput:
     """``1/num_valid * sum_u w_b(u) * loss_u`` of ``k1`` (policy gradient) or ``k3`` (module doc).
 
     ``s_logp_BTs`` (differentiable) and ``t_logp_BTt`` are sampled-token log-probs at input
@@ -300,7 +315,7 @@ def sampled_loss(kind: str, s_logp_BTs, t_logp_BTt, s_loss_mask_BTs, *, align=No
     """
     b_N, s_N, t_N, counts = unit_logprobs(s_logp_BTs, t_logp_BTt, s_loss_mask_BTs, align,
                                           t_loss_mask_BTt, clamps.logp_min)
-    loss_N, r_N, more = sampled_unit_losses(kind, s_N, t_N, clamps)
+    loss_N, r_N, more = sampled_unit_losses(kind, s_N, t_N, clamps, baseline)
     if zero_BTs is not None:
         zero_N = unit_flags(zero_BTs, s_loss_mask_BTs, align, t_loss_mask_BTt)
         loss_N = torch.where(zero_N, torch.zeros_like(loss_N), loss_N)
@@ -419,7 +434,8 @@ def _sampled(spec, s_logits, s_ids, s_mask, t_token_logp, t_logits, t_ids, zero_
                                       chunk_size=chunk_size)
     return sampled_loss(spec.kind, s_logp, t_logp.detach(), s_mask, align=align,
                         t_loss_mask_BTt=t_loss_mask_BTt, clamps=spec.clamps,
-                        sample_weight_B=sample_weight_B, num_valid=count, zero_BTs=zero_BTs)
+                        sample_weight_B=sample_weight_B, num_valid=count, zero_BTs=zero_BTs,
+                        baseline=spec.baseline)
 
 
 def _full(spec, s_logits, s_mask, teacher: dict, *, align, t_loss_mask_BTt, sample_weight_B,

@@ -60,6 +60,8 @@ class KindParams:
     ref_beta: float = 0.0
     # bpm / escd: drop roots whose sampled student token is whitespace only
     mask_whitespace: bool = False
+    # dpca / simple_opd: advantage baseline, "none" or "mean" (policy.center_advantages)
+    baseline: str = "none"
 
 
 def count_kind_units(kind: str, align, s_loss_mask_BTs, t_loss_mask_BTt=None, *,
@@ -111,14 +113,16 @@ def kind_loss(kind: str, params: KindParams, student_logits_BTsVs, student_ids_B
         beh = _need(behaviour_logp_BTs, "the rollout's behaviour log-probs", kind)
         if kind == "dpca":
             loss, stats = dpca(student_logits_BTsVs, student_ids_BTs, beh, t_logp, align,
-                               ppo=params.ppo, adv_clamp=params.adv_clamp, **kw)
+                               ppo=params.ppo, adv_clamp=params.adv_clamp,
+                               baseline=params.baseline, **kw)
         elif kind == "simple_opd":
             stop = stop_BTs if stop_BTs is not None else torch.zeros_like(s_loss_mask_BTs,
                                                                            dtype=torch.bool)
             mask = kw.pop("s_loss_mask_BTs")
             loss, stats = simple_opd(student_logits_BTsVs, student_ids_BTs, beh, t_logp, align,
                                      stop, mask, ppo=params.ppo, adv_clamp=params.adv_clamp,
-                                     ref_logp_BTs=ref_logp_BTs, ref_beta=params.ref_beta, **kw)
+                                     ref_logp_BTs=ref_logp_BTs, ref_beta=params.ref_beta,
+                                     baseline=params.baseline, **kw)
         else:
             raise ValueError(f"unknown 2026 on-policy kind {kind!r}; allowed: {KINDS_2026}")
     counters = {c: int(getattr(stats, c)) for c in KIND_COUNTERS[kind]}

@@ -118,6 +118,27 @@ def ppo_token_losses(logp_N: torch.Tensor, behaviour_N: torch.Tensor, adv_N: tor
     return loss, rho.detach(), counts
 
 
+BASELINES = ("none", "mean")
+
+
+def center_advantages(adv_N: torch.Tensor, baseline: str, scored_N: torch.Tensor | None = None
+                      ) -> torch.Tensor:
+    """``adv_N`` minus its mean over the (``scored_N``) units of this micro-batch when
+    ``baseline == "mean"`` (a constant baseline: the gradient's expectation is unchanged, its
+    variance falls; with a teacher that rates nearly every sample below the student's own
+    likelihood, all advantages are negative and, uncentred, push down whatever was sampled, the
+    stop token included). Units outside ``scored_N`` keep their advantage (zero)."""
+    if baseline == "none":
+        return adv_N
+    if baseline != "mean":
+        raise ValueError(f"unknown advantage baseline {baseline!r}; allowed: {BASELINES}")
+    sel = torch.ones_like(adv_N, dtype=torch.bool) if scored_N is None else scored_N
+    if not bool(sel.any()):
+        return adv_N
+    mean = adv_N.detach()[sel].mean()
+    return torch.where(sel, adv_N - mean, adv_N)
+
+
 def _clamp_adv(adv_N: torch.Tensor, adv_clamp: float | None) -> tuple[torch.Tensor, int]:
     if adv_clamp is None:
         return adv_N, 0
@@ -185,8 +206,8 @@ def dpca_advantages(behaviour_logp_BTs, teacher_token_logp_BTt, align: ChunkAlig
 def dpca(student_logits_BTsVs, student_ids_BTs, behaviour_logp_BTs, teacher_token_logp_BTt,
          align: ChunkAlignment, *, s_loss_mask_BTs=None, t_loss_mask_BTt=None,
          ppo: PPOClip = PPOClip(), adv_clamp: float | None = 10.0, eps: float = 1e-6,
-         temperature: float = 1.0, num_valid=None, chunk_size=DEFAULT_CHUNK_SIZE
-         ) -> tuple[torch.Tensor, PolicyStats]:
+         temperature: float = 1.0, num_valid=None, chunk_size=DEFAULT_CHUNK_SIZE,
+         baseline: str = "none") -> tuple[torch.Tensor, PolicyStats]:
     """DPCA: chunk log-ratio split over the chunk's student tokens, PPO clipped (module doc).
 
     Needs only token log-probs from the teacher (``teacher_token_logp_BTt``) and the rollout's
@@ -200,7 +221,7 @@ def dpca(student_logits_BTsVs, student_ids_BTs, behaviour_logp_BTs, teacher_toke
     b_N, i_N = torch.nonzero(sel, as_tuple=True)
     logp_BTs = _current_logp(student_logits_BTsVs, student_ids_BTs, sel, float(temperature),
                              chunk_size)
-    adv_N, clamped = _clamp_adv(adv_BTs[b_N, i_N], adv_clamp)
+    adv_N, clamped = _clamp_adv(center_advantages(adv_BTs[b_N, i_N], baseline), adv_clamp)
     loss_N, rho_N, counts = ppo_token_losses(logp_BTs[b_N, i_N], behaviour_logp_BTs[b_N, i_N],
                                              adv_N, ppo)
     units = int(b_N.numel())
@@ -240,7 +261,8 @@ def simple_opd(student_logits_BTsVs, student_ids_BTs, behaviour_logp_BTs, teache
                align: ChunkAlignment, stop_BTs, s_loss_mask_BTs, *, t_loss_mask_BTt=None,
                ppo: PPOClip = PPOClip(), adv_clamp: float | None = 10.0, ref_logp_BTs=None,
                ref_beta: float = 0.0, ref_exp_clip: float = 20.0, temperature: float = 1.0,
-               num_valid=None, chunk_size=DEFAULT_CHUNK_SIZE) -> tuple[torch.Tensor, PolicyStats]:
+               num_valid=None, chunk_size=DEFAULT_CHUNK_SIZE, baseline: str = "none"
+               ) -> tuple[torch.Tensor, PolicyStats]:
     """SimpleOPD: teacher advantage at exact 1:1 positions only, PPO clipped, optional k3
     reference KL (module doc). ``stop_BTs`` (bool [B, Ts]) marks the student's stop tokens;
     ``s_loss_mask_BTs`` is required (it defines the units). Needs only teacher token log-probs.
@@ -257,7 +279,8 @@ def simple_opd(student_logits_BTsVs, student_ids_BTs, behaviour_logp_BTs, teache
     logp_BTs = _current_logp(student_logits_BTsVs, student_ids_BTs, units_BTs, float(temperature),
                              chunk_size)
     logp_N, scored_N = logp_BTs[b_N, i_N], scored_BTs[b_N, i_N]
-    adv_N, clamped = _clamp_adv(adv_BTs[b_N, i_N], adv_clamp)
+    adv_N, clamped = _clamp_adv(center_advantages(adv_BTs[b_N, i_N], baseline, scored_N),
+                                adv_clamp)
     loss_N, rho_N, counts = ppo_token_losses(logp_N, behaviour_logp_BTs[b_N, i_N], adv_N, ppo)
     ref_kl = math.nan
     if ref_beta:
@@ -274,4 +297,4 @@ def simple_opd(student_logits_BTsVs, student_ids_BTs, behaviour_logp_BTs, teache
 
 
 __all__ = ["PPOClip", "PolicyStats", "count_dpca_units", "count_simple_opd_units", "dpca",
-           "dpca_advantages", "ppo_token_losses", "simple_opd", "simple_opd_advantages"]
+           "center_advantages", "dpca_advantages", "ppo_token_losses", "simple_opd", "simple_opd_advantages"]

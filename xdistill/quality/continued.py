@@ -21,6 +21,10 @@ arm                 what continues training the CE checkpoint
 ``op_simple``       SimpleOPD: advantage at exact 1:1 spans only, PPO-clipped, stop tokens 0
 ``op_bpm``          BPM: teacher mass mapped to student tokens by byte prefix, forward KL
 ``op_escd``         ESCD: BPM + the completion-set term at the visited child state
+``op_k1_mean``      ``op_k1`` with ``loss.advantage_baseline: mean`` (advantages centred on their
+                    micro-batch mean: the uncentred sampled-token arms collapse here)
+``op_dpca_mean``    ``op_dpca`` with the mean baseline
+``op_simple_mean``  ``op_simple`` with the mean baseline
 ==================  =============================================================================
 
 On-policy arms sample ``cont_new_tokens`` tokens per prompt at temperature 1 from the current
@@ -33,9 +37,10 @@ from __future__ import annotations
 from pathlib import Path
 
 CONT_ARMS = ("cont_ce", "cont_pkl_cont", "op_k1", "op_k3", "op_rkl", "op_strict", "op_dpca",
-             "op_simple", "op_bpm", "op_escd")
+             "op_simple", "op_bpm", "op_escd", "op_k1_mean", "op_dpca_mean", "op_simple_mean")
 ONPOLICY_KIND = {"op_k1": "k1", "op_k3": "k3", "op_rkl": "reverse_kl", "op_strict": "strict_topk",
-                 "op_dpca": "dpca", "op_simple": "simple_opd", "op_bpm": "bpm", "op_escd": "escd"}
+                 "op_dpca": "dpca", "op_simple": "simple_opd", "op_bpm": "bpm", "op_escd": "escd",
+                 "op_k1_mean": "k1", "op_dpca_mean": "dpca", "op_simple_mean": "simple_opd"}
 # student forward tokens of one prompt + response here: "Q: 12+7=? A:" is ~8 tokens, the answer,
 # "." and what follows up to cont_new_tokens: ~4 (measured and reported per run)
 TOKENS_PER_ROLLOUT = 12
@@ -82,7 +87,8 @@ def cont_config(arm: str, seed: int, assets: dict, s, out_dir: str) -> dict:
         "rollout": {"backend": "hf", "temperature": 1.0, "top_p": 1.0,
                     "max_new_tokens": s.cont_new_tokens, "max_prompt_len": 32, "seed": seed},
         "loss": {"chunk_size": s.seq_len,
-                 "stop_advantage": "zero" if kind == "simple_opd" else "teacher"},
+                 "stop_advantage": "zero" if kind == "simple_opd" else "teacher",
+                 "advantage_baseline": "mean" if arm.endswith("_mean") else "none"},
         "optim": base["optim"], "scheduler": base["scheduler"],
         "train": {k: v for k, v in base["train"].items() if k != "global_batch_size"},
         "checkpoint": base["checkpoint"],

@@ -62,10 +62,10 @@ class OnPolicyPlan:
     needs_reference: bool = False
 
 
-def _kind_params(tl, clamps) -> KindParams:
+def _kind_params(tl, clamps, baseline: str) -> KindParams:
     return KindParams(top_k=tl.top_k, ppo=PPOClip(tl.clip_low, tl.clip_high, tl.dual_clip),
                       adv_clamp=clamps.loss_max, ref_beta=tl.ref_beta,
-                      mask_whitespace=tl.mask_whitespace)
+                      mask_whitespace=tl.mask_whitespace, baseline=baseline)
 
 
 def build_onpolicy_plan(cfg: OnPolicyConfig) -> OnPolicyPlan:
@@ -82,7 +82,9 @@ def build_onpolicy_plan(cfg: OnPolicyConfig) -> OnPolicyPlan:
         plan.specs[t.name] = OnPolicyLossSpec(tl.kind, tl.beta, tl.temperature, tl.cross, clamps,
                                               unpaired=lc.unpaired,
                                               stop_advantage=lc.stop_advantage,
-                                              params=_kind_params(tl, clamps))
+                                              params=_kind_params(tl, clamps,
+                                                                  lc.advantage_baseline),
+                                              baseline=lc.advantage_baseline)
         plan.weights[t.name] = float(tl.weight)
         plan.needs_reference |= tl.kind == "simple_opd" and tl.ref_beta > 0
         if tl.kind == "topk_kl" and not same:
