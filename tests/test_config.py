@@ -41,6 +41,18 @@ class RootCfg:
     evaluate: bool = True
 
 
+@dataclass
+class Cfg:
+    # learning rate
+    lr: float = 0.1
+    # a scale
+    scale: float = 1.0
+    # steps
+    steps: int = 1
+    # a name
+    name: str = ""
+
+
 def write(tmp_path, text):
     path = tmp_path / "cfg.yaml"
     path.write_text(text)
@@ -111,3 +123,38 @@ def test_undocumented_field_is_reported():
         x: int = 0
 
     assert undocumented_fields(Bad) == ["Bad.x"]
+
+
+def test_yaml_12_floats_in_files_and_overrides(tmp_path):
+    """``1e-3`` is a float in YAML 1.2 (PyYAML's 1.1 rules read a string); integers stay int."""
+    path = tmp_path / "c.yaml"
+    path.write_text("lr: 1e-3\nsteps: 12\nname: 2e5x\n")
+    cfg = load_config(Cfg, path, ["scale=-2E-4"])
+    assert cfg.lr == 0.001 and cfg.scale == -0.0002 and cfg.steps == 12 and cfg.name == "2e5x"
+    assert isinstance(cfg.steps, int)
+
+
+def test_duplicate_yaml_key_names_both_lines(tmp_path):
+    path = tmp_path / "dup.yaml"
+    path.write_text("lr: 0.1\nsteps: 3\nlr: 0.2\n")
+    with pytest.raises(ConfigError, match=r"dup.yaml: duplicate key 'lr' at line 3 \(first at line 1\)"):
+        load_config(Cfg, path)
+
+
+def test_yaml_syntax_error_names_line_and_column(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("lr: 0.1\nsteps: [1, 2\nname: x\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:3:\d+: not valid YAML"):
+        load_config(Cfg, path)
+
+
+def test_override_error_blames_the_override_not_the_file(tmp_path):
+    path = tmp_path / "ok.yaml"
+    path.write_text("lr: 0.1\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(Cfg, path, ["steps=many"])
+    assert str(err.value).startswith("command-line override 'steps=many': steps: expected int")
+    assert "ok.yaml" not in str(err.value)
+    path.write_text("steps: many\n")
+    with pytest.raises(ConfigError, match=r"steps: expected int, got 'many' \(in .*ok.yaml\)"):
+        load_config(Cfg, path)

@@ -10,6 +10,11 @@
 Supported field types: ``bool``, ``int``, ``float``, ``str``, ``Literal[...]``, ``X | None``,
 ``list[X]``, ``tuple[X, ...]``, ``dict[str, X]`` and nested dataclasses (also inside lists, which
 overrides address by index: ``teachers.0.weight=0.5``).
+
+YAML is read with YAML 1.2 floats (``1e-3``, ``5E4``, ``.5``: PyYAML's YAML 1.1 rules would
+take ``1e-3`` for a string), a duplicate key is an error naming it with both lines, and a syntax
+error names ``file:line:column``. An override that breaks the config is reported as the
+command-line override it is, not as the file's fault.
 """
 
 from __future__ import annotations
@@ -29,6 +34,39 @@ from xdistill.errors import ConfigError
 
 T = TypeVar("T")
 _MISSING = object()
+
+
+class _Loader(yaml.SafeLoader):
+    """Safe YAML with YAML 1.2 floats and an error on duplicate keys."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise ConfigError(f"duplicate key {key!r} at line {key_node.start_mark.line + 1} "
+                                  f"(first at line {seen[key] + 1})")
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+_Loader.add_implicit_resolver(  # after YAML 1.1's int and float: integers stay int
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?$"),
+    list("-+.0123456789"))
+
+
+def yaml_load(text: str, source: str):
+    """``text`` parsed by :class:`_Loader`; errors name ``source`` and the line/column."""
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{where}: not valid YAML ({problem})") from None
 
 
 # --------------------------------------------------------------------------- documentation
@@ -187,8 +225,8 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r} has an empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+        value = yaml.load(raw, Loader=_Loader) if raw.strip() else ""
+    except (yaml.YAMLError, ConfigError):
         value = raw
     return key.split("."), value
 
@@ -241,23 +279,22 @@ def load_config(cls: type[T], path: str | Path | None = None,
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} does not exist")
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML ({exc.__class__.__name__}: "
-                              f"{str(exc).splitlines()[0]})") from None
+        loaded = yaml_load(path.read_text(encoding="utf-8"), str(path))
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of config keys")
         data = loaded or {}
-    base = to_dict(from_dict(cls, data))  # validates the file, fills defaults for overrides
+    try:
+        base = to_dict(from_dict(cls, data))  # validates the file, fills defaults for overrides
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (in {path})" if path is not None else str(exc)) from None
     for text in overrides:
         parts, value = _parse_override(text)
-        apply_override(base, parts, value, cls)
-    try:
-        return from_dict(cls, base)
-    except ConfigError as exc:
-        source = f" (from {path})" if path is not None else ""
-        raise ConfigError(f"{exc}{source}") from None
+        try:
+            apply_override(base, parts, value, cls)
+            from_dict(cls, base)
+        except ConfigError as exc:
+            raise ConfigError(f"command-line override {text!r}: {exc}") from None
+    return from_dict(cls, base)
 
 
 def describe(cfg: Any, indent: int = 0) -> str:

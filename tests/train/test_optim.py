@@ -18,6 +18,7 @@ from xdistill.train.optim import (
     build_scheduler,
     clip_grad_norm,
     param_groups,
+    reapply_config,
 )
 
 
@@ -129,6 +130,34 @@ def test_scheduler_state_round_trips():
             s.step()
         assert sched_a.get_last_lr() == sched_b.get_last_lr()
     assert sched_b.get_last_lr()[0] == pytest.approx(expected_lr(12, 1.0, "cosine", 2, 20, 0.1))
+
+
+def test_config_wins_over_the_checkpoint_on_resume():
+    """optim.lr / schedule / betas changed on resume: loading the checkpoint restores the old
+    values; reapply_config sets the config's, keeps the step, and reports each change."""
+    old_s, new_s = (SchedulerConfig(kind="cosine", warmup_steps=2, total_steps=20),
+                    SchedulerConfig(kind="linear", warmup_steps=2, total_steps=40))
+    opt_a = build_optimizer(Tiny(), OptimConfig(lr=1.0))
+    sched_a = build_scheduler(opt_a, old_s)
+    for _ in range(7):
+        opt_a.step()
+        sched_a.step()
+    new_o = OptimConfig(lr=0.5, beta1=0.8)
+    opt_b = build_optimizer(Tiny(), new_o)
+    sched_b = build_scheduler(opt_b, new_s)
+    opt_b.load_state_dict(opt_a.state_dict())
+    sched_b.load_state_dict(sched_a.state_dict())
+    assert sched_b.base_lrs == [1.0, 1.0]            # what the checkpoint said: the bug
+    changes = reapply_config(opt_b, sched_b, new_o, new_s)
+    assert any(c.startswith("optim.lr: 1 -> 0.5") for c in changes), changes
+    assert any(c.startswith("scheduler:") for c in changes)
+    assert any(c.startswith("optim.beta1/beta2") for c in changes)
+    assert sched_b.last_epoch == 7
+    assert opt_b.param_groups[0]["lr"] == pytest.approx(expected_lr(7, 0.5, "linear", 2, 40, 0.1))
+    opt_b.step()
+    sched_b.step()
+    assert sched_b.get_last_lr()[0] == pytest.approx(expected_lr(8, 0.5, "linear", 2, 40, 0.1))
+    assert reapply_config(opt_b, sched_b, new_o, new_s) == []   # unchanged config: no-op
 
 
 @pytest.mark.parametrize("kwargs, key", [

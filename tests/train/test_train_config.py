@@ -123,3 +123,21 @@ def test_train_without_config_fails_with_one_line(capsys):
         assert cli_main(["train", kind]) == 2
         err = capsys.readouterr().err
         assert err.startswith("xdistill: error:") and err.count("\n") == 1, (kind, err)
+
+
+@pytest.mark.parametrize("override,key", [
+    ("loss.ce_weight=-1", "loss.ce_weight"), ("train.log_every=0", "train.log_every"),
+    ("data.num_workers=-1", "data.num_workers"), ("data.prefetch_factor=0", "data.prefetch_factor"),
+    ("data.seq_len=1", "data.seq_len"), ("checkpoint.keep_last=0", "checkpoint.keep_last")])
+def test_out_of_range_values_fail_before_compute(tmp_path, tiny_assets, capsys, override, key):
+    """Each of these once trained silently (ce_weight -1 as 0) or crashed after compute started."""
+    cfg = helpers.base_config(tiny_assets, tmp_path / "run")
+    err = _fails(tmp_path, cfg, capsys, override)
+    assert key in err and err.count("\n") == 1, err
+
+
+def test_yaml_12_float_override_reaches_the_run(tmp_path, tiny_assets):
+    cfg = helpers.base_config(tiny_assets, tmp_path / "run")
+    path = helpers.write_config(tmp_path / "ok.yaml", cfg)
+    loaded = load_config(OffPolicyConfig, path, ["optim.lr=1e-3"])
+    assert loaded.optim.lr == 0.001

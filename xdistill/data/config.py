@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from xdistill.errors import ConfigError
+
 
 @dataclass
 class DataConfig:
@@ -52,3 +54,18 @@ class DataConfig:
     align_method: Literal["auto", "exact", "dp"] = "auto"
     # round padded sequence lengths up to a multiple of this (8 or 64 help GPU kernels)
     pad_to_multiple_of: int = 1
+
+
+def validate_data(cfg: DataConfig, key: str = "data") -> None:
+    """Value ranges of a data section; ConfigError naming ``<key>.<field>`` (before any compute)."""
+    checks = [("seq_len", cfg.seq_len >= 2, ">= 2"), ("batch_size", cfg.batch_size >= 1, ">= 1"),
+              ("num_workers", cfg.num_workers >= 0, ">= 0 (0 = load in the training process)"),
+              ("prefetch_factor", cfg.prefetch_factor >= 1, ">= 1"),
+              ("timeout_s", cfg.timeout_s >= 0, ">= 0 (0 = wait forever)"),
+              ("pad_to_multiple_of", cfg.pad_to_multiple_of >= 1, ">= 1"),
+              ("epochs", cfg.epochs is None or cfg.epochs >= 1, ">= 1 or null")]
+    for name, ok, want in checks:
+        if not ok:
+            raise ConfigError(f"{key}.{name} must be {want}, got {getattr(cfg, name)!r}")
+    if not cfg.loss_roles:
+        raise ConfigError(f"{key}.loss_roles: empty; chat rows would carry no loss")

@@ -251,8 +251,9 @@ def _read_rank_state(path: Path, world: int, strict_world_size: bool) -> dict[st
         if strict_world_size:
             raise CheckpointError(
                 f"checkpoint {str(path)!r} was written by {world} rank(s) but this run has {here}: "
-                "per-rank RNG and dataloader states cannot be mapped (pass strict_world_size=False "
-                "to load only the model, optimizer and scheduler)")
+                "per-rank RNG and dataloader states cannot be mapped (set "
+                "checkpoint.strict_world_size=false to load only the model, optimizer and "
+                "scheduler)")
         return None
     rank_file = path / f"rank_{xdist.get_rank():05d}.pt"
     if not rank_file.is_file():

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from xdistill.data.config import DataConfig
+from xdistill.data.config import DataConfig, validate_data
 from xdistill.errors import ConfigError
 from xdistill.losses.multi_teacher import (CROSS_TOKENIZER_LOSSES, SAME_TOKENIZER_LOSSES, SCORES,
                                            WEIGHTINGS)
@@ -146,6 +146,9 @@ class CheckpointConfig:
     resume: str = "auto"
     # write a Hugging Face model folder (save_pretrained + tokenizer) to out_dir/export at the end
     export_hf: bool = True
+    # resuming with another number of ranks than the checkpoint's: true = an error; false = load
+    # the model, optimizer and scheduler only (per-rank RNG and data-loader states start fresh)
+    strict_world_size: bool = True
 
 
 @dataclass
@@ -267,6 +270,11 @@ def validate_run_sections(cfg) -> None:
     cfg.scheduler.validate()
     if cfg.train.steps < 1:
         raise ConfigError(f"train.steps must be >= 1, got {cfg.train.steps}")
+    if cfg.train.log_every < 1:
+        raise ConfigError(f"train.log_every must be >= 1, got {cfg.train.log_every}")
+    if cfg.checkpoint.every < 0 or cfg.checkpoint.keep_last < 1:
+        raise ConfigError(f"checkpoint.every must be >= 0 and checkpoint.keep_last >= 1, got "
+                          f"{cfg.checkpoint.every} and {cfg.checkpoint.keep_last}")
     if cfg.train.max_nonfinite_steps < 1:
         raise ConfigError(f"train.max_nonfinite_steps must be >= 1, got "
                           f"{cfg.train.max_nonfinite_steps}")
@@ -314,6 +322,9 @@ def validate_offpolicy(cfg: OffPolicyConfig, world_size: int = 1) -> OffPolicyCo
     validate_student_source(cfg, "dir")
     if not cfg.data.paths:
         raise ConfigError("data.paths: no training data given")
+    validate_data(cfg.data, "data")
+    if cfg.loss.ce_weight < 0:
+        raise ConfigError(f"loss.ce_weight must be >= 0, got {cfg.loss.ce_weight}")
     for i, path in enumerate(cfg.data.paths):
         check_path(path, f"data.paths.{i}")
     for i, path in enumerate(cfg.eval.paths):

@@ -193,13 +193,25 @@ def maybe_resume(run: Run) -> None:
     path = resolve_resume(run.cfg.checkpoint.resume, out_path(run.cfg, "checkpoints"))
     if path is None:
         return
-    state = load_checkpoint(path, run.model, run.optimizer, run.scheduler)
+    state = load_checkpoint(path, run.model, run.optimizer, run.scheduler,
+                            strict_world_size=run.cfg.checkpoint.strict_world_size)
     loader_states = state.dataloader_state or []
-    if len(loader_states) != len(run.mode.loaders):
+    if state.dataloader_state is None and not run.cfg.checkpoint.strict_world_size:
+        log.warning("%s: written by another number of ranks; model, optimizer and scheduler "
+                    "loaded, data loaders and RNG start fresh (checkpoint.strict_world_size: false)",
+                    path)
+        loader_states = None
+    elif len(loader_states) != len(run.mode.loaders):
         raise CheckpointError(f"{path}: holds {len(loader_states)} loader state(s) per rank, this "
                               f"run has {len(run.mode.loaders)} (keep train.data_ranks and the "
                               "off-policy mix unchanged)")
-    run.mode.load_loader_states(loader_states)
+    if loader_states is not None:
+        run.mode.load_loader_states(loader_states)
+    from xdistill.train.optim import reapply_config
+
+    for change in reapply_config(run.optimizer, run.scheduler, run.cfg.optim, run.cfg.scheduler):
+        if xdist.is_main_process():
+            log.warning("on resume the config wins over %s: %s", path.name, change)
     run.start_step, run.last_checkpoint = state.step, path
     if xdist.is_main_process():
         log.info("resumed from %s at step %d", path, state.step)

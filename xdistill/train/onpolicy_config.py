@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from xdistill.data.config import DataConfig
+from xdistill.data.config import DataConfig, validate_data
 from xdistill.errors import ConfigError
 from xdistill.losses.onpolicy import CROSS_ROUTES, ONPOLICY_LOSSES
 from xdistill.rollout.engine import RolloutConfig
@@ -228,6 +228,12 @@ def validate_onpolicy(cfg: OnPolicyConfig) -> OnPolicyConfig:
         raise ConfigError(f"loss.offpolicy_lambda must lie in [0, 1], got {lam}")
     if lam > 0 and not cfg.offpolicy.data.paths:
         raise ConfigError("offpolicy.data.paths: loss.offpolicy_lambda > 0 needs a corpus")
+    if lam > 0:
+        validate_data(cfg.offpolicy.data, "offpolicy.data")
+    if cfg.offpolicy.ce_weight < 0:
+        raise ConfigError(f"offpolicy.ce_weight must be >= 0, got {cfg.offpolicy.ce_weight}")
+    if cfg.prompts.num_workers < 0:
+        raise ConfigError(f"prompts.num_workers must be >= 0, got {cfg.prompts.num_workers}")
     if cfg.loss.reward_beta < 0:
         raise ConfigError(f"loss.reward_beta must be >= 0, got {cfg.loss.reward_beta}")
     return cfg

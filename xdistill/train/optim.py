@@ -193,3 +193,45 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
     if isinstance(total, DTensor):  # a partial/sharded norm: reduce it over the ranks
         total = total.full_tensor()
     return float(total)
+
+
+def reapply_config(optimizer: torch.optim.Optimizer, scheduler, optim_cfg: OptimConfig,
+                   sched_cfg: SchedulerConfig) -> list[str]:
+    """After loading a checkpoint: the run's config wins over the hyper-parameters stored in it.
+
+    ``optimizer.load_state_dict`` / ``scheduler.load_state_dict`` restore the peak lr, betas, eps
+    and the schedule of the run that wrote the checkpoint, so an ``optim.lr=...`` override on
+    resume would be silently ignored. This sets them from the config again (keeping the step
+    count and the moments) and returns one ``"key: old -> new"`` line per change.
+    """
+    changes = []
+    new_sched = LrSchedule(sched_cfg)
+    for i, lam in enumerate(scheduler.lr_lambdas):
+        if isinstance(lam, LrSchedule) and vars(lam) != vars(new_sched):
+            old = {k: v for k, v in vars(lam).items() if vars(new_sched)[k] != v}
+            new = {k: vars(new_sched)[k] for k in old}
+            changes.append(f"scheduler: {old} -> {new}")
+            scheduler.lr_lambdas[i] = LrSchedule(sched_cfg)
+    if any(b != optim_cfg.lr for b in scheduler.base_lrs):
+        changes.append(f"optim.lr: {scheduler.base_lrs[0]:g} -> {optim_cfg.lr:g}")
+        scheduler.base_lrs = [optim_cfg.lr] * len(scheduler.base_lrs)
+    for group in optimizer.param_groups:
+        if tuple(group["betas"]) != (optim_cfg.beta1, optim_cfg.beta2):
+            changes.append(f"optim.beta1/beta2: {tuple(group['betas'])} -> "
+                           f"{(optim_cfg.beta1, optim_cfg.beta2)}")
+            group["betas"] = (optim_cfg.beta1, optim_cfg.beta2)
+        if group["eps"] != optim_cfg.eps:
+            changes.append(f"optim.eps: {group['eps']:g} -> {optim_cfg.eps:g}")
+            group["eps"] = optim_cfg.eps
+        if group["weight_decay"] not in (0.0, optim_cfg.weight_decay):
+            changes.append(f"optim.weight_decay: {group['weight_decay']:g} -> "
+                           f"{optim_cfg.weight_decay:g}")
+            group["weight_decay"] = optim_cfg.weight_decay
+    if not changes:
+        return []
+    step = scheduler.last_epoch
+    for group, base, lam in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base * lam(step)
+        group["initial_lr"] = base
+    scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
+    return list(dict.fromkeys(changes))
