@@ -64,3 +64,17 @@ def test_offpolicy_schedule(tmp_path):
     assert 0.15 < sum(a) / 400 < 0.35
     cfg.loss.offpolicy_lambda = 0.0
     assert not any(is_offpolicy_step(cfg, s) for s in range(1, 20))
+
+
+def test_rollout_beyond_the_students_positions_fails_before_generation(tmp_path):
+    import onpolicy_helpers as H
+
+    from xdistill.train.onpolicy import run_onpolicy
+
+    gpt = H.save_lm(tmp_path / "gpt", "gpt2", seed=2, hidden_size=16, intermediate_size=32)
+    d = H.onpolicy_dict("gpt2", [H.teacher("gpt", "gpt2", gpt)],
+                        H.write_prompts(tmp_path / "p.jsonl"), tmp_path / "run", steps=1)
+    d["rollout"]["max_new_tokens"] = 10_000
+    with pytest.raises(ConfigError, match=r"rollout.max_prompt_len \+ rollout.max_new_tokens: "
+                                          r"10032 student tokens .* exceed the model's \d+ positions"):
+        run_onpolicy(from_dict(OnPolicyConfig, d))

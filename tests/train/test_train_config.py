@@ -141,3 +141,41 @@ def test_yaml_12_float_override_reaches_the_run(tmp_path, tiny_assets):
     path = helpers.write_config(tmp_path / "ok.yaml", cfg)
     loaded = load_config(OffPolicyConfig, path, ["optim.lr=1e-3"])
     assert loaded.optim.lr == 0.001
+
+
+@pytest.mark.parametrize("model", ["smaller", "larger"])
+def test_teacher_tokenizer_must_belong_to_its_model(tmp_path, tiny_assets, capsys, model):
+    """The cross teacher's tokenizer (400 ids) with a model of 320 output rows (ids beyond it) or
+    of 50,257 rows (another model's vocabulary): one error naming the key, before training."""
+    from xdistill.tiny import save_tiny_lm
+
+    cfg = helpers.base_config(tiny_assets, tmp_path / "run")
+    cfg["teachers"][0]["worker"]["model"] = (
+        tiny_assets["same"] if model == "smaller" else str(save_tiny_lm(tmp_path / "g", "gpt2")))
+    path = helpers.write_config(tmp_path / "bad.yaml", cfg)
+    rc = cli_main(["train", "offpolicy", "--config", str(path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "teachers.0.tokenizer" in err and "does not belong" in err, err
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() or not any(
+        '"step"' in line for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+
+
+def test_seq_len_beyond_the_students_positions_fails_before_training(tmp_path, tiny_assets,
+                                                                     capsys):
+    cfg = helpers.base_config(tiny_assets, tmp_path / "run")
+    err = _fails(tmp_path, cfg, capsys, "data.seq_len=300")   # the tiny student has 256
+    assert "data.seq_len: 300 student tokens per sequence exceed the model's 256 positions" in err
+
+
+def test_teacher_rejects_sequences_beyond_its_positions(tiny_assets):
+    import torch
+
+    from xdistill.errors import TeacherError
+    from xdistill.teacher import TeacherConfig, TeacherRequest, TeacherWorker
+
+    worker = TeacherWorker(TeacherConfig(name="t", model=tiny_assets["cross"]))
+    limit = worker.max_positions
+    ids = torch.zeros(1, limit + 1, dtype=torch.long)
+    with pytest.raises(TeacherError, match=rf"teacher 't': {limit + 1} tokens per sequence exceed "
+                                           rf"the model's {limit} positions"):
+        worker.forward(TeacherRequest(0, ids, torch.ones_like(ids, dtype=torch.bool)))

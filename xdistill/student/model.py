@@ -298,3 +298,14 @@ def _fix_config(path: Path, arch: str, cast: torch.dtype | None) -> None:
         if "torch_dtype" in config:
             config["torch_dtype"] = name
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def max_positions(model) -> int | None:
+    """The model's position limit (``max_position_embeddings``, GPT-2's ``n_positions``) or
+    None when the config has none (e.g. relative positions without a limit)."""
+    conf = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(conf, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None

@@ -73,6 +73,22 @@ class TeacherPool:
             self.close()
             raise
 
+    def check_tokenizers(self, toks: dict, keys: dict | None = None) -> None:
+        """Each teacher's tokenizer must belong to its model (after :meth:`start`): no id beyond
+        the model's output rows, and no far larger model vocabulary (padding to a multiple of 64
+        or 128 -- Qwen2 pads 151,646 ids to 151,936 rows -- is fine; a model with three times
+        the tokenizer's ids is another model). ``keys`` name each teacher's config key."""
+        for name, client in self.clients.items():
+            tok, info = toks.get(name), client.info
+            if tok is None or info is None:
+                continue
+            rows, ids = int(info.vocab_size), int(tok.vocab_size)
+            where = (keys or {}).get(name, f"teacher {name!r}")
+            if ids > rows or rows - ids > max(1024, rows // 100):
+                raise TeacherError(
+                    f"{where}: tokenizer {tok.name!r} ({ids:,} ids) does not belong to teacher "
+                    f"{name!r}'s model ({rows:,} output rows); give the model's own tokenizer")
+
     def _ordered(self):
         remote = [c for c in self.clients.values() if c.placement != "inprocess"]
         return remote + [c for c in self.clients.values() if c.placement == "inprocess"]

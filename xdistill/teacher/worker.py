@@ -94,6 +94,9 @@ class TeacherWorker:
         V = int(head.weight.shape[0]) if head is not None else \
             int(self.model.config.get_text_config().vocab_size)
         self.vocab_size = V
+        from xdistill.student.model import max_positions
+
+        self.max_positions = max_positions(self.model)
         self.proj_VsVt = None
         Vs = 0
         if config.output == "projected":
@@ -130,6 +133,11 @@ class TeacherWorker:
         if ids_BTt.dim() != 2 or ids_BTt.shape != mask_BTt.shape:
             raise TeacherError(f"teacher {self.info.name!r}: input_ids {tuple(ids_BTt.shape)} and "
                                f"attention_mask {tuple(mask_BTt.shape)} must both be [B, Tt]")
+        limit = self.max_positions
+        if limit is not None and ids_BTt.shape[1] > limit:
+            raise TeacherError(f"teacher {self.info.name!r}: {ids_BTt.shape[1]} tokens per "
+                               f"sequence exceed the model's {limit} positions (shorten "
+                               "data.seq_len or the rollout)")
         bad = (ids_BTt < 0) | (ids_BTt >= self.vocab_size)
         if bool(bad.any()):
             b, t = (int(x) for x in bad.nonzero()[0])

@@ -178,8 +178,18 @@ def build_student_stack(cfg, env, student_tok) -> tuple:
     device = setup.resolve_device(cfg.train.device, env)
     model = setup.build_student(cfg, env, device)
     setup.check_vocab(model, student_tok)
+    length, key = _sequence_length(cfg)
+    setup.check_positions(getattr(model, "module", model), length, key)
     optimizer = build_optimizer(model, cfg.optim)
     return device, model, optimizer, build_scheduler(optimizer, cfg.scheduler)
+
+
+def _sequence_length(cfg) -> tuple[int, str]:
+    """The longest student sequence a run feeds its model, and the config key(s) that set it."""
+    if hasattr(cfg, "rollout"):
+        return (cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens,
+                "rollout.max_prompt_len + rollout.max_new_tokens")
+    return cfg.data.seq_len + int(cfg.data.add_bos), "data.seq_len"
 
 
 def out_path(cfg, *parts: str) -> Path:

@@ -34,6 +34,10 @@ log = get_logger("train")
 STOP_EXIT_CODE = core.STOP_EXIT_CODE
 
 
+def _teacher_keys(cfg) -> dict:
+    return {t.name: f"teachers.{i}.tokenizer" for i, t in enumerate(cfg.teachers)}
+
+
 class OffPolicyMode(core.TrainMode):
     """Batches from the corpus loaders; teachers score them; ``MultiTeacherLoss`` (module doc)."""
 
@@ -65,6 +69,7 @@ class OffPolicyMode(core.TrainMode):
 
         if self.pool is not None:
             self.pool.start()
+            self.pool.check_tokenizers(run.plan.teacher_toks, _teacher_keys(run.cfg))
         lookahead = 0
         if self.pool is not None and run.cfg.train.pipeline_teachers and self.pool.has_remote:
             lookahead = max(0, self.pool.remote_slots - 1)

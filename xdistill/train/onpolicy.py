@@ -145,6 +145,8 @@ class OnPolicyMode(core.TrainMode):
 
     def start(self, run: core.Run) -> None:
         self.pool.start()
+        self.pool.check_tokenizers(run.plan.teacher_toks, {
+            t.name: f"teachers.{i}.tokenizer" for i, t in enumerate(run.cfg.teachers)})
         self.iters = [WatchedIterator(ld, "prompt" if i == 0 else "data")
                       for i, ld in enumerate(self.loaders)]
 

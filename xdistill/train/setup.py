@@ -220,5 +220,16 @@ def check_vocab(model, student_tok) -> None:
                           "(student.model_config.vocab_size too small)")
 
 
+def check_positions(model, length: int, key: str, what: str = "student") -> None:
+    """ConfigError naming ``key`` when ``length`` tokens exceed the model's positions (Llama
+    silently extrapolates its rotary positions; GPT-2 fails inside the forward)."""
+    from xdistill.student.model import max_positions
+
+    limit = max_positions(model)
+    if limit is not None and length > limit:
+        raise ConfigError(f"{key}: {length} {what} tokens per sequence exceed the model's "
+                          f"{limit} positions")
+
+
 def out_path(cfg: OffPolicyConfig, *parts: str) -> Path:
     return Path(cfg.train.out_dir).joinpath(*parts)
