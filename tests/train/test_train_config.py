@@ -179,3 +179,21 @@ def test_teacher_rejects_sequences_beyond_its_positions(tiny_assets):
     with pytest.raises(TeacherError, match=rf"teacher 't': {limit + 1} tokens per sequence exceed "
                                            rf"the model's {limit} positions"):
         worker.forward(TeacherRequest(0, ids, torch.ones_like(ids, dtype=torch.bool)))
+
+
+@pytest.mark.parametrize("content", ["junk", "config"])
+def test_teacher_folder_that_is_not_a_model(tmp_path, tiny_assets, capsys, content):
+    """A folder with no config.json, or one whose config.json is no model's: one line naming it."""
+    folder = tmp_path / "not_a_model"
+    folder.mkdir()
+    if content == "junk":
+        (folder / "weights.txt").write_text("junk")
+    else:
+        (folder / "config.json").write_text('{"hello": 1}')
+    cfg = helpers.base_config(tiny_assets, tmp_path / "run")
+    cfg["teachers"][0]["worker"]["model"] = str(folder)
+    path = helpers.write_config(tmp_path / "bad.yaml", cfg)
+    rc = cli_main(["train", "offpolicy", "--config", str(path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "not_a_model" in err and err.count("\n") == 1, err
+    assert ("no config.json" if content == "junk" else "cannot load a causal LM") in err

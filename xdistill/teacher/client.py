@@ -28,7 +28,7 @@ import traceback
 
 import torch
 
-from xdistill.errors import TeacherError
+from xdistill.errors import TeacherError, XDistillError
 from xdistill.teacher.config import TeacherConfig
 from xdistill.teacher.host import RayHost, subprocess_main
 from xdistill.teacher.transport import SlotRing, TeacherLease, choose_transport, make_reader
@@ -140,6 +140,8 @@ class InProcessClient(TeacherClient):
             self.engine = self.engine_factory()
         except TeacherError:
             raise
+        except XDistillError as exc:  # a diagnosed error: its message says it all
+            raise TeacherError(f"teacher {self.name!r} failed to load: {exc}") from exc
         except Exception as exc:
             raise teacher_error(f"teacher {self.name!r} failed to load: {exc}",
                                 traceback.format_exc()) from exc

@@ -80,7 +80,8 @@ class TeacherWorker:
         self.config = config.validate()
         path = resolve_model_path(config.model) if config.model else None
         if path is None or not (path.is_dir() or (path.suffix.lower() == ".gguf" and path.is_file())):
-            raise TeacherError(f"teacher {config.name!r}: model {config.model!r} does not exist (a "
+            state = "is not a model" if path is not None and path.exists() else "does not exist"
+            raise TeacherError(f"teacher {config.name!r}: model {config.model!r} {state} (a "
                                "local Hugging Face folder, a .gguf file or a model asset name is "
                                "expected)")
         if config.output == "projected" and projection_VsVt is None:
