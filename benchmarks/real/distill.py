@@ -193,7 +193,7 @@ def arm_config(arm: str, seed: int, args, a: dict, out: Path) -> dict:
     return {"student": {"path": a["student"]}, "student_tokenizer": "smollm2-135m",
             "teachers": teachers,
             "data": {"paths": [a["slice"]], "seq_len": args.seq_len, "batch_size": args.batch,
-                     "num_workers": 1},
+                     "num_workers": 1, "seed": seed},  # the window order differs per seed
             "loss": {"ce_weight": ce, "chunk_size": 64},
             "optim": {"lr": args.lr, "weight_decay": 0.0},
             "scheduler": {"kind": "cosine", "warmup_steps": max(1, args.steps // 10)},

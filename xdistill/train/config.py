@@ -140,7 +140,7 @@ class CheckpointConfig:
 
     # save every this many steps (0 = only at the end)
     every: int = 0
-    # keep the newest N complete checkpoints
+    # keep the newest N complete checkpoints (0 = keep all)
     keep_last: int = 2
     # "auto" (latest complete checkpoint in out_dir/checkpoints, if any), a checkpoint path, or ""
     resume: str = "auto"
@@ -272,8 +272,8 @@ def validate_run_sections(cfg) -> None:
         raise ConfigError(f"train.steps must be >= 1, got {cfg.train.steps}")
     if cfg.train.log_every < 1:
         raise ConfigError(f"train.log_every must be >= 1, got {cfg.train.log_every}")
-    if cfg.checkpoint.every < 0 or cfg.checkpoint.keep_last < 1:
-        raise ConfigError(f"checkpoint.every must be >= 0 and checkpoint.keep_last >= 1, got "
+    if cfg.checkpoint.every < 0 or cfg.checkpoint.keep_last < 0:
+        raise ConfigError(f"checkpoint.every and checkpoint.keep_last must be >= 0, got "
                           f"{cfg.checkpoint.every} and {cfg.checkpoint.keep_last}")
     if cfg.train.max_nonfinite_steps < 1:
         raise ConfigError(f"train.max_nonfinite_steps must be >= 1, got "
