@@ -88,7 +88,7 @@ def cont_config(arm: str, seed: int, assets: dict, s, out_dir: str) -> dict:
                     "max_new_tokens": s.cont_new_tokens, "max_prompt_len": 32, "seed": seed},
         "loss": {"chunk_size": s.seq_len,
                  "stop_advantage": "zero" if kind == "simple_opd" else "teacher",
-                 "advantage_baseline": "mean" if arm.endswith("_mean") else "none"},
+                 **({"advantage_baseline": "mean"} if arm.endswith("_mean") else {})},
         "optim": base["optim"], "scheduler": base["scheduler"],
         "train": {k: v for k, v in base["train"].items() if k != "global_batch_size"},
         "checkpoint": base["checkpoint"],
