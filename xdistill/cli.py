@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(module.main(rest) or 0)
     except XDistillError as exc:
         print(f"xdistill: error: {exc}", file=sys.stderr)
-        return 2
+        return int(getattr(exc, "exit_code", 2))
 
 
 if __name__ == "__main__":

@@ -118,3 +118,32 @@ def peak_rss_mb() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def drop_records_after(path: str | Path, step: int) -> int:
+    """Remove the records of steps after ``step`` from a JSON-lines file (atomically); returns how
+    many were dropped. A run resumed from the checkpoint of ``step`` replays the steps after it:
+    without this, ``metrics.jsonl`` and ``samples_rank*.jsonl`` would hold them twice."""
+    import os
+
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    keep, dropped = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        try:
+            record_step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            record_step = None   # a torn last line of a killed run
+            if not line.endswith("\n"):
+                dropped += 1
+                continue
+        if isinstance(record_step, int) and record_step > step:
+            dropped += 1
+        else:
+            keep.append(line if line.endswith("\n") else line + "\n")
+    if dropped:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(keep), encoding="utf-8")
+        os.replace(tmp, path)
+    return dropped

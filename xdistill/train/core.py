@@ -233,10 +233,18 @@ def save(run: Run, step: int) -> None:
 
     extra = {"mode": run.mode.kind, "global_batch_size": run.cfg.train.global_batch_size,
              **run.mode.checkpoint_extra(run.cfg)}
-    run.last_checkpoint = save_checkpoint(
-        out_path(run.cfg, "checkpoints"), step, run.model, run.optimizer, run.scheduler,
-        dataloader_state=run.mode.loader_states(step), extra=extra,
-        keep_last=run.cfg.checkpoint.keep_last)
+    try:
+        run.last_checkpoint = save_checkpoint(
+            out_path(run.cfg, "checkpoints"), step, run.model, run.optimizer, run.scheduler,
+            dataloader_state=run.mode.loader_states(step), extra=extra,
+            keep_last=run.cfg.checkpoint.keep_last)
+    except (OSError, RuntimeError) as exc:
+        from xdistill.train.lifecycle import io_error
+
+        err = io_error(exc, f"the checkpoint of step {step} under {out_path(run.cfg, 'checkpoints')}")
+        if err is None:
+            raise
+        raise err from None
 
 
 def _set_sync(model, on: bool) -> None:
@@ -364,18 +372,37 @@ def maybe_stop(run: Run, step: int) -> None:
 
 
 def train_loop(run: Run) -> dict:
-    """Steps ``start_step+1 .. train.steps``; returns the last step's metrics."""
+    """Steps ``start_step+1 .. train.steps``; returns the last step's metrics. SIGTERM / Ctrl-C
+    stop it at the next step boundary with a checkpoint (:mod:`xdistill.train.lifecycle`)."""
+    from xdistill.train.lifecycle import StopSignals
+
     metrics: dict = {}
-    for step in range(run.start_step + 1, run.cfg.train.steps + 1):
-        metrics = train_step(run, step)
-        log_metrics(run, step, metrics)
-        check_nonfinite(run, step)
-        after_step(run, step)
+    with StopSignals() as stop:
+        for step in range(run.start_step + 1, run.cfg.train.steps + 1):
+            metrics = train_step(run, step)
+            log_metrics(run, step, metrics)
+            check_nonfinite(run, step)
+            after_step(run, step)
+            signum = stop.agreed()
+            if signum:
+                _stop_on_signal(run, step, signum)
     if run.finite_steps == 0 and run.cfg.train.steps > run.start_step:
         raise TrainingError(f"no step of this run had a finite loss and gradient "
                             f"({run.cfg.train.steps - run.start_step} steps); nothing was "
                             f"exported. {_last_checkpoint_text(run)}")
     return metrics
+
+
+def _stop_on_signal(run: Run, step: int, signum: int) -> None:
+    import signal
+
+    from xdistill.train.lifecycle import RunStopped
+
+    if run.last_checkpoint is None or not run.last_checkpoint.name.endswith(f"{step:07d}"):
+        save(run, step)
+    name = signal.Signals(signum).name
+    raise RunStopped(f"stopped by {name} after step {step}; checkpoint {run.last_checkpoint} "
+                     "(run the same command again to resume)", 128 + signum)
 
 
 def open_metrics(cfg, keys: list[str]) -> MetricsWriter:
@@ -418,10 +445,25 @@ def build(cfg, mode: TrainMode) -> Run:
 
 
 def train(cfg, mode: TrainMode) -> dict:
-    """Build, resume, train, export; returns the final metrics (rank 0's view)."""
+    """Build, lock ``out_dir``, resume, train, export; returns the final metrics (rank 0's)."""
+    from xdistill.train.lifecycle import acquire_run_lock
+
     init_logging()
     run = build(cfg, mode)
+    lock = acquire_run_lock(out_path(cfg)) if xdist.is_main_process() else None
+    try:
+        return _run_locked(run)
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def _run_locked(run: Run) -> dict:
+    from xdistill.train.lifecycle import io_error, trim_logs
+
+    cfg, mode = run.cfg, run.mode
     maybe_resume(run)
+    trim_logs(out_path(cfg), run.start_step)
     run.writer = open_metrics(cfg, mode.console_keys(cfg))
     run.tb = _open_tensorboard(cfg)
     t0 = time.perf_counter()
@@ -433,7 +475,10 @@ def train(cfg, mode: TrainMode) -> dict:
         run.writer.close()
         if run.tb is not None:
             run.tb.close()
-    exported = export_final(run)
+    try:
+        exported = export_final(run)
+    except OSError as exc:
+        raise io_error(exc, f"the export under {out_path(cfg, 'export')}") from None
     _summary(run, metrics, exported, time.perf_counter() - t0)
     return metrics
 

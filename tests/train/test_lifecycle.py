@@ -1,0 +1,141 @@
+"""Run bookkeeping (xdistill/train/lifecycle.py): no replayed steps in the logs after a resume,
+one live run per out_dir, SIGTERM saves a checkpoint and ends in one line, a full disk or an
+unwritable out_dir is one line."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from xdistill.cli import main as cli_main
+from xdistill.errors import ConfigError
+from xdistill.metrics import drop_records_after, read_metrics
+from xdistill.train.lifecycle import acquire_run_lock
+
+_spec = importlib.util.spec_from_file_location("train_conftest_helpers_life",
+                                               Path(__file__).resolve().parent / "conftest.py")
+helpers = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(helpers)
+base_config, write_config, _env = helpers.base_config, helpers.write_config, helpers._env
+
+
+def _steps(path: Path) -> list[int]:
+    return [r["step"] for r in read_metrics(path) if "loss" in r]
+
+
+def test_drop_records_after_keeps_earlier_steps_and_drops_a_torn_line(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in (1, 2, 3, 4))
+                    + '{"step": 5, "lo')
+    assert drop_records_after(path, 2) == 3
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
+    assert drop_records_after(path, 2) == 0 and drop_records_after(tmp_path / "none", 1) == 0
+
+
+def test_resume_replays_steps_without_duplicate_records(tmp_path, tiny_assets, capsys):
+    cfg = base_config(tiny_assets, tmp_path / "run")
+    cfg["train"].update(steps=4, num_threads=2)
+    cfg["data"]["num_workers"] = 1
+    cfg["checkpoint"]["every"] = 2
+    path = write_config(tmp_path / "c.yaml", cfg)
+    assert cli_main(["train", "offpolicy", "--config", str(path)]) == 0
+    run = tmp_path / "run"
+    shutil.rmtree(run / "checkpoints" / "step_0000004")   # as if killed after step 4 was logged
+    assert cli_main(["train", "offpolicy", "--config", str(path)]) == 0   # resumes from step 2
+    assert _steps(run / "metrics.jsonl") == [1, 2, 3, 4]
+    samples = [json.loads(line)["step"] for line in (run / "samples_rank0.jsonl").open()]
+    assert samples == [1, 2, 3, 4]
+
+
+HOLD = """
+import sys, time
+from xdistill.train.lifecycle import acquire_run_lock
+lock = acquire_run_lock(sys.argv[1])
+print("locked", flush=True)
+time.sleep(60)
+"""
+
+
+def test_second_live_run_on_one_out_dir_is_refused_and_a_dead_holder_is_not(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], env=_env(),
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "locked"
+        with pytest.raises(ConfigError, match=rf"in use by another live run \(pid {proc.pid}\)"):
+            acquire_run_lock(out)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    acquire_run_lock(out).close()   # the killed holder's lock went with its process
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_in_one_line(tmp_path, tiny_assets):
+    cfg = base_config(tiny_assets, tmp_path / "run")
+    cfg["train"].update(steps=500, num_threads=2, log_every=1)
+    cfg["data"]["num_workers"] = 1
+    path = write_config(tmp_path / "c.yaml", cfg)
+    cmd = [sys.executable, "-m", "xdistill", "train", "offpolicy", "--config", str(path)]
+    env = _env({"OMP_NUM_THREADS": None})
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and len(_maybe_steps(metrics)) < 2:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("xdistill: error: stopped by SIGTERM after step "), last
+    step = int(last.split("after step ")[1].split(";")[0])
+    assert (tmp_path / "run" / "checkpoints" / f"step_{step:07d}").is_dir()
+    assert _steps(metrics)[-1] == step
+    rc = subprocess.run(cmd + [f"train.steps={step + 1}"], env=env, capture_output=True,
+                        text=True, timeout=300)
+    assert rc.returncode == 0, rc.stderr[-3000:]
+    assert _steps(metrics) == list(range(1, step + 2))
+
+
+def _maybe_steps(path: Path) -> list[int]:
+    from xdistill.errors import XDistillError
+
+    try:
+        return _steps(path)
+    except (OSError, ValueError, XDistillError):
+        return []
+
+
+def test_unwritable_out_dir_is_one_line(tmp_path, tiny_assets, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    cfg = base_config(tiny_assets, blocker / "run")
+    rc = cli_main(["train", "offpolicy", "--config", str(write_config(tmp_path / "c.yaml", cfg))])
+    err = capsys.readouterr().err
+    assert rc == 2 and "train.out_dir" in err and "not writable" in err and err.count("\n") == 1
+
+
+def test_full_disk_while_checkpointing_is_one_line(tmp_path, tiny_assets, capsys, monkeypatch):
+    import xdistill.train.checkpoint as ck
+
+    def full(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1088 vs 988")
+
+    monkeypatch.setattr(ck, "save_checkpoint", full)
+    cfg = base_config(tiny_assets, tmp_path / "run")
+    cfg["train"]["steps"] = 1
+    rc = cli_main(["train", "offpolicy", "--config", str(write_config(tmp_path / "c.yaml", cfg))])
+    last = capsys.readouterr().err.strip().splitlines()[-1]   # (logging of earlier steps above)
+    assert rc == 2 and last.startswith("xdistill: error: writing the checkpoint of step 1"), last
+    assert "is the disk full?" in last
+    assert os.path.isdir(tmp_path / "run")
