@@ -181,3 +181,16 @@ def test_conversation_split_across_windows_keeps_masks_and_bytes(get_tokenizer):
     s_loss = b"".join(s_tok.table.token_bytes(int(i)) for i in batch.input_ids_BTs[batch.loss_mask_BTs])
     t_loss = b"".join(t_tok.table.token_bytes(int(i)) for i in view.input_ids_BTt[view.loss_mask_BTt])
     assert s_loss == want and t_loss == want  # the mapped window edges partition the teacher text
+
+
+def test_chat_without_any_loss_role_is_an_error_naming_the_roles(get_tokenizer):
+    """ShareGPT-style roles (human/gpt) with loss_roles [assistant] once trained at loss 0."""
+    from xdistill.errors import DataError
+
+    docs = [CHATS[0], [("human", "What is 2+2?"), ("gpt", "It is 4.")]]
+    with pytest.raises(DataError, match=r"document 1: chat roles \['gpt', 'human'\] include none "
+                                        r"of data.loss_roles \['assistant'\]"):
+        _windows(get_tokenizer("gpt2"), docs, seq_len=512)
+    ok = list(PackedDataset(docs, get_tokenizer("gpt2"), 512, shuffle=False, epochs=1,
+                            loss_roles=["assistant", "gpt"]))   # the roles named: both trained
+    assert [int(seg.loss_T.sum()) > 0 for w in ok for seg in w.segments] == [True, True]

@@ -120,6 +120,12 @@ def encode_document(student, doc_index: int, doc, *, loss_roles=DEFAULT_LOSS_ROL
     else:
         if not doc or all(not c.strip() for _, c in doc):
             return None
+        roles = {r for r, _ in doc}
+        if not roles & frozenset(loss_roles):
+            raise DataError(f"document {doc_index}: chat roles {sorted(roles)} include none of "
+                            f"data.loss_roles {sorted(loss_roles)}: it would carry no loss (map "
+                            "the roles, e.g. human -> user and gpt -> assistant, or set "
+                            "data.loss_roles)")
         rendered = render_chat(student, doc)
         text = rendered.text
         chat = (ChatInfo(tuple(doc), rendered.spans_M2, rendered.n_bytes), rendered)
