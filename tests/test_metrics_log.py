@@ -43,6 +43,14 @@ def test_format_metrics():
     assert line == "step 3 | loss 1.235 | tok/s 123456"
 
 
+def test_eval_console_line_shows_the_eval_metrics():
+    """An eval record has none of the training console keys: its line once said only 'step N'."""
+    line = format_metrics(20, {"eval/loss": 2.5, "eval/bpb": 1.25, "eval/tokens": 512},
+                          keys=["loss", "lr"])
+    assert line == "eval step 20 | eval/loss 2.5 | eval/bpb 1.25 | eval/tokens 512"
+    assert format_metrics(3, {"loss": 1.0, "lr": 0.1, "x": 2}, keys=["loss"]) == "step 3 | loss 1"
+
+
 def test_warn_once(caplog):
     import logging
 

@@ -36,9 +36,11 @@ def _plain(value: Any) -> Any:
 def format_metrics(step: int, metrics: dict[str, Any], keys: list[str] | None = None) -> str:
     """Compact console line: ``step 12 | loss 2.3456 | tok/s 1234 ...``."""
     parts = [f"step {step}"]
-    for key in keys or list(metrics):
-        if key not in metrics:
-            continue
+    chosen = [k for k in keys or [] if k in metrics] or list(metrics)  # eval records: their keys
+    if any(k.startswith("eval/") for k in metrics) and keys:
+        chosen = [k for k in metrics if k.startswith("eval/")]
+        parts = [f"eval step {step}"]
+    for key in chosen:
         value = _plain(metrics[key])
         if isinstance(value, float):
             text = f"{value:.4g}" if abs(value) < 1e4 else f"{value:.0f}"
