@@ -158,3 +158,21 @@ def test_override_error_blames_the_override_not_the_file(tmp_path):
     path.write_text("steps: many\n")
     with pytest.raises(ConfigError, match=r"steps: expected int, got 'many' \(in .*ok.yaml\)"):
         load_config(Cfg, path)
+
+
+def test_describe_documents_the_fields_of_an_empty_list_of_sections():
+    """``teachers: []`` by default: config show once hid every teacher field."""
+    text = describe(RootCfg())
+    assert "teachers: []\n# each entry of teachers:\n#   - # teacher name\n#     name: t\n" \
+           "#     # loss weight\n#     weight: 1.0" in text
+    yaml_safe = __import__("yaml").safe_load(text)   # still valid YAML
+    assert yaml_safe["teachers"] == []
+
+
+def test_config_show_lists_teacher_fields(capsys):
+    from xdistill.cli import main
+
+    assert main(["config", "show", "offpolicy"]) == 0
+    out = capsys.readouterr().out
+    for field_name in ("tokenizer:", "worker:", "placement:", "projection:", "kind:"):
+        assert f"#     {field_name}" in out or f"#       {field_name}" in out, field_name

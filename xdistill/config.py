@@ -318,4 +318,25 @@ def describe(cfg: Any, indent: int = 0) -> str:
             dumped = yaml.safe_dump(to_dict(value), default_flow_style=True).strip()
             dumped = dumped.removesuffix("\n...").removesuffix("...").strip()
             lines.append(f"{pad}{f.name}: {dumped}")
+            lines += _entry_template(type(cfg), f.name, value, pad)
     return "\n".join(lines)
+
+
+def _entry_template(cls: type, name: str, value: Any, pad: str) -> list[str]:
+    """For an empty list of dataclasses (``teachers: []``): the fields of one entry, commented
+    out, so ``config show`` documents them too."""
+    if value not in ([], ()):
+        return []
+    args = get_args(_strip_optional(typing.get_type_hints(cls)[name]))
+    if not args or not dataclasses.is_dataclass(args[0]):
+        return []
+    try:
+        example = args[0]()
+    except TypeError:
+        return []
+    body = describe(example, 2).splitlines()
+    out = [f"{pad}# each entry of {name}:"]
+    for i, line in enumerate(body):
+        text = line[4:] if line.startswith("    ") else line.lstrip()
+        out.append(f"{pad}#   {'- ' if i == 0 else '  '}{text}")
+    return out
