@@ -89,3 +89,36 @@ def test_invalid_json_and_bad_messages_name_the_line(tmp_path):
     (tmp_path / "m.jsonl").write_text(json.dumps({"messages": [{"role": "user"}]}) + "\n")
     with pytest.raises(DataError, match=r"m.jsonl line 1: message 0 needs string 'role' and 'content'"):
         prepare([tmp_path / "m.jsonl"], tmp_path / "o2", progress=False)
+
+
+@pytest.mark.parametrize("content", ["", '{"text": ""}\n{"text": "  \\n"}\n'])
+def test_prepare_of_an_empty_input_is_an_error(tmp_path, capsys, content):
+    """It exited 0 having written 0 documents."""
+    src = tmp_path / "in.jsonl"
+    src.write_text(content)
+    assert cli_main(["data", "prepare", str(src), "-o", str(tmp_path / "out"), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "in.jsonl: no documents to write" in err and err.count("\n") == 1
+    assert not (tmp_path / "out" / "index.json").exists()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete", "garbage"])
+def test_data_info_reports_a_damaged_shard(tmp_path, capsys, damage):
+    """`data info` called a truncated shard fine."""
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": f"document {i} " * 20}) + "\n" for i in range(50)))
+    out = tmp_path / "out"
+    prepare([src], out, progress=False)
+    assert cli_main(["data", "info", str(out)]) == 0
+    capsys.readouterr()
+    shard = out / "shard-00000.arrow"
+    data = shard.read_bytes()
+    if damage == "truncate":
+        shard.write_bytes(data[: len(data) // 2])
+    elif damage == "delete":
+        shard.unlink()
+    else:
+        shard.write_bytes(b"\0" * len(data))   # same size, not arrow
+    assert cli_main(["data", "info", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "shard-00000.arrow" in err and err.count("\n") == 1, err

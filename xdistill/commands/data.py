@@ -62,5 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         index = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise DataError(f"cannot read {path}: {exc}") from None
+    from xdistill.data.prepare import check_shards
+
+    check_shards(args.directory, index)   # a truncated or missing shard is an error, not "fine"
     print(_summary(index))
     return 0

@@ -278,6 +278,29 @@ def _up_to_date(out: Path, fingerprint: str) -> dict | None:
     return index
 
 
+def check_shards(out: str | Path, index: dict) -> None:
+    """DataError naming the first shard of ``index`` that is missing, has another size than when
+    it was written, or is not a readable arrow file with its recorded number of rows."""
+    import pyarrow as pa
+
+    out = Path(out)
+    for shard in index.get("shards", []):
+        path = out / shard["file"]
+        if not path.is_file():
+            raise DataError(f"{path}: shard listed in {out / 'index.json'} is missing")
+        size = path.stat().st_size
+        if "file_bytes" in shard and size != shard["file_bytes"]:
+            raise DataError(f"{path}: {size} bytes on disk, {shard['file_bytes']} when written "
+                            "(truncated or overwritten): prepare the data again")
+        try:
+            with pa.memory_map(str(path)) as source:
+                rows = pa.ipc.open_file(source).read_all().num_rows
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise DataError(f"{path}: not a readable arrow shard ({exc})") from None
+        if "documents" in shard and rows != shard["documents"]:
+            raise DataError(f"{path}: {rows} rows, the index says {shard['documents']}")
+
+
 def _convert(files, fmt, tmp: Path, opts: dict, shard_bytes: int, progress: bool) -> dict:
     from tqdm import tqdm
 
@@ -359,6 +382,11 @@ def prepare(inputs, out_dir, *, text_column: str = "text", messages_column: str 
     tmp = Path(tempfile.mkdtemp(prefix=".prepare-", dir=out))
     try:
         index = _convert(files, fmt, tmp, opts, shard_bytes, progress)
+        if index["documents"] == 0:
+            names = ", ".join(str(f) for f in files) or ", ".join(str(i) for i in inputs)
+            raise DataError(f"{names}: no documents to write ({index['skipped_empty']} empty "
+                            f"row(s) skipped); check the file and --text-column "
+                            f"{text_column!r} / --messages-column {messages_column!r}")
         index["fingerprint"] = fingerprint
         index["options"] = options
         _install(tmp, out, index)
