@@ -24,9 +24,10 @@ _spec.loader.exec_module(helpers)
 base_config, run_cli, write_config = helpers.base_config, helpers.run_cli, helpers.write_config
 
 
-def _train(tmp: Path, name: str, cfg: dict, nproc: int = 1, expect_rc: int = 0, extra=()):
+def _train(tmp: Path, name: str, cfg: dict, nproc: int = 1, expect_rc: int = 0, extra=(),
+           env=None):
     path = write_config(tmp / f"{name}.yaml", cfg)
-    proc = run_cli(["train", "offpolicy", "--config", str(path), *extra], nproc=nproc)
+    proc = run_cli(["train", "offpolicy", "--config", str(path), *extra], nproc=nproc, env=env)
     assert proc.returncode == expect_rc, f"rc {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return proc
 
@@ -161,17 +162,21 @@ def test_real_tokenizers_end_to_end(tmp_path, tiny_assets):
 @pytest.mark.slow
 def test_kill_and_resume_two_ranks(tmp_path, tiny_assets):
     """2-rank FSDP2: killed after the step-3 checkpoint and resumed == uninterrupted (fp32
-    tolerance), each rank sees each of its windows exactly once."""
+    tolerance), each rank sees each of its windows exactly once. As users run it: 2 threads per
+    rank, a loader worker per rank, no OMP_NUM_THREADS (a resume once hung only then)."""
+    env = {"OMP_NUM_THREADS": None}
     full = base_config(tiny_assets, tmp_path / "full")
     full["checkpoint"].update(every=3, export_hf=True)
-    _train(tmp_path, "full", full, nproc=2)
+    full["train"]["num_threads"] = 2
+    full["data"]["num_workers"] = 1
+    _train(tmp_path, "full", full, nproc=2, env=env)
     cut = json.loads(json.dumps(full))
     cut["train"].update(out_dir=str(tmp_path / "cut"), stop_after=3)
     path = write_config(tmp_path / "cut.yaml", cut)
-    proc = run_cli(["train", "offpolicy", "--config", str(path)], nproc=2)
+    proc = run_cli(["train", "offpolicy", "--config", str(path)], nproc=2, env=env)
     assert proc.returncode != 0 and "exiting hard" in proc.stderr
     cut["train"]["stop_after"] = 0
-    _train(tmp_path, "cut", cut, nproc=2)
+    _train(tmp_path, "cut", cut, nproc=2, env=env)
     wa, wb = _weights(tmp_path / "full"), _weights(tmp_path / "cut")
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], rtol=1e-5, atol=1e-6)
