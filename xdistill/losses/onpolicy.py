@@ -52,9 +52,10 @@ other unit (the scorer pairs them with the teacher's own end token).
 Advantage baseline (``baseline = "mean"``; dpca / simple_opd: ``params.baseline``): the
 sampled-token advantages minus their mean over the micro-batch's units, before the clamp. A
 constant baseline leaves the expected gradient unchanged (``E_p[grad log p] = 0``) and cuts its
-variance; it matters when a teacher rates nearly every sample below the student's own likelihood:
-uncentred, every advantage is negative and the update pushes down whatever was sampled, the stop
-token included (the quality harness's k1/dpca/simple_opd arms collapse that way).
+variance when a teacher rates nearly every sample below the student's own likelihood (uncentred,
+every advantage is negative and each update pushes down whatever was sampled). In the quality
+harness it does not, by itself, stop the sampled-token arms from learning to never stop
+(``benchmarks/quality/RESULTS.md``, on-policy section).
 
 Reward weighting: an optional per-sample weight ``w_b`` multiplies every unit of sample ``b``
 (:func:`reward_weights` gives HJSang's ``B * softmax(reward / beta)``). Normalisation: the weighted

@@ -126,8 +126,8 @@ def center_advantages(adv_N: torch.Tensor, baseline: str, scored_N: torch.Tensor
     """``adv_N`` minus its mean over the (``scored_N``) units of this micro-batch when
     ``baseline == "mean"`` (a constant baseline: the gradient's expectation is unchanged, its
     variance falls; with a teacher that rates nearly every sample below the student's own
-    likelihood, all advantages are negative and, uncentred, push down whatever was sampled, the
-    stop token included). Units outside ``scored_N`` keep their advantage (zero)."""
+    likelihood, all advantages are negative and, uncentred, push down whatever was sampled).
+    Units outside ``scored_N`` keep their advantage (zero)."""
     if baseline == "none":
         return adv_N
     if baseline != "mean":

@@ -22,7 +22,7 @@ arm                 what continues training the CE checkpoint
 ``op_bpm``          BPM: teacher mass mapped to student tokens by byte prefix, forward KL
 ``op_escd``         ESCD: BPM + the completion-set term at the visited child state
 ``op_k1_mean``      ``op_k1`` with ``loss.advantage_baseline: mean`` (advantages centred on their
-                    micro-batch mean: the uncentred sampled-token arms collapse here)
+                    micro-batch mean: does centring stop the sampled-token arms' collapse?)
 ``op_dpca_mean``    ``op_dpca`` with the mean baseline
 ``op_simple_mean``  ``op_simple`` with the mean baseline
 ==================  =============================================================================

@@ -150,8 +150,8 @@ class OnPolicyLossConfig:
     # blow-up)
     stop_advantage: Literal["teacher", "zero"] = "teacher"
     # sampled-token kinds (k1, dpca, simple_opd): advantage baseline, none or mean (advantages
-    # minus their mean over the micro-batch's units: same expected gradient, less variance; keeps
-    # a student whose every sample the teacher rates low from pushing down all it samples)
+    # minus their mean over the micro-batch's units: same expected gradient, less variance when
+    # the teacher rates every sample below the student's own likelihood)
     advantage_baseline: Literal["none", "mean"] = "none"
     # reward weighting of samples: weight B * softmax(reward / reward_beta) when the rollouts
     # carry rewards; 0 = off
