@@ -176,3 +176,43 @@ def test_config_show_lists_teacher_fields(capsys):
     out = capsys.readouterr().out
     for field_name in ("tokenizer:", "worker:", "placement:", "projection:", "kind:"):
         assert f"#     {field_name}" in out or f"#       {field_name}" in out, field_name
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ("1e-3", 1e-3), ("1E5", 1e5), (".5", 0.5), ("-2e-4", -2e-4), ("+1e3", 1e3), ("1.e-3", 1e-3),
+    (".inf", float("inf")), ("-.inf", float("-inf")), ("inf", float("inf")),
+    ("-Infinity", float("-inf")), ("5", 5.0)])
+def test_float_spellings_in_a_file_and_on_the_command_line(tmp_path, raw, expected):
+    """What a Python user types for a float field is a float, from a file and from an override."""
+    assert load_config(Cfg, write(tmp_path, f"lr: {raw}\n")).lr == expected
+    assert load_config(Cfg, None, [f"lr={raw}"]).lr == expected
+    nan = load_config(Cfg, None, ["lr=nan"]).lr
+    assert nan != nan
+    assert load_config(Cfg, None, ["name=inf"]).name == "inf"   # a str field keeps the word
+
+
+def test_yaml_merge_keys_work_and_a_duplicate_on_one_line_names_columns(tmp_path):
+    path = write(tmp_path, "teachers:\n  - &t {name: a, weight: 2.0}\n  - <<: *t\n"
+                           "    name: b\n")
+    cfg = load_config(RootCfg, path)
+    assert [(t.name, t.weight) for t in cfg.teachers] == [("a", 2.0), ("b", 2.0)]  # explicit wins
+    path.write_text("loss: {kind: rkl, kind: jsd}\n")
+    with pytest.raises(ConfigError, match=r"cfg.yaml: duplicate key 'kind' at line 1, column 19 "
+                                          r"\(first at line 1, column 8\)"):
+        load_config(RootCfg, path)
+
+
+def test_config_show_takes_overrides_after_the_config_option(capsys, tmp_path):
+    """The usage line reads ``[--config FILE] [key=value ...]``: that order was 'unrecognized'."""
+    from xdistill.cli import main
+
+    path = tmp_path / "c.yaml"
+    path.write_text("optim:\n  lr: 1e-2\n")
+    assert main(["config", "show", "offpolicy", "--config", str(path), "optim.lr=1e-3",
+                 "train.steps=7"]) == 0
+    out = capsys.readouterr().out
+    assert "\n  lr: 0.001\n" in out and "\n  steps: 7\n" in out
+    with pytest.raises(SystemExit) as exit_:   # argparse's own usage error, exit 2
+        main(["config", "show", "offpolicy", "--config", str(path), "--bogus"])
+    assert exit_.value.code == 2
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err

@@ -12,7 +12,8 @@ Supported field types: ``bool``, ``int``, ``float``, ``str``, ``Literal[...]``, 
 overrides address by index: ``teachers.0.weight=0.5``).
 
 YAML is read with YAML 1.2 floats (``1e-3``, ``5E4``, ``.5``: PyYAML's YAML 1.1 rules would
-take ``1e-3`` for a string), a duplicate key is an error naming it with both lines, and a syntax
+take ``1e-3`` for a string; a float field also takes ``inf``, ``-inf`` and ``nan``), merge keys
+(``<<: *base``) work, a duplicate key is an error naming it with both lines, and a syntax
 error names ``file:line:column``. An override that breaks the config is reported as the
 command-line override it is, not as the file's fault.
 """
@@ -34,6 +35,8 @@ from xdistill.errors import ConfigError
 
 T = TypeVar("T")
 _MISSING = object()
+# words a float field also accepts (YAML's own are .inf / .nan)
+_FLOAT_WORDS = ("inf", "infinity", "nan")
 
 
 class _Loader(yaml.SafeLoader):
@@ -42,12 +45,22 @@ class _Loader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen: dict = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *base``: explicit keys win
+                continue
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
-                raise ConfigError(f"duplicate key {key!r} at line {key_node.start_mark.line + 1} "
-                                  f"(first at line {seen[key] + 1})")
-            seen[key] = key_node.start_mark.line
+                first = seen[key]
+                raise ConfigError(f"duplicate key {key!r} at {_where(key_node.start_mark, first)} "
+                                  f"(first at {_where(first, key_node.start_mark)})")
+            seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep=deep)
+
+
+def _where(mark, other) -> str:
+    """``line N``, with the column when ``other`` is on the same line."""
+    if mark.line == other.line:
+        return f"line {mark.line + 1}, column {mark.column + 1}"
+    return f"line {mark.line + 1}"
 
 
 _Loader.add_implicit_resolver(  # after YAML 1.1's int and float: integers stay int
@@ -171,6 +184,8 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str) and value.strip().lower().lstrip("+-") in _FLOAT_WORDS:
+            return float(value)  # Python's spellings: inf, -inf, Infinity, nan
         raise ConfigError(f"{key}: expected float, got {value!r}")
     if tp is str:
         if isinstance(value, str):

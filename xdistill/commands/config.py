@@ -36,7 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("kind", help=f"run kind: {', '.join(KINDS)}")
     show.add_argument("--config", help="YAML config file")
     show.add_argument("overrides", nargs="*", help="dotted overrides, e.g. loss.temperature=2.0")
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # ``show KIND --config F a=1``: argparse leaves overrides after an option unparsed
+    bad = [x for x in extra if x.startswith("-") or "=" not in x]
+    if bad:
+        parser.error(f"unrecognized arguments: {' '.join(bad)}")
+    if args.action == "show":
+        args.overrides = list(args.overrides) + extra
     cfg = load_config(config_class(args.kind), args.config, args.overrides)
     print(describe(cfg))
     return 0
