@@ -216,3 +216,19 @@ def test_config_show_takes_overrides_after_the_config_option(capsys, tmp_path):
         main(["config", "show", "offpolicy", "--config", str(path), "--bogus"])
     assert exit_.value.code == 2
     assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+def test_a_range_error_after_loading_names_the_override_or_the_file(tmp_path, capsys):
+    """`optim.lr=-1` failed a range check in the trainer with no word of where the value came from."""
+    from xdistill.cli import main
+
+    path = tmp_path / "run.yaml"
+    path.write_text("optim:\n  lr: -1\n")
+    assert main(["train", "offpolicy", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"xdistill: error: optim.lr: must be > 0, got -1.0 (in {path})\n"
+    assert main(["train", "offpolicy", "--config", str(path), "optim.lr=0.1",
+                 "train.steps=0"]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith("train.steps must be >= 1, got 0 (set by command-line override "
+                        "'train.steps=0')\n") and err.count("\n") == 1

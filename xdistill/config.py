@@ -312,6 +312,31 @@ def load_config(cls: type[T], path: str | Path | None = None,
     return from_dict(cls, base)
 
 
+def blame_override(exc: ConfigError, overrides, path: str | Path | None = None) -> ConfigError:
+    """``exc`` (raised by a range check after loading) with where the key its message names was
+    set: `` (set by command-line override 'optim.lr=-1')``, else `` (in FILE)`` when the config
+    file sets it; ``exc`` itself otherwise."""
+    msg = str(exc)
+    if "command-line override" in msg:
+        return exc
+    for text in reversed(list(overrides)):
+        key = text.split("=", 1)[0].strip()
+        if key and re.search(rf"(?<![\w.]){re.escape(key)}(?!\w)", msg):
+            return ConfigError(f"{msg} (set by command-line override {text!r})")
+    lead = re.match(r"[A-Za-z_]\w*(?:\.\w+)*", msg)
+    if path is not None and lead and f"(in {path})" not in msg and Path(path).is_file():
+        node: Any = yaml_load(Path(path).read_text(encoding="utf-8"), str(path))
+        for part in lead.group(0).split("."):
+            if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            elif isinstance(node, dict) and part in node:
+                node = node[part]
+            else:
+                return exc
+        return ConfigError(f"{msg} (in {path})")
+    return exc
+
+
 def describe(cfg: Any, indent: int = 0) -> str:
     """YAML-like listing of ``cfg`` with each field's documentation as a comment."""
     lines: list[str] = []

@@ -13,7 +13,8 @@ import argparse
 import os
 import sys
 
-from xdistill.config import load_config
+from xdistill.config import blame_override, load_config
+from xdistill.errors import ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,10 +29,21 @@ def main(argv: list[str] | None = None) -> int:
     overrides = list(args.overrides)
     if args.resume is not None:
         overrides.append(f"checkpoint.resume={'' if args.resume == 'none' else args.resume}")
-    if args.kind == "onpolicy":
+    try:
+        _run(args.kind, args.config, overrides)
+    except ConfigError as exc:   # a range check after loading: name the override that set it
+        raise blame_override(exc, overrides, args.config) from None
+    from xdistill import distributed as xdist
+
+    xdist.destroy_distributed()
+    return 0
+
+
+def _run(kind: str, config: str | None, overrides: list[str]) -> None:
+    if kind == "onpolicy":
         from xdistill.train.onpolicy_config import OnPolicyConfig
 
-        cfg = load_config(OnPolicyConfig, args.config, overrides)
+        cfg = load_config(OnPolicyConfig, config, overrides)
         _limit_numba_pool(cfg.train.num_threads)
         from xdistill.train.onpolicy import run_onpolicy
 
@@ -39,15 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from xdistill.train.config import OffPolicyConfig
 
-        cfg = load_config(OffPolicyConfig, args.config, overrides)
+        cfg = load_config(OffPolicyConfig, config, overrides)
         _limit_numba_pool(cfg.train.num_threads)
         from xdistill.train.offpolicy import run_offpolicy
 
         run_offpolicy(cfg)
-    from xdistill import distributed as xdist
-
-    xdist.destroy_distributed()
-    return 0
 
 
 def _limit_numba_pool(num_threads: int) -> None:
