@@ -31,6 +31,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="invalid UTF-8: fail naming the file/line, or substitute U+FFFD")
     prep.add_argument("--shard-mb", type=float, default=256.0,
                       help="maximum document bytes per shard, in MiB (default: 256)")
+    prep.add_argument("--max-doc-mb", type=float, default=0.5,
+                      help="split text documents longer than this many MiB into pieces (at a "
+                           "blank line, newline or space; 0 = never; default: 0.5)")
     prep.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     info = sub.add_parser("info", help="summarise a prepared directory")
     info.add_argument("directory")
@@ -41,7 +44,10 @@ def _summary(index: dict) -> str:
     return (f"{index['documents']} documents ({index.get('text_documents', 0)} text, "
             f"{index.get('chat_documents', 0)} chat), {index['bytes']} bytes in "
             f"{len(index['shards'])} shard(s); skipped {index['skipped_empty']} empty, "
-            f"replaced invalid UTF-8 in {index.get('replaced_invalid_utf8', 0)}")
+            f"replaced invalid UTF-8 in {index.get('replaced_invalid_utf8', 0)}"
+            + (f"; split {index['split_documents']} document(s) longer than "
+               f"{index['max_doc_bytes']} bytes into {index['documents_from_splits']} pieces"
+               if index.get("split_documents") else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                                messages_column=args.messages_column, fmt=args.format,
                                invalid_utf8=args.invalid_utf8,
                                shard_bytes=max(1, int(args.shard_mb * (1 << 20))),
+                               max_doc_bytes=int(args.max_doc_mb * (1 << 20)),
                                progress=not args.quiet)
         state = "wrote" if wrote else "up to date"
         print(f"{args.output}: {state}: {_summary(index)}")

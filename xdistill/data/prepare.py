@@ -18,6 +18,19 @@ Empty documents (no non-whitespace character; a conversation whose contents are 
 skipped and counted. Invalid UTF-8 follows ``invalid_utf8``: ``error`` names the file and
 line/row, ``replace`` substitutes U+FFFD and counts the documents it changed.
 
+A text document longer than ``max_doc_bytes`` UTF-8 bytes (default 512 KiB, ``--max-doc-mb``; 0
+never splits) is split into pieces of at most that size, each written as its own document (the
+packer then ends each with EOS and shuffles them independently; at ~130 K tokens a piece is far
+longer than a training window). Each cut is, in this order of preference, after the last blank
+line (``\n\n``) in the second half of the limit, else after the last newline there, else before
+the last space or tab (it stays with the next word, as BPE tokenizers attach it), else at the last
+character boundary; the pieces concatenate to the document byte for byte, and blank pieces are
+skipped. Chat documents are never split (each tokenizer renders their messages with its template).
+Why: the student tokenizes a document in one call when it has no ``x\ny`` newline to cut at, or
+when its tokenizer adds a dummy prefix (:func:`xdistill.data.packing.encode_text`); one 100 MB
+document took 13.5 GB and 143 s of silence on the first step. A 4 MB one-line document peaks at
+~650 MB whole and ~80 MB in 512 KiB pieces (GPT-2; the same token ids).
+
 Idempotent: the index records a fingerprint of the inputs (path, size, mtime) and options; a rerun
 with the same fingerprint and intact shards does nothing. Otherwise everything is written to a
 temporary directory and moved into place (shards first, ``index.json`` last, each via rename), so
@@ -48,6 +61,8 @@ SCHEMA = pa.schema([
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 FORMATS = ("auto", "jsonl", "parquet", "arrow", "text", "text-lines")
 _BATCH_ROWS = 1024
+MAX_DOC_BYTES = 512 << 10   # default split size of long text documents (see the docstring)
+MIN_DOC_BYTES = 4096        # smallest allowed split size (a cut always finds a character boundary)
 
 
 def expand_inputs(inputs) -> list[Path]:
@@ -254,6 +269,36 @@ def _doc_bytes(doc, where: str, policy: str):
         return _doc_bytes(doc, where, "error")
 
 
+def split_long_text(text: str, max_bytes: int) -> list[str]:
+    """``text`` cut into pieces of at most ``max_bytes`` UTF-8 bytes at the boundaries the module
+    docstring lists; ``[text]`` when it fits. ``max_bytes >= MIN_DOC_BYTES``."""
+    raw = text.encode("utf-8")
+    if len(raw) <= max_bytes:
+        return [text]
+    pieces, start = [], 0
+    while len(raw) - start > max_bytes:
+        cut = _cut(raw, start + max_bytes // 2, start + max_bytes)
+        pieces.append(raw[start:cut].decode("utf-8"))
+        start = cut
+    pieces.append(raw[start:].decode("utf-8"))
+    return pieces
+
+
+def _cut(raw: bytes, lo: int, hi: int) -> int:
+    """Cut position in ``(lo, hi]``: blank line, newline, before a space/tab, character boundary."""
+    for sep in (b"\n\n", b"\n"):
+        i = raw.rfind(sep, lo, hi)
+        if i >= 0:
+            return i + len(sep)
+    i = max(raw.rfind(b" ", lo + 1, hi), raw.rfind(b"\t", lo + 1, hi))
+    if i > lo:
+        return i
+    cut = hi
+    while (raw[cut] & 0xC0) == 0x80:   # a UTF-8 continuation byte: move to its lead byte
+        cut -= 1
+    return cut
+
+
 def fingerprint_inputs(files: list[Path], options: dict) -> str:
     entries = []
     for path in files:
@@ -301,16 +346,39 @@ def check_shards(out: str | Path, index: dict) -> None:
             raise DataError(f"{path}: {rows} rows, the index says {shard['documents']}")
 
 
+def _add_document(writer: _ShardWriter, doc, src: dict, totals: dict, opts: dict) -> None:
+    """Write one non-empty document, split into pieces when it is a long text (see above)."""
+    doc, n_bytes = _doc_bytes(doc, f"{src['path']} document {src['documents'] + 1}",
+                              opts["invalid_utf8"])
+    limit = opts["max_doc_bytes"]
+    pieces = split_long_text(doc, limit) if isinstance(doc, str) and limit and n_bytes > limit \
+        else [doc]
+    if len(pieces) > 1:
+        src["split_documents"] += 1
+    for piece in pieces:
+        if len(pieces) > 1 and not piece.strip():
+            src["skipped_empty"] += 1
+            continue
+        size = n_bytes if len(pieces) == 1 else len(piece.encode("utf-8"))
+        src["documents_from_splits"] += len(pieces) > 1
+        writer.add(piece, size)
+        src["documents"] += 1
+        src["bytes"] += size
+        totals["text" if isinstance(piece, str) else "chat"] += 1
+
+
 def _convert(files, fmt, tmp: Path, opts: dict, shard_bytes: int, progress: bool) -> dict:
     from tqdm import tqdm
 
     writer = _ShardWriter(tmp, shard_bytes)
-    sources, totals = [], {"documents": 0, "bytes": 0, "text": 0, "chat": 0, "skipped": 0, "replaced": 0}
+    sources, totals = [], {"documents": 0, "bytes": 0, "text": 0, "chat": 0, "skipped": 0,
+                           "replaced": 0, "split": 0, "pieces": 0}
     total_size = sum(p.stat().st_size for p in files)
     with tqdm(total=total_size, unit="B", unit_scale=True, desc="prepare", disable=not progress) as bar:
         for path in files:
             file_fmt = detect_format(path, fmt)
-            src = {"path": str(path), "format": file_fmt, "documents": 0, "bytes": 0, "skipped_empty": 0}
+            src = {"path": str(path), "format": file_fmt, "documents": 0, "bytes": 0,
+                   "skipped_empty": 0, "split_documents": 0, "documents_from_splits": 0}
             for ticks, item in read_documents(path, file_fmt, opts):
                 bar.update(ticks)
                 if item is None:
@@ -319,22 +387,21 @@ def _convert(files, fmt, tmp: Path, opts: dict, shard_bytes: int, progress: bool
                 if (not doc.strip()) if isinstance(doc, str) else is_empty_conversation(doc):
                     src["skipped_empty"] += 1
                     continue
-                doc, n_bytes = _doc_bytes(doc, f"{path} document {src['documents'] + 1}",
-                                          opts["invalid_utf8"])
-                writer.add(doc, n_bytes)
-                src["documents"] += 1
-                src["bytes"] += n_bytes
-                totals["text" if isinstance(doc, str) else "chat"] += 1
+                _add_document(writer, doc, src, totals, opts)
                 totals["replaced"] += int(replaced)
             sources.append(src)
             totals["documents"] += src["documents"]
             totals["bytes"] += src["bytes"]
             totals["skipped"] += src["skipped_empty"]
+            totals["split"] += src["split_documents"]
+            totals["pieces"] += src["documents_from_splits"]
     return {
         "format_version": FORMAT_VERSION,
         "documents": totals["documents"], "bytes": totals["bytes"],
         "text_documents": totals["text"], "chat_documents": totals["chat"],
         "skipped_empty": totals["skipped"], "replaced_invalid_utf8": totals["replaced"],
+        "split_documents": totals["split"], "documents_from_splits": totals["pieces"],
+        "max_doc_bytes": opts["max_doc_bytes"],
         "schema": {f.name: str(f.type) for f in SCHEMA},
         "shards": writer.close(), "sources": sources,
     }
@@ -358,7 +425,7 @@ def _install(tmp: Path, out: Path, index: dict) -> None:
 
 def prepare(inputs, out_dir, *, text_column: str = "text", messages_column: str = "messages",
             fmt: str = "auto", invalid_utf8: str = "error", shard_bytes: int = 256 << 20,
-            progress: bool = True) -> tuple[dict, bool]:
+            max_doc_bytes: int = MAX_DOC_BYTES, progress: bool = True) -> tuple[dict, bool]:
     """Convert ``inputs`` into shards under ``out_dir``; returns ``(index, wrote)``.
 
     ``wrote`` is False when the output was already up to date (nothing was touched).
@@ -369,9 +436,12 @@ def prepare(inputs, out_dir, *, text_column: str = "text", messages_column: str 
         raise DataError(f"invalid_utf8 must be 'error' or 'replace', got {invalid_utf8!r}")
     if shard_bytes <= 0:
         raise DataError(f"shard_bytes must be positive, got {shard_bytes}")
+    if max_doc_bytes != 0 and max_doc_bytes < MIN_DOC_BYTES:
+        raise DataError(f"max_doc_bytes must be 0 (never split) or at least {MIN_DOC_BYTES}, "
+                        f"got {max_doc_bytes}")
     files = expand_inputs(inputs)
     opts = {"text_column": text_column, "messages_column": messages_column,
-            "invalid_utf8": invalid_utf8}
+            "invalid_utf8": invalid_utf8, "max_doc_bytes": max_doc_bytes}
     options = dict(opts, format=fmt, shard_bytes=shard_bytes)
     fingerprint = fingerprint_inputs(files, options)
     out = Path(out_dir)
