@@ -102,6 +102,16 @@ def test_prepare_of_an_empty_input_is_an_error(tmp_path, capsys, content):
     assert not (tmp_path / "out" / "index.json").exists()
 
 
+def test_prepare_of_an_empty_directory_or_table_names_it(tmp_path, capsys):
+    (tmp_path / "empty_dir").mkdir()
+    (tmp_path / "empty_dir" / ".hidden").write_text("not an input")
+    assert cli_main(["data", "prepare", str(tmp_path / "empty_dir"), "-o", str(tmp_path / "o")]) == 2
+    assert "empty_dir: no input files" in capsys.readouterr().err
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), tmp_path / "zero.parquet")
+    with pytest.raises(DataError, match=r"zero.parquet: no documents to write \(0 empty"):
+        prepare([tmp_path / "zero.parquet"], tmp_path / "o", progress=False)
+
+
 @pytest.mark.parametrize("damage", ["truncate", "delete", "garbage"])
 def test_data_info_reports_a_damaged_shard(tmp_path, capsys, damage):
     """`data info` called a truncated shard fine."""

@@ -76,7 +76,8 @@ def expand_inputs(inputs) -> list[Path]:
         else:
             raise DataError(f"input {path} does not exist")
     if not files:
-        raise DataError("no input files")
+        raise DataError(f"{', '.join(str(i) for i in inputs)}: no input files (an empty "
+                        "directory, or only hidden files)")
     return files
 
 
