@@ -52,3 +52,31 @@ def test_train_num_threads_sizes_numba_pool_before_numba_starts(monkeypatch):
     monkeypatch.setenv("NUMBA_NUM_THREADS", "2")
     _limit_numba_pool(1)  # an explicit user setting wins
     assert os.environ["NUMBA_NUM_THREADS"] == "2"
+
+
+def test_demo_help_describes_the_demo_it_runs(capsys):
+    """`xdistill demo --help` once described an older demo: its text must name what runs today
+    (the Makefile's two commands, each arm of `demo distill`, the default tokenizers, defaults)."""
+    import re
+    from pathlib import Path
+
+    import pytest
+
+    from xdistill.demo.distill import ARM_LABELS, DEMO_ARMS
+    from xdistill.demo.tokenizer_pairs import DEFAULT_NAMES
+    from xdistill.quality.arms import ArmSettings
+    from xdistill.quality.prepare import PrepConfig
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["demo", "--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert ":mod:" not in text and "``" not in text       # plain text, no reST markup
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    for cmd in re.findall(r"\$\(VENV\)/bin/(xdistill demo \w+)", makefile):
+        assert cmd in text, cmd
+    assert set(ARM_LABELS) == set(DEMO_ARMS)
+    for arm in DEMO_ARMS:
+        assert f"{ARM_LABELS[arm]} ({arm})" in text, arm
+    assert ", ".join(DEFAULT_NAMES) in text
+    assert f"{PrepConfig().big_steps} steps" in text and f"{ArmSettings().steps} steps" in text

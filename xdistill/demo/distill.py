@@ -31,6 +31,10 @@ from xdistill.quality.summary import summarize
 from xdistill.quality.threads import THREADS_PER_RUN
 
 DEMO_ARMS = ("ce", "pkl_multi", "pkl_cont", "alm")
+# what each arm is, in words (``xdistill demo --help``)
+ARM_LABELS = {"ce": "CE-only on the corpus labels, no teacher",
+              "pkl_multi": "P-KL through a multitoken projection",
+              "pkl_cont": "P-KL + continuation KL", "alm": "ALM"}
 # a checkpoint (scored for held-out accuracy, then pruned) and a held-out bpb every N steps: curves
 DEMO_EVAL_EVERY = 100
 # what a re-run repeats (measured: benchmarks/quality/RESULTS.md, "Reproducibility")
