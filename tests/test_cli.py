@@ -80,3 +80,19 @@ def test_demo_help_describes_the_demo_it_runs(capsys):
         assert f"{ARM_LABELS[arm]} ({arm})" in text, arm
     assert ", ".join(DEFAULT_NAMES) in text
     assert f"{PrepConfig().big_steps} steps" in text and f"{ArmSettings().steps} steps" in text
+
+
+def test_tiny_recipe_without_its_assets_says_how_to_build_them(tmp_path, capsys, monkeypatch):
+    """A fresh clone: `xdistill train onpolicy --config configs/onpolicy_tiny_cpu.yaml` said only
+    that runs/tiny_assets/teacher_qwen2 does not exist. (Its prompts ship in configs/.)"""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "configs").symlink_to(root / "configs")
+    monkeypatch.chdir(tmp_path)
+    for kind in ("onpolicy", "offpolicy"):
+        assert main(["train", kind, "--config", f"configs/{kind}_tiny_cpu.yaml"]) == 2
+        err = capsys.readouterr().err
+        assert "runs/tiny_assets" in err and "does not exist" in err and err.count("\n") == 1
+        assert "build them once with `python -m xdistill.tiny`" in err, err
+    assert (root / "configs" / "prompts_tiny.jsonl").is_file()

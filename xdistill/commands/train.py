@@ -16,6 +16,9 @@ import sys
 from xdistill.config import blame_override, load_config
 from xdistill.errors import ConfigError
 
+# where ``python -m xdistill.tiny`` writes the tiny recipes' teachers and corpus
+TINY_ASSETS = "runs/tiny_assets"
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="xdistill train", description=__doc__,
@@ -32,7 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _run(args.kind, args.config, overrides)
     except ConfigError as exc:   # a range check after loading: name the override that set it
-        raise blame_override(exc, overrides, args.config) from None
+        exc = blame_override(exc, overrides, args.config)
+        if TINY_ASSETS in str(exc) and "does not exist" in str(exc):
+            exc = ConfigError(f"{exc}; the tiny recipes' teachers and corpus: build them once "
+                              "with `python -m xdistill.tiny`")
+        raise exc from None
     from xdistill import distributed as xdist
 
     xdist.destroy_distributed()
