@@ -1,20 +1,27 @@
-"""The README's command block ("Then:") runs as written, in a scratch working directory that
-looks like the repository root (``configs/`` linked, the user's ``my_corpus.jsonl`` written).
+"""The README's shell commands run as written, in a scratch working directory that looks like the
+repository root (``configs/`` linked, the user's ``my_corpus.jsonl`` written).
 
-Only the step budget is shortened: ``train.steps=2`` is appended to every training command (a
-later override wins). ``make test`` / ``make demo`` are not run here (this *is* ``make test``; the
-demo trains for minutes and has its own tests in ``tests/quality``). One torchrun line starts 2
-ranks; every command runs with more than one thread and no ``OMP_NUM_THREADS``.
+Every fenced block of the README is scanned; a line whose first word is ``xdistill``, ``python`` or
+``torchrun`` is run, in README order. Not run, on purpose: ``make test`` (this test is part of it;
+it is also the install step: venv, package, assets) and ``make demo`` (too long: minutes of
+training; the demo's code has its own tests in ``tests/quality`` and ``tests/test_cli.py``).
+
+Only the step budget is shortened: ``train.steps=2`` is appended to each training command, all of
+which already show dotted overrides in the README (a later override wins). One torchrun line
+starts 2 ranks; every command runs with more than one thread and no ``OMP_NUM_THREADS``. The
+off-policy run's console must show its evaluation line (``eval step 2 | eval/...``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,14 +31,23 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
 
 
+RUN = ("xdistill", "python", "torchrun")
+NOT_RUN = {"make test": "this test is part of it (and it is the install step)",
+           "make demo": "minutes of training; tested in tests/quality and tests/test_cli.py"}
+
+
 def readme_commands() -> list[str]:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = text.split("Then:", 1)[1].split("```", 2)[1]
     lines = []
-    for line in block.splitlines():
-        line = line.split("  #", 1)[0].strip()
-        if line:
-            lines.append(line)
+    for block in text.split("```")[1::2]:
+        for line in block.splitlines():
+            line = line.split("  #", 1)[0].strip()
+            if not line or line.startswith("#"):
+                continue
+            if line.split()[0] == "make":
+                assert line in NOT_RUN, f"a README make command this test does not know: {line}"
+            elif line.split()[0] in RUN:
+                lines.append(line)
     return lines
 
 
@@ -51,6 +67,8 @@ def as_argv(line: str) -> list[str]:
         argv = [sys.executable, "-m", "torch.distributed.run", "--master_port", str(_port())] \
             + argv[1:]
     if "train" in argv and ("offpolicy" in argv or "onpolicy" in argv):
+        assert any("=" in a and "." in a.split("=")[0] for a in argv), \
+            f"a README training command without overrides (train.steps=2 would be new): {line}"
         argv.append("train.steps=2")
     return argv
 
@@ -66,11 +84,17 @@ def test_readme_commands_run_as_written(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "WORLD_SIZE")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                PYTHONPATH=str(ROOT))
+    took, output = {}, {}
     for line in lines:
         argv = as_argv(line)
+        t0 = time.perf_counter()
         proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=900)
+        took[line], output[line] = round(time.perf_counter() - t0, 1), proc.stdout + proc.stderr
         assert proc.returncode == 0, f"README command failed: {line}\n{proc.stderr[-4000:]}"
+    print("README command seconds:", json.dumps(took, indent=1))
+    offpolicy = next(line for line in lines if line.startswith("xdistill train offpolicy"))
+    assert re.search(r"eval step 2 \| eval/\w+ [0-9.]+", output[offpolicy]), output[offpolicy][-3000:]
     for run in ("offpolicy_tiny_cpu", "tiny_2ranks", "onpolicy_tiny_cpu"):
         metrics = tmp_path / "runs" / run / "metrics.jsonl"
         steps = [json.loads(x).get("step") for x in metrics.read_text().splitlines()]
