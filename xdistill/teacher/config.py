@@ -42,6 +42,9 @@ class TeacherConfig:
     model: str = ""
     # weights dtype; "auto" keeps the checkpoint's dtype
     dtype: DTypeName = "float32"
+    # attention implementation passed to transformers ("sdpa", "eager", ...); "" = its default
+    # (sdpa for the supported architectures; the real-pair benchmark measures both)
+    attn_implementation: str = ""
     # torch device of the teacher inside its worker ("cpu", "cuda", "cuda:1")
     device: str = "cpu"
     # where the worker runs: in the training process, a spawned subprocess, or a Ray actor
@@ -71,6 +74,11 @@ class TeacherConfig:
     # torch intra-op threads inside a subprocess / Ray worker (0 = torch's default); in-process
     # teachers share the training process's setting
     num_threads: int = 0
+    # keep up to this many MB of this teacher's output rows in memory (in its worker) and copy
+    # a row seen before instead of recomputing it: multi-epoch off-policy runs with
+    # data.shuffle false see the same windows every epoch (first come, first kept, never
+    # evicted; see xdistill.teacher.cache); 0 = off
+    cache_mb: float = 0.0
     # pass trust_remote_code to from_pretrained (custom architectures)
     trust_remote_code: bool = False
     # Ray actor resources and placement (placement = "ray")
@@ -86,6 +94,8 @@ class TeacherConfig:
                               f"got {self.micro_batch_size}")
         if self.output == "topk" and self.top_k < 1:
             raise ConfigError(f"{where}: top_k must be >= 1 for output 'topk', got {self.top_k}")
+        if not self.cache_mb >= 0:
+            raise ConfigError(f"{where}: cache_mb must be >= 0 (0 = no cache), got {self.cache_mb}")
         if self.slots < 1:
             raise ConfigError(f"{where}: slots must be >= 1, got {self.slots}")
         if self.timeout_s <= 0 or self.startup_timeout_s <= 0:

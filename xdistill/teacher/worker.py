@@ -21,11 +21,14 @@ from dataclasses import dataclass
 import torch
 
 from xdistill.errors import TeacherError
+from xdistill.log import get_logger
+from xdistill.teacher.cache import OutputCache, contiguous_runs, row_key
 from xdistill.teacher.config import TeacherConfig
 from xdistill.teacher.head import fill_from_hidden
 from xdistill.teacher.outputs import (TeacherOutput, fill_output, output_spec,
                                       prepare_projection)
 
+log = get_logger("teacher")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -89,6 +92,7 @@ class TeacherWorker:
         self.device = torch.device(config.device)
         self._home = torch.device("cpu") if config.offload else self.device
         self.model = load_causal_lm(path, dtype=resolve_dtype(config.dtype),
+                                    attn_implementation=config.attn_implementation,
                                     trust_remote_code=config.trust_remote_code)
         self.model.eval().requires_grad_(False).to(self._home)
         head = self.model.get_output_embeddings()
@@ -105,6 +109,7 @@ class TeacherWorker:
             Vs = int(self.proj_VsVt.shape[0])
         compute = next(self.model.parameters()).dtype
         self.split = self._split_head()
+        self.cache = OutputCache(config.cache_mb, config.name) if config.cache_mb > 0 else None
         self.info = TeacherInfo(
             name=config.name, kind=config.output, vocab_size=V, student_vocab_size=Vs,
             top_k=min(config.top_k, V) if config.output == "topk" else 0,
@@ -147,30 +152,53 @@ class TeacherWorker:
                 f"{t} is outside the teacher vocabulary [0, {self.vocab_size})")
 
     def run_into(self, request: TeacherRequest, out: dict[str, torch.Tensor]) -> None:
-        """Forward ``request`` micro-batch by micro-batch, writing the outputs into ``out``."""
+        """Forward ``request`` micro-batch by micro-batch, writing the outputs into ``out``
+        (rows found in the output cache are copied instead, see :mod:`xdistill.teacher.cache`)."""
         ids_BTt, mask_BTt = request.input_ids_BTt, request.attention_mask_BTt
         self._check_ids(ids_BTt, mask_BTt)
-        cfg, B = self.config, ids_BTt.shape[0]
+        B = ids_BTt.shape[0]
+        if self.cache is None:
+            self._forward_rows(ids_BTt, mask_BTt, out, [slice(0, B)])
+            return
+        keys = [row_key(ids_BTt[b], mask_BTt[b]) for b in range(B)]
+        found = self.cache.lookup(keys)
+        todo = [b for b in range(B) if not found[b]]
+        self._forward_rows(ids_BTt, mask_BTt, out, contiguous_runs(todo))
+        for b in range(B):
+            if found[b]:
+                self.cache.fill(out, b, keys[b])
+            else:
+                self.cache.store(out, b, keys[b])
+
+    def _forward_rows(self, ids_BTt, mask_BTt, out, runs: list[slice]) -> None:
+        """The teacher on the rows of ``runs`` (each cut into micro-batches), into ``out``."""
+        cfg = self.config
+        if not runs:
+            return
         if cfg.offload:
             self.model.to(self.device)
         try:
             with torch.inference_mode():
-                for a in range(0, B, cfg.micro_batch_size):
-                    rows = slice(a, min(a + cfg.micro_batch_size, B))
-                    ids = ids_BTt[rows].to(self.device, non_blocking=True)
-                    mask = mask_BTt[rows].to(self.device, non_blocking=True).long()
-                    if self.split is not None:
-                        fill_from_hidden(self.split, self.info.kind, self.split.hidden(ids, mask),
-                                         ids, out, rows, temperature=cfg.temperature,
-                                         top_k=self.info.top_k, proj_VsVt=self.proj_VsVt)
-                        continue
-                    logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
-                    fill_output(self.info.kind, logits, out, rows, temperature=cfg.temperature,
-                                top_k=self.info.top_k, proj_VsVt=self.proj_VsVt, ids_nT=ids)
-                    del logits
+                for run in runs:
+                    for a in range(run.start, run.stop, cfg.micro_batch_size):
+                        self._forward_micro(ids_BTt, mask_BTt, out,
+                                            slice(a, min(a + cfg.micro_batch_size, run.stop)))
         finally:
             if cfg.offload:
                 self.model.to(self._home)
+
+    def _forward_micro(self, ids_BTt, mask_BTt, out, rows: slice) -> None:
+        cfg = self.config
+        ids = ids_BTt[rows].to(self.device, non_blocking=True)
+        mask = mask_BTt[rows].to(self.device, non_blocking=True).long()
+        if self.split is not None:
+            fill_from_hidden(self.split, self.info.kind, self.split.hidden(ids, mask), ids, out,
+                             rows, temperature=cfg.temperature, top_k=self.info.top_k,
+                             proj_VsVt=self.proj_VsVt)
+            return
+        logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        fill_output(self.info.kind, logits, out, rows, temperature=cfg.temperature,
+                    top_k=self.info.top_k, proj_VsVt=self.proj_VsVt, ids_nT=ids)
 
     def forward(self, request: TeacherRequest, device=None) -> TeacherOutput:
         """Run ``request`` into freshly allocated tensors (in-process use)."""
@@ -182,6 +210,8 @@ class TeacherWorker:
         return make_output(self.info, request.step, out)
 
     def close(self) -> None:
+        if self.cache is not None and (self.cache.hits or self.cache.misses):
+            log.info(self.cache.summary())
         self.model = None
 
 

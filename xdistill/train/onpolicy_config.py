@@ -241,6 +241,9 @@ def validate_onpolicy(cfg: OnPolicyConfig) -> OnPolicyConfig:
 
 def _validate_teacher(t: OnPolicyTeacherConfig, key: str) -> None:
     validate_teacher_worker(t, key)
+    if t.worker.cache_mb > 0:
+        raise ConfigError(f"{key}.worker.cache_mb: on-policy rollouts are new every step, so a "
+                          "teacher output cache never hits; leave it at 0")
     lc = t.loss
     if lc.kind not in ONPOLICY_LOSSES or lc.cross not in CROSS_ROUTES:
         raise ConfigError(f"{key}.loss: unknown kind {lc.kind!r} or cross route {lc.cross!r}")

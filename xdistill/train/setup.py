@@ -26,9 +26,12 @@ import torch
 
 from xdistill.data.collator import TeacherSpec as CollatorTeacher
 from xdistill.errors import ConfigError, ProjectionError
+from xdistill.log import get_logger
 from xdistill.losses import ContinuationTrie, MultiTeacherLoss, TeacherSpec, projection_from_csr
 from xdistill.losses.multi_teacher import SAME_TOKENIZER_LOSSES
 from xdistill.train.config import OffPolicyConfig, TeacherRunConfig
+
+log = get_logger("train")
 
 
 @dataclass
@@ -171,6 +174,11 @@ def build_pool(cfg: OffPolicyConfig, plan: Plan):
         return None
     projections = {t.name: plan.projections[t.name] for t in cfg.teachers
                    if t.worker.output == "projected"}
+    for i, t in enumerate(cfg.teachers):
+        if t.worker.cache_mb > 0 and cfg.data.shuffle:
+            log.warning("teachers.%d.worker.cache_mb: data.shuffle is true, so every epoch packs "
+                        "other windows and the teacher output cache will rarely hit (set "
+                        "data.shuffle: false to reuse teacher outputs across epochs)", i)
     return TeacherPool([t.worker for t in cfg.teachers], projections=projections)
 
 
