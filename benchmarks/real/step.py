@@ -1,12 +1,15 @@
 """Real-pair off-policy step on CPU: Gemma-3-270M teacher -> SmolLM2-135M student (P-KL).
 
     .venv/bin/python benchmarks/real/step.py [--steps 6] [--batch 4] [--seq-len 64]
-        [--variants before,split,threads,projected,pipelined,bf16,eager,cached] [--out FILE]
+        [--variants before,split,threads,projected,pipelined,bf16,eager,cached] [--repeats 1]
+        [--out FILE]
 
 Every variant is the real trainer (``core.build`` + ``OffPolicyMode`` + ``core.train_step``) in a
 fresh subprocess (its own peak RSS), on the same Shakespeare windows and projection; the table
 gives the mean step time over steps 2.. with its split, the peak RSS, and the ratio to
-``before``. Variants (each changes one thing from the one above it, except bf16):
+``before`` (the first variant listed when ``before`` is not run). With ``--repeats N`` the
+variants run round-robin N times (so a change in the machine's load hits all of them alike) and
+each row is the run with the median step time; the spread column gives min-max over the runs. Variants (each changes one thing from the one above it, except bf16):
 
 * ``before``    the trainer as it was: in-process teacher computing its full logits through the
                 model's own forward (logits + soft-cap temporaries), OpenMP's spinning wait policy;
@@ -129,17 +132,27 @@ def run_variant(variant: str, a: dict, args, root: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def median_runs(runs: dict) -> dict:
+    """Per variant: its run with the median step time, with the min and max of all its runs."""
+    out = {}
+    for name, rs in runs.items():
+        rs = sorted(rs, key=lambda r: r["step"])
+        out[name] = dict(rs[(len(rs) - 1) // 2], lo=rs[0]["step"], hi=rs[-1]["step"], n=len(rs))
+    return out
+
+
 def report(res: dict, args, seconds: float, load: str) -> str:
     ref = res.get("before", next(iter(res.values())))["step"]
     lines = ["# Real pair, off-policy P-KL step: Gemma-3-270M -> SmolLM2-135M (CPU)", "",
              f"{platform.machine()}, {os.cpu_count()} cores, no GPU; {load}; batch {args.batch} x "
              f"{args.seq_len} student tokens; mean over steps 2..{args.steps}; every variant a fresh "
-             f"process; total {seconds:.0f} s.", "",
-             "| variant | s/step | x before | student tok/s | peak RSS (MB) | "
-             + " | ".join(PHASES) + " |", "|---|---|---|---|---|" + "---|" * len(PHASES)]
+             f"process; {args.repeats} round(s), median run shown; total {seconds:.0f} s.", "",
+             "| variant | s/step | min-max | x ref | student tok/s | peak RSS (MB) | "
+             + " | ".join(PHASES) + " |", "|---|---|---|---|---|---|" + "---|" * len(PHASES)]
     for name, r in res.items():
         split = " | ".join(f"{r['split'][k]:.2f}" for k in PHASES)
-        lines.append(f"| {name} | {r['step']:.2f} | {r['step'] / ref:.2f} | "
+        lines.append(f"| {name} | {r['step']:.2f} | {r['lo']:.2f}-{r['hi']:.2f} | "
+                     f"{r['step'] / ref:.2f} | "
                      f"{r['tokens'] / r['step']:.0f} | {r['peak_mb']:.0f} | {split} |")
     notes = [f"* {name}: {r['note']}" for name, r in res.items() if r.get("note")]
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
@@ -152,21 +165,28 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "step.md"))
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(child(*args.child)))
         return 0
-    t0, res = time.perf_counter(), {}
+    t0 = time.perf_counter()
+    names = args.variants.split(",")
+    runs: dict[str, list] = {n: [] for n in names}
+    total = len(names) * args.repeats
     with tempfile.TemporaryDirectory() as tmp:
         a = assets(Path(tmp))
-        names = args.variants.split(",")
-        for i, name in enumerate(names):
-            res[name] = run_variant(name, a, args, Path(tmp))
-            print(f"[real step] {name}: {res[name]['step']:.2f} s/step, peak "
-                  f"{res[name]['peak_mb']:.0f} MB ({i + 1}/{len(names)}, "
-                  f"{time.perf_counter() - t0:.0f} s)", flush=True)
+        for i in range(total):
+            name = names[i % len(names)]
+            r = run_variant(name, a, args, Path(tmp))
+            runs[name].append(r)
+            el = time.perf_counter() - t0
+            print(f"[real step] {name}: {r['step']:.2f} s/step, peak {r['peak_mb']:.0f} MB "
+                  f"({i + 1}/{total}, {el:.0f} s, ETA {el / (i + 1) * (total - i - 1):.0f} s)",
+                  flush=True)
+    res = median_runs(runs)
     load = "load average %.2f / %.2f / %.2f" % os.getloadavg()
     text = report(res, args, time.perf_counter() - t0, load)
     print(text)
