@@ -152,3 +152,48 @@ def test_heartbeat_reports_rate_and_eta():
         time.sleep(0.2)
     assert lines and "10.0 of 40.0 MB" in lines[0] and "MB/s, ETA" in lines[0]
     assert "s elapsed" in hb.line()
+
+
+def test_download_progress_never_claims_done_before_pip_is(tmp_path, monkeypatch):
+    """All bytes of the last archive have arrived but pip is still at work on it (an sdist's
+    metadata): the heartbeat stays below the total and names the archive pip is finishing."""
+    import threading
+
+    import xdistill.assets as assets
+
+    pkgs = {"a": assets.Package("pkg-a", "1.0", sdist=False, size=2_000_000),
+            "b": assets.Package("pkg-b", "2.0", sdist=True, size=3_000_000)}
+    release = threading.Event()
+
+    def fake_pip(downloads, pkg):
+        if pkg.name == "pkg-a":
+            path = downloads / f"{pkg.stem}-py3-none-any.whl"
+            path.write_bytes(b"a" * pkg.size)
+            return path
+        tmp = downloads / ".dl-b"
+        tmp.mkdir()
+        (tmp / "partial").write_bytes(b"b" * (pkg.size + 500_000))  # counted twice by pip
+        release.wait(5)
+        path = downloads / f"{pkg.stem}.tar.gz"
+        (tmp / "partial").rename(path)
+        tmp.rmdir()
+        return path
+
+    monkeypatch.setattr(assets, "_pip_download", fake_pip)
+    lines: list[str] = []
+    from xdistill import pretrained
+
+    class FastBeat(pretrained.Heartbeat):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **{**kw, "every": 0.05})
+
+    monkeypatch.setattr(pretrained, "Heartbeat", FastBeat)
+    threading.Timer(0.4, release.set).start()
+    assets._download_all(tmp_path, pkgs, lines.append)
+    beats = [ln for ln in lines if ln.startswith("downloading 2 archives:")]
+    assert beats, lines
+    assert "1 of 2 archives complete; pip is finishing pkg_b-2.0" in beats[0]
+    for ln in beats:
+        if "2 of 2" not in ln:
+            assert " 5.0 of 5.0 MB" not in ln, ln
+    assert lines[-1].startswith("downloaded 2 archives")

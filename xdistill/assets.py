@@ -249,11 +249,25 @@ def _download_all(downloads: Path, packages: dict[str, Package], say) -> dict[st
     pending = [p for p in packages.values() if _find_archive(downloads, p) is None]
     total_mb = sum(p.size for p in pending) / 1e6
     start = _tree_bytes(downloads)
-    # pip's temporary copy may briefly count twice: never report more than the total
-    progress = (lambda: (min((_tree_bytes(downloads) - start) / 1e6, total_mb), total_mb, "MB"))
+
+    def progress():
+        # bytes arriving (pip's temporary copy may briefly count twice, so an archive is only
+        # counted whole once pip has finished it) -- never more than the total
+        complete = sum(p.size for p in pending if _find_archive(downloads, p) is not None) / 1e6
+        arriving = (_tree_bytes(downloads) - start) / 1e6
+        left = total_mb - complete
+        cap = total_mb if left <= 0 else max(complete, total_mb - max(0.1, 0.01 * left))
+        return min(max(arriving, complete), cap), total_mb, "MB"
+
+    def status():
+        n = sum(_find_archive(downloads, p) is not None for p in pending)
+        left = [p.stem for p in pending if _find_archive(downloads, p) is None]
+        more = f"; pip is finishing {', '.join(left[:3])}" if len(left) <= 3 and left else ""
+        return f"{n} of {len(pending)} archives complete{more}"
+
     t0 = time.perf_counter()
-    with Heartbeat(f"downloading {len(pending)} archives", say, progress=progress), \
-            ThreadPoolExecutor(max_workers=3) as pool:
+    with Heartbeat(f"downloading {len(pending)} archives", say, progress=progress,
+                   status=status), ThreadPoolExecutor(max_workers=3) as pool:
         paths = dict(zip(packages, pool.map(lambda k: _pip_download(downloads, packages[k]),
                                             list(packages))))
     if pending:

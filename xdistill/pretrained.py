@@ -122,26 +122,29 @@ class Heartbeat:
     """Print ``label: N s elapsed[, ETA]`` every ``every`` seconds while a long step runs.
 
     ``progress()`` may return ``(done, total, unit)`` to report a rate and an ETA from it;
-    otherwise the ETA comes from ``typical_s``.
+    otherwise the ETA comes from ``typical_s``. ``status()``, if given, is appended in brackets
+    (e.g. how many of several parts are complete).
     """
 
     def __init__(self, label: str, say: Say, *, typical_s: float = 0.0, every: float = 10.0,
-                 progress: Callable[[], tuple[float, float, str]] | None = None):
+                 progress: Callable[[], tuple[float, float, str]] | None = None,
+                 status: Callable[[], str] | None = None):
         self.label, self.say, self.typical_s, self.every = label, say, typical_s, every
-        self.progress = progress
+        self.progress, self.status = progress, status
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def line(self) -> str:
         elapsed = time.perf_counter() - self.t0
+        extra = f" [{self.status()}]" if self.status is not None else ""
         if self.progress is not None:
             done, total, unit = self.progress()
             rate = done / max(elapsed, 1e-9)
             eta = f", ETA {max(total - done, 0) / rate:.0f} s" if rate > 0 and total else ""
             return (f"{self.label}: {done:.1f} of {total:.1f} {unit} ({rate:.1f} {unit}/s{eta}), "
-                    f"{elapsed:.0f} s elapsed")
+                    f"{elapsed:.0f} s elapsed{extra}")
         eta = f", typically ~{self.typical_s:.0f} s in all" if self.typical_s else ""
-        return f"{self.label}: {elapsed:.0f} s elapsed{eta}"
+        return f"{self.label}: {elapsed:.0f} s elapsed{eta}{extra}"
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
