@@ -250,20 +250,21 @@ def _download_all(downloads: Path, packages: dict[str, Package], say) -> dict[st
     total_mb = sum(p.size for p in pending) / 1e6
     start = _tree_bytes(downloads)
 
+    def unfinished() -> list[Package]:
+        return [p for p in pending if _find_archive(downloads, p) is None]
+
     def progress():
         # bytes arriving (pip's temporary copy may briefly count twice, so an archive is only
         # counted whole once pip has finished it) -- never more than the total
-        complete = sum(p.size for p in pending if _find_archive(downloads, p) is not None) / 1e6
-        arriving = (_tree_bytes(downloads) - start) / 1e6
-        left = total_mb - complete
+        left = sum(p.size for p in unfinished()) / 1e6
+        complete, arriving = total_mb - left, (_tree_bytes(downloads) - start) / 1e6
         cap = total_mb if left <= 0 else max(complete, total_mb - max(0.1, 0.01 * left))
         return min(max(arriving, complete), cap), total_mb, "MB"
 
     def status():
-        n = sum(_find_archive(downloads, p) is not None for p in pending)
-        left = [p.stem for p in pending if _find_archive(downloads, p) is None]
-        more = f"; pip is finishing {', '.join(left[:3])}" if len(left) <= 3 and left else ""
-        return f"{n} of {len(pending)} archives complete{more}"
+        left = [p.stem for p in unfinished()]
+        more = f"; pip is finishing {', '.join(left)}" if 0 < len(left) <= 3 else ""
+        return f"{len(pending) - len(left)} of {len(pending)} archives complete{more}"
 
     t0 = time.perf_counter()
     with Heartbeat(f"downloading {len(pending)} archives", say, progress=progress,

@@ -14,7 +14,7 @@ import torch
 from teacher_fakes import random_batch, random_projection, reference_logits
 from xdistill.errors import ConfigError, XDistillError
 from xdistill.teacher import TeacherConfig, TeacherRequest, TeacherWorker
-from xdistill.teacher.cache import OutputCache, contiguous_runs, row_key
+from xdistill.teacher.cache import OutputCache, contiguous_runs, row_keys
 
 V = 1000
 
@@ -100,11 +100,10 @@ def test_budget_keeps_the_first_rows_and_says_when_full(tiny_models, caplog):
 def test_row_keys_contiguous_runs_and_config_checks():
     ids = torch.tensor([[5, 6, 7, 0, 0], [5, 6, 7, 8, 0], [0, 0, 0, 0, 0]])
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [0, 0, 0, 0, 0]], dtype=torch.bool)
-    k0, k1 = row_key(ids[0], mask[0]), row_key(ids[1], mask[1])
+    k0, k1, k2 = row_keys(ids, mask)
     assert k0[1] == 3 and k1[1] == 4 and k0[0] != k1[0]
-    longer = _pad(ids, mask, 9)
-    assert row_key(longer[0][0], longer[1][0]) == k0, "trailing padding must not change the key"
-    assert row_key(ids[2], mask[2]) is None
+    assert row_keys(*_pad(ids, mask, 9))[0] == k0, "trailing padding must not change the key"
+    assert k2 is None
     cache = OutputCache(1.0)
     assert cache.lookup([None, k0]) == [False, False] and cache.misses == 2
     assert contiguous_runs([0, 1, 2, 5, 7, 8]) == [slice(0, 3), slice(5, 6), slice(7, 9)]

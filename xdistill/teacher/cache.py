@@ -29,21 +29,27 @@ from xdistill.log import get_logger
 log = get_logger("teacher")
 
 
-def row_key(ids_T: torch.Tensor, mask_T: torch.Tensor) -> tuple[bytes, int] | None:
-    """(hash, L) of one row: its ids and mask up to the last attended position; None if the
-    row attends to nothing."""
-    valid = torch.nonzero(mask_T).flatten()
-    if valid.numel() == 0:
-        return None
-    L = int(valid[-1]) + 1
-    h = hashlib.blake2b(digest_size=16)
-    h.update(ids_T[:L].to(torch.int64).cpu().numpy().tobytes())
-    h.update(mask_T[:L].to(torch.bool).cpu().numpy().tobytes())
-    return h.digest(), L
+def row_keys(ids_BTt: torch.Tensor, mask_BTt: torch.Tensor) -> list[tuple[bytes, int] | None]:
+    """(hash, L) of every row: its ids and mask up to the last attended position; None for a
+    row that attends to nothing."""
+    mask = mask_BTt.detach().to("cpu", torch.bool)
+    ids = ids_BTt.detach().to("cpu", torch.int64).numpy()
+    pos_BTt = torch.arange(1, mask.shape[1] + 1).expand_as(mask)
+    L_B = torch.where(mask, pos_BTt, 0).amax(dim=1).tolist()
+    mask_np = mask.numpy()
+    keys: list[tuple[bytes, int] | None] = []
+    for b, L in enumerate(L_B):
+        if L == 0:
+            keys.append(None)
+            continue
+        h = hashlib.blake2b(ids[b, :L].tobytes(), digest_size=16)
+        h.update(mask_np[b, :L].tobytes())
+        keys.append((h.digest(), L))
+    return keys
 
 
 class OutputCache:
-    """Output rows by :func:`row_key` within a byte budget (see module doc)."""
+    """Output rows by :func:`row_keys` within a byte budget (see module doc)."""
 
     def __init__(self, budget_mb: float, name: str = "teacher"):
         self.budget = int(budget_mb * 2**20)
@@ -56,7 +62,7 @@ class OutputCache:
         return len(self._rows)
 
     def lookup(self, keys: list) -> list[bool]:
-        """Whether each row (a :func:`row_key` or None) is cached; counts hits and misses."""
+        """Whether each row (a :func:`row_keys` entry or None) is cached; counts hits and misses."""
         found = [k is not None and k[0] in self._rows for k in keys]
         n = sum(found)
         self.hits += n
@@ -106,4 +112,4 @@ def contiguous_runs(rows: list[int]) -> list[slice]:
     return runs
 
 
-__all__ = ["OutputCache", "contiguous_runs", "row_key"]
+__all__ = ["OutputCache", "contiguous_runs", "row_keys"]

@@ -22,7 +22,7 @@ import torch
 
 from xdistill.errors import TeacherError
 from xdistill.log import get_logger
-from xdistill.teacher.cache import OutputCache, contiguous_runs, row_key
+from xdistill.teacher.cache import OutputCache, contiguous_runs, row_keys
 from xdistill.teacher.config import TeacherConfig
 from xdistill.teacher.head import fill_from_hidden
 from xdistill.teacher.outputs import (TeacherOutput, fill_output, output_spec,
@@ -160,7 +160,7 @@ class TeacherWorker:
         if self.cache is None:
             self._forward_rows(ids_BTt, mask_BTt, out, [slice(0, B)])
             return
-        keys = [row_key(ids_BTt[b], mask_BTt[b]) for b in range(B)]
+        keys = row_keys(ids_BTt, mask_BTt)
         found = self.cache.lookup(keys)
         todo = [b for b in range(B) if not found[b]]
         self._forward_rows(ids_BTt, mask_BTt, out, contiguous_runs(todo))
