@@ -28,19 +28,21 @@ def get_tokenizer():
     return _load
 
 
-def has_cuda() -> bool:
+def cuda_count() -> int:
     try:
         import torch
 
-        return torch.cuda.is_available()
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception:  # pragma: no cover
-        return False
+        return 0
 
 
 def pytest_collection_modifyitems(config, items):
-    if has_cuda():
-        return
+    n = cuda_count()
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")
+    skip_multi = pytest.mark.skip(reason=f"needs two or more CUDA GPUs ({n} here)")
     for item in items:
-        if "gpu" in item.keywords or "multigpu" in item.keywords:
+        if "multigpu" in item.keywords and n < 2:
+            item.add_marker(skip_multi if n else skip_gpu)
+        elif "gpu" in item.keywords and n < 1:
             item.add_marker(skip_gpu)

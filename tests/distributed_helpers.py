@@ -46,7 +46,8 @@ def free_port() -> int:
 
 def _env() -> dict[str, str]:
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO))
+               TOKENIZERS_PARALLELISM="false", PYTHONPATH=os.pathsep.join(
+                   filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])))
     env.pop("WORLD_SIZE", None)
     return env
 

@@ -83,7 +83,8 @@ def test_readme_commands_run_as_written(tmp_path):
         for i in range(20)), encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "WORLD_SIZE")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=str(ROOT))
+               PYTHONPATH=os.pathsep.join(
+                   filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])))
     took, output = {}, {}
     for line in lines:
         argv = as_argv(line)

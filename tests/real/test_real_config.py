@@ -39,7 +39,8 @@ def test_real_config_header_commands_run_as_written(tmp_path):
     assert [c[:2] for c in cmds] == [["xdistill", "data"], ["xdistill", "projection"],
                                      ["xdistill", "train"]], cmds
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO))
+               TOKENIZERS_PARALLELISM="false", PYTHONPATH=os.pathsep.join(
+                   filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])))
     for cmd in cmds:
         cmd = [sys.executable, "-m", "xdistill"] + cmd[1:]
         if cmd[4:6] == ["offpolicy", "--config"]:

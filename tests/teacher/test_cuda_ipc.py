@@ -79,3 +79,23 @@ def test_bf16_gpu_teacher_inprocess_with_offload(tiny_models):
     worker = TeacherWorker(TeacherConfig(name="w", model=tiny_models["llama"], device="cuda",
                                          output="topk", top_k=8))
     assert worker.forward(_req(ids, mask)).topk_idx_BTtK.is_cuda
+
+
+@pytest.mark.parametrize("output", ["logits", "topk"])
+def test_two_process_handoff_is_bitwise_equal_to_inprocess(tiny_models, output):
+    """A teacher in a subprocess on the same GPU hands its outputs over CUDA IPC; they are the
+    very bits an in-process teacher on that GPU computes for the same batch (same kernels)."""
+    ids, mask = random_batch(900, B=4, Tt=33, seed=5)  # the tiny qwen2 has 900 ids
+    kw = dict(model=tiny_models["qwen2"], output=output, top_k=16, micro_batch_size=4)
+    with InProcessClient(TeacherConfig(name="a", device="cuda:0", **kw)) as local, \
+            SubprocessClient(TeacherConfig(name="b", device="cuda:0", placement="subprocess",
+                                           timeout_s=120, **kw)) as remote:
+        assert remote.transport == "cuda_ipc"
+        for _ in range(2):  # the second round reuses the slots
+            with local.forward(_req(ids, mask)) as a, remote.forward(_req(ids, mask)) as b:
+                fields = ("logits_BTtV",) if output == "logits" else ("topk_logp_BTtK",
+                                                                      "topk_idx_BTtK")
+                for f in fields:
+                    x, y = getattr(a.output, f), getattr(b.output, f)
+                    assert y.is_cuda and x.dtype == y.dtype and x.shape == y.shape
+                    assert torch.equal(x, y), f"{f}: max |diff| {(x.float() - y.float()).abs().max()}"

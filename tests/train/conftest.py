@@ -80,7 +80,8 @@ def write_config(path: Path, cfg: dict) -> Path:
 
 def _env(extra: dict | None = None) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO))
+               TOKENIZERS_PARALLELISM="false", PYTHONPATH=os.pathsep.join(
+                   filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])))
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     for key, value in (extra or {}).items():
