@@ -35,6 +35,7 @@ started when the time left is less than the slowest variant so far took.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import platform
@@ -137,8 +138,8 @@ def config(variant: str, a: dict, args, out: Path) -> dict:
                         "attn_implementation": "sdpa"},
             "student_tokenizer": "llama3", "teachers": [teacher],
             "data": {"paths": [a["train"]], "seq_len": args.seq_len,
-                     "batch_size": args.micro_batch, "num_workers": 1 if tiny else 4,
-                     "prefetch_factor": 2},
+                     "batch_size": args.micro_batch, "num_workers": args.workers,
+                     "prefetch_factor": 2, "multiprocessing_context": args.mp_context},
             "loss": {"ce_weight": 0.1, "chunk_size": 256 if tiny else 1024},
             "optim": {"lr": 1e-5, "implementation": "foreach" if tiny else "fused"},
             "scheduler": {"kind": "constant"},
@@ -157,9 +158,14 @@ def child(variant: str, cfg_path: str, result_path: str) -> None:
     from xdistill.train.config import OffPolicyConfig
     from xdistill.train.offpolicy import OffPolicyMode
 
+    from xdistill.log import init_logging
+
+    init_logging()
     cfg = from_dict(OffPolicyConfig, json.loads(Path(cfg_path).read_text()))
     t0 = time.perf_counter()
     run = core.build(cfg, OffPolicyMode())
+    print(f"[gpu_step] {variant}: student and teacher built in {time.perf_counter() - t0:.1f} s",
+          flush=True)
     run.mode.start(run)
     build_s = time.perf_counter() - t0
     collate: dict[int, float] = {}
@@ -172,9 +178,13 @@ def child(variant: str, cfg_path: str, result_path: str) -> None:
 
     run.mode.micro_batches = micro_batches
     metrics = []
+    hang_s = float(os.environ.get("XDISTILL_HANG_DUMP_S", "0"))
     try:
         for s in range(1, cfg.train.steps + 1):
+            if hang_s > 0:  # where a slow or stuck step spends its time, every hang_s seconds
+                faulthandler.dump_traceback_later(hang_s, repeat=True)
             metrics.append(core.train_step(run, s))
+            faulthandler.cancel_dump_traceback_later()
             m = metrics[-1]
             print(f"[gpu_step] {variant} step {s}/{cfg.train.steps}: {m['step_s']:.2f} s, "
                   f"loss {m['loss']:.4f}", flush=True)
@@ -209,7 +219,8 @@ def run_variant(variant: str, a: dict, args, root: Path) -> dict:
            "--master_port", str(_free_port()), str(Path(__file__).resolve()),
            "--child", variant, str(cfg_path), str(res_path)]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1",
+               XDISTILL_HANG_DUMP_S=str(args.hang_dump_s))
     if args.tiny:
         env["OMP_NUM_THREADS"] = "1"
     proc = subprocess.run(cmd, env=env, cwd=str(REPO), stdout=sys.stdout, stderr=subprocess.STDOUT)
@@ -257,6 +268,11 @@ def main(argv=None) -> int:
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--projection", default="", help="a prebuilt llama3 -> qwen2 projection")
+    ap.add_argument("--workers", type=int, default=4, help="DataLoader workers (collator)")
+    ap.add_argument("--mp-context", default="spawn", choices=("fork", "spawn", "forkserver"),
+                    help="DataLoader workers' start method (spawn: the GPU recipes' choice)")
+    ap.add_argument("--hang-dump-s", type=float, default=60.0,
+                    help="dump every thread's stack when a step takes longer than this")
     ap.add_argument("--budget-s", type=float, default=0.0, help="0 = no limit")
     ap.add_argument("--tiny", action="store_true", help="CPU dry run with 2-layer models")
     ap.add_argument("--out-md", default="")

@@ -82,6 +82,7 @@ def prepare(bundle: Path) -> dict:
         for t in TOKENIZERS:
             tar.add(root / "tokenizers" / t, arcname=f"tokenizers/{t}")
         tar.add(root / "corpus" / "shakespeare", arcname="corpus/shakespeare")
+    build_projection(bundle / "proj_llama3_qwen2.npz")
     size = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file()) / 2**20
     tree = tracked_tree_mb()
     info = {"bundle_mb": round(size, 2), "tree_mb": round(tree, 2),
@@ -92,6 +93,14 @@ def prepare(bundle: Path) -> dict:
         raise SystemExit(f"gpu_check --prepare: {size + tree:.1f} MB would travel, over the "
                          f"{BUNDLE_LIMIT_MB:.0f} MB limit")
     return info
+
+
+def build_projection(path: Path) -> None:
+    """The step benchmark's Llama-3 -> Qwen2 projection, built here (seconds saved there)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from gpu_step import build_projection as build
+
+    build(path)
 
 
 def tracked_tree_mb() -> float:
@@ -244,11 +253,15 @@ def part_commands(args, out: Path, work: Path, left_s: float) -> dict[str, list[
              "--continue-on-collection-errors",
              "-o", "addopts=-ra", "--junitxml", str(out / "junit.xml"), "tests"]
     step = [py, str(REPO / "benchmarks" / "gpu_step.py"), "--out-md", str(out / "step.md"),
-            "--out-json", str(work / "step.json"), "--budget-s", str(max(60, int(left_s - 45)))]
+            "--out-json", str(work / "step.json"), "--budget-s", str(max(60, int(left_s - 45))),
+            "--variants", args.variants]
+    proj = Path(args.bundle) / "proj_llama3_qwen2.npz" if args.bundle else None
+    if proj is not None and proj.is_file():
+        step += ["--projection", str(proj)]
     if args.dry_run:
         tests.append("--collect-only")
         step += ["--tiny", "--steps", "2", "--batch", "2", "--micro-batch", "1",
-                 "--seq-len", "128", "--variants", "logits,topk"]
+                 "--seq-len", "128", "--workers", "1"]
     return {"env": [py, str(Path(__file__).resolve()), "--child-env", str(work / "env.json")],
             "tests": tests, "step": step}
 
@@ -322,6 +335,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
                     help="seconds for the whole check; later parts shrink to fit")
     ap.add_argument("--parts", default="env,tests,step")
+    ap.add_argument("--variants", default="",
+                    help="step benchmark variants, in order (default: all; dry run: logits,topk)")
     ap.add_argument("--child-env", metavar="JSON", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child_env:
@@ -332,6 +347,8 @@ def main(argv=None) -> int:
     if args.prepare:
         prepare(Path(args.prepare))
         return 0
+    args.variants = args.variants or ("logits,topk" if args.dry_run else
+                                      "topk,logits,projected,ipc")
     return check(args)
 
 
