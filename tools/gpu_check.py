@@ -50,7 +50,9 @@ WHEELS = ("torchdata==0.11.0", "gguf==0.19.0")
 TOKENIZERS = ("gpt2", "qwen2", "llama3")  # small real tokenizers the GPU tests and benchmark use
 BUNDLE_LIMIT_MB = 64.0                    # what travels to the GPU machine, the tree included
 DEFAULT_BUDGET_S = 480.0
-PART_SHARE = {"env": 60.0, "tests": 210.0}  # seconds at most; "step" gets the rest
+# seconds at most per part; "step" gets the rest. On an H200 machine (2026-11-26) env took 11 s,
+# the 9 GPU tests > 210 s (~30 s per trainer CLI run there), a step variant 50-90 s
+PART_SHARE = {"env": 30.0, "tests": 200.0}
 
 
 def say(msg: str) -> None:
@@ -121,16 +123,18 @@ def child_env(bundle: Path | None) -> dict:
                TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     paths = [str(REPO)]
     if bundle is not None:
-        site = Path(tempfile.gettempdir()) / "xdistill_gpu_site"
-        assets = Path(tempfile.gettempdir()) / "xdistill_gpu_assets"
-        if not site.is_dir():
-            cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
-                   "--no-compile", "--target", str(site), *map(str, (bundle / "wheels").glob("*.whl"))]
-            if subprocess.run(cmd).returncode != 0:
-                raise SystemExit(f"gpu_check: installing the wheels of {bundle}/wheels failed")
-        if not assets.is_dir():
-            with tarfile.open(bundle / "assets.tar.gz") as tar:
-                tar.extractall(assets)
+        for need in (bundle / "wheels", bundle / "assets.tar.gz"):
+            if not need.exists():
+                raise SystemExit(f"gpu_check: {need} is missing; make the bundle with "
+                                 f"`python tools/gpu_check.py --prepare {bundle}`")
+        tmp = Path(tempfile.mkdtemp(prefix="xdistill_gpu_"))
+        site, assets = tmp / "site", tmp / "assets"
+        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
+               "--no-compile", "--target", str(site), *map(str, (bundle / "wheels").glob("*.whl"))]
+        if subprocess.run(cmd).returncode != 0:
+            raise SystemExit(f"gpu_check: installing the wheels of {bundle}/wheels failed")
+        with tarfile.open(bundle / "assets.tar.gz") as tar:
+            tar.extractall(assets, filter="data")
         paths.insert(0, str(site))
         env["XDISTILL_ASSETS"] = str(assets)
     env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -225,10 +229,33 @@ def run_part(name: str, cmd: list[str], env: dict, log: Path, limit_s: float) ->
     return {"rc": proc.returncode, "timed_out": timed_out, "seconds": round(seconds, 1)}
 
 
+def log_summary(log: Path) -> dict:
+    """Counts from pytest's ``-v`` lines (``path::test PASSED``) of a run killed before its
+    JUnit file was written: what finished, and the test that was running."""
+    words = {"PASSED": "passed", "FAILED": "failed", "SKIPPED": "skipped", "ERROR": "errors"}
+    counts = {w: 0 for w in words.values()}
+    failures, unfinished = [], ""
+    text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts or "::" not in parts[0]:
+            continue
+        state = words.get(parts[1]) if len(parts) > 1 else None
+        if state is None:
+            unfinished = parts[0]
+            continue
+        counts[state] += 1
+        unfinished = ""
+        if state in ("failed", "errors"):
+            failures.append({"test": parts[0], "message": "see tests.log"})
+    return dict(counts, failures=failures, unfinished=unfinished,
+                note="pytest was killed before writing junit.xml; counts from tests.log")
+
+
 def junit_summary(path: Path) -> dict:
     """Counts and the failing tests (name + first line of the message) of a JUnit XML file."""
     if not path.is_file():
-        return {"error": f"{path.name} was not written"}
+        return log_summary(path.with_name("tests.log"))
     root = ET.parse(path).getroot()
     counts = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
     failures = []
@@ -248,7 +275,7 @@ def junit_summary(path: Path) -> dict:
 # --------------------------------------------------------------------------- the check
 def part_commands(args, out: Path, work: Path, left_s: float) -> dict[str, list[str]]:
     py = sys.executable
-    tests = [py, "-m", "pytest", "-m", "gpu or multigpu", "-p", "no:cacheprovider", "-q",
+    tests = [py, "-m", "pytest", "-m", "gpu or multigpu", "-p", "no:cacheprovider", "-v",
              "--timeout", "100",
              "--continue-on-collection-errors",
              "-o", "addopts=-ra", "--junitxml", str(out / "junit.xml"), "tests"]
@@ -319,6 +346,8 @@ def markdown(results: dict, out: Path) -> str:
         lines += ["", "GPU tests: " + ", ".join(f"{summary[k]} {k}" for k in
                                                 ("passed", "failed", "errors", "skipped")), ""]
         lines += [f"* FAILED `{f['test']}`: {f['message']}" for f in summary["failures"]]
+        if summary.get("unfinished"):
+            lines.append(f"* killed at the part's limit while running `{summary['unfinished']}`")
     if (out / "step.md").is_file():
         lines += ["", (out / "step.md").read_text(encoding="utf-8")]
     return "\n".join(lines) + "\n"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TOP_LEVEL = {
-    "tools/": "offline helpers: fetch_assets.py (test assets from PyPI archives), check_env.py, ...",
+    "tools/": "offline helpers: fetch_assets.py (test assets from PyPI archives), gpu_check.py (the GPU check), ...",
     "configs/": "run configs (YAML), loaded strictly; `xdistill config show offpolicy`",
     "examples/": "one runnable script per config",
     "tests/": "mirrors the package; plain `pytest` is CPU-only (gpu/multigpu/slow markers)",

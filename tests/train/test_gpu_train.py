@@ -3,8 +3,8 @@
 The tiny 2-teacher config of ``tests/train/conftest.py`` (a cross-tokenizer pkl teacher and a
 same-tokenizer forward-KL teacher) with the student and both teachers on ``cuda``:
 
-* each teacher placement (in-process; subprocess = outputs over CUDA IPC): a run killed after its
-  step-3 checkpoint and resumed ends where the uninterrupted run ends;
+* a run killed after its step-3 checkpoint and resumed ends where the uninterrupted run ends;
+* teachers in subprocesses (outputs over CUDA IPC) train as in-process teachers do;
 * FSDP2 over NCCL with one rank (``torchrun``) and bf16 mixed precision: the loss falls, every
   metric is finite and the export holds float32 master weights.
 """
@@ -66,9 +66,8 @@ def _records(out: Path) -> list[dict]:
     return [r for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
 
 
-@pytest.mark.parametrize("placement", ["inprocess", "subprocess"])
-def test_cuda_run_kill_and_resume(tmp_path, tiny_assets, placement):
-    full = _cuda_config(tiny_assets, tmp_path / "full", placement)
+def test_cuda_run_kill_and_resume(tmp_path, tiny_assets):
+    full = _cuda_config(tiny_assets, tmp_path / "full", "inprocess")
     _train(tmp_path, "full", full)
     recs = _records(tmp_path / "full")
     assert [r["step"] for r in recs] == list(range(1, 7))
@@ -85,6 +84,20 @@ def test_cuda_run_kill_and_resume(tmp_path, tiny_assets, placement):
         torch.testing.assert_close(wb[k], wa[k], rtol=1e-5, atol=1e-6)
     for a, b in zip(recs, _records(tmp_path / "cut")):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5), a["step"]
+
+
+def test_cuda_ipc_teachers_in_the_trainer(tmp_path, tiny_assets):
+    """Both teachers in subprocesses on the GPU: their outputs reach the student over CUDA IPC,
+    and the run trains as the in-process one does (same losses within bf16-free fp32 noise)."""
+    cfg = _cuda_config(tiny_assets, tmp_path / "ipc", "subprocess")
+    cfg["checkpoint"].update(every=0, export_hf=False)
+    ref = _cuda_config(tiny_assets, tmp_path / "ref", "inprocess")
+    ref["checkpoint"].update(every=0, export_hf=False)
+    proc = _train(tmp_path, "ipc", cfg)
+    assert "cuda_ipc" in proc.stderr, proc.stderr[-3000:]
+    _train(tmp_path, "ref", ref)
+    for a, b in zip(_records(tmp_path / "ref"), _records(tmp_path / "ipc")):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4), a["step"]
 
 
 def test_fsdp2_nccl_one_rank_bf16_compute(tmp_path, tiny_assets):

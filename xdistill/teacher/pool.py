@@ -15,9 +15,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from xdistill.errors import TeacherError
+from xdistill.log import get_logger
 from xdistill.teacher.client import TeacherClient, make_client
 from xdistill.teacher.config import TeacherConfig
 from xdistill.teacher.outputs import TeacherOutput
+
+log = get_logger("teacher")
 
 
 class TeacherResults(Mapping):
@@ -67,8 +70,10 @@ class TeacherPool:
         try:
             for client in self._ordered():
                 client.start()
-            for client in self.clients.values():
+            for name, client in self.clients.items():
                 client.wait_ready()
+                log.info("teacher %r ready: %s on %s, outputs via %s", name, client.placement,
+                         client.config.device, client.transport)
         except BaseException:
             self.close()
             raise
