@@ -74,3 +74,19 @@ def test_resume_refuses_another_layout(corpus_dir, tiny_tok):
     with pytest.raises(DataError, match="cannot resume"):
         other.load_state_dict(state)
         next(iter(other))
+
+
+def test_worker_start_method_auto_spawns_only_with_cuda_state(monkeypatch):
+    """``data.multiprocessing_context: auto`` forks on a CPU-only process and spawns once the
+    process holds CUDA state (a CUDA student or teacher was built before the loader)."""
+    import torch
+
+    from xdistill.data.config import DataConfig
+    from xdistill.data.loader import worker_start_method
+
+    assert DataConfig().multiprocessing_context == "auto"
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert worker_start_method("auto") == "fork"
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # no GPU here: simulated
+    assert worker_start_method("auto") == "spawn"
+    assert worker_start_method("fork") == "fork" and worker_start_method("forkserver") == "forkserver"

@@ -57,10 +57,20 @@ def build_loader(cfg: DataConfig, student, teachers=(), *, source=None, rank=Non
     extra = {}
     if workers > 0:
         extra = {"prefetch_factor": cfg.prefetch_factor,
-                 "multiprocessing_context": cfg.multiprocessing_context,
+                 "multiprocessing_context": worker_start_method(cfg.multiprocessing_context),
                  "timeout": float(cfg.timeout_s)}
     return StatefulDataLoader(dataset, batch_size=cfg.batch_size, num_workers=workers,
                               collate_fn=build_collator(cfg, student, list(teachers)), **extra)
+
+
+def worker_start_method(name: str) -> str:
+    """``data.multiprocessing_context`` resolved: "auto" is spawn when this process holds CUDA
+    state (forking it is unsafe), else fork."""
+    if name != "auto":
+        return name
+    import torch
+
+    return "spawn" if torch.cuda.is_initialized() else "fork"
 
 
 class WatchedIterator:
