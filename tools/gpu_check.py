@@ -42,8 +42,6 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # --prepare imports xdistill from this checkout
-    sys.path.insert(0, str(REPO))
 # packages the GPU machine's image lacks (its package list: torch, transformers, numba, pyarrow,
 # scipy, tokenizers, sentencepiece, tiktoken, pytest, hypothesis ... are there)
 WHEELS = ("torchdata==0.11.0", "gguf==0.19.0")
@@ -99,10 +97,12 @@ def prepare(bundle: Path) -> dict:
 
 def build_projection(path: Path) -> None:
     """The step benchmark's Llama-3 -> Qwen2 projection, built here (seconds saved there)."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from gpu_step import build_projection as build
+    import importlib.util
 
-    build(path)
+    spec = importlib.util.spec_from_file_location("gpu_step", REPO / "benchmarks" / "gpu_step.py")
+    gpu_step = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_step)
+    gpu_step.build_projection(path)
 
 
 def tracked_tree_mb() -> float:
