@@ -106,3 +106,17 @@ def run_cli(args: list[str], nproc: int = 1, timeout: float = 300,
         cmd = [sys.executable, "-m", "xdistill.cli", *args]
     return subprocess.run(cmd, env=_env(env), cwd=str(REPO), capture_output=True, text=True,
                           timeout=timeout)
+
+
+def exported_weights(out_dir: Path) -> dict:
+    """The HF export's tensors of a finished run (``checkpoint.export_hf: true``)."""
+    from safetensors.torch import load_file
+
+    return load_file(str(out_dir / "export" / "model.safetensors"))
+
+
+def train_records(out_dir: Path) -> list[dict]:
+    """The per-step training records of ``<out_dir>/metrics.jsonl`` (those with a loss)."""
+    from xdistill.metrics import read_metrics
+
+    return [r for r in read_metrics(out_dir / "metrics.jsonl") if "loss" in r]

@@ -21,8 +21,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from xdistill.metrics import read_metrics
-
 _here = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("train_conftest_gpu", _here / "conftest.py")
 helpers = importlib.util.module_from_spec(_spec)
@@ -56,14 +54,7 @@ def _train(tmp: Path, name: str, cfg: dict, expect_rc: int = 0, torchrun: bool =
     return proc
 
 
-def _weights(out: Path) -> dict:
-    from safetensors.torch import load_file
-
-    return load_file(str(out / "export" / "model.safetensors"))
-
-
-def _records(out: Path) -> list[dict]:
-    return [r for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+_weights, _records = helpers.exported_weights, helpers.train_records
 
 
 def test_cuda_run_kill_and_resume(tmp_path, tiny_assets):

@@ -32,14 +32,7 @@ def _train(tmp: Path, name: str, cfg: dict, nproc: int = 1, expect_rc: int = 0, 
     return proc
 
 
-def _weights(out_dir: Path) -> dict:
-    from safetensors.torch import load_file
-
-    return load_file(str(out_dir / "export" / "model.safetensors"))
-
-
-def _train_records(out_dir: Path) -> list[dict]:
-    return [r for r in read_metrics(out_dir / "metrics.jsonl") if "loss" in r]
+_weights, _train_records = helpers.exported_weights, helpers.train_records
 
 
 def _samples(out_dir: Path, rank: int = 0) -> dict[int, list[str]]:
