@@ -1,4 +1,7 @@
-"""Report of ``benchmarks/real/distill.py``: the generated block of RESULTS.md and curves.png.
+"""Report of ``benchmarks/real/distill.py``: results.json, the generated block of RESULTS.md and
+curves.png.
+
+    python benchmarks/real/distill_report.py benchmarks/real/<folder>/results.json   # regenerate
 
 The block between ``<!-- GENERATED -->`` and ``<!-- /GENERATED -->`` is rewritten; the hand-written
 discussion around it is kept.
@@ -32,23 +35,18 @@ def summarise(results: dict) -> dict:
 
 
 def gain_lines(summary: dict) -> list[str]:
+    """Every arm against CE only on held-out bits per byte (lower is better): Welch and paired t
+    over seeds, both Holm-adjusted over all the arm-vs-CE comparisons of this table."""
+    from xdistill.quality.stats import compare, format_comparisons
+
     if "ce" not in summary:
         return []
-    ce_m, ce_s = summary["ce"]["bpb"]
-    lines = []
-    for arm, s in summary.items():
-        if arm == "ce":
-            continue
-        m, sd = s["bpb"]
-        gain = ce_m - m
-        scale = max(ce_s, sd)
-        units = f"{gain / scale:+.1f} std" if scale == scale and scale > 0 else "no std"
-        better = sum(s["per_seed"][k] < summary["ce"]["per_seed"].get(k, float("inf"))
-                     for k in s["per_seed"])
-        verdict = "beats CE by > 2 std" if scale == scale and gain > 2 * scale else "does not beat CE by > 2 std"
-        lines.append(f"- `{arm}`: held-out bpb {gain:+.4f} vs CE ({units}; lower on {better}/"
-                     f"{len(s['per_seed'])} seeds): {verdict}")
-    return lines
+    arms = [arm for arm in summary if arm != "ce"]
+    if not arms:
+        return []
+    per_seed = {arm: s["per_seed"] for arm, s in summary.items()}
+    rows = compare(per_seed, [(arm, "ce") for arm in arms], higher_is_better=False)
+    return format_comparisons(rows, "bits/byte").rstrip("\n").split("\n")
 
 
 def block(results: dict, meta: dict) -> str:
@@ -70,7 +68,9 @@ def block(results: dict, meta: dict) -> str:
         (bm, bs), (am, as_) = s["bpb"], s["agree"]
         lines.append(f"| `{arm}` | {ARM_TEXT.get(arm, arm)} | {bm:.4f} ± {bs:.4f} | {am:.4f} ± "
                      f"{as_:.4f} | {s['seeds']} | {s['seconds']:.0f} |")
-    lines += ["", "Against CE only (gain in bits per byte, in units of the larger std):", ""]
+    lines += ["", "Against CE only (gain = lower held-out bits per byte; Welch and paired t over "
+              "seeds, each Holm-adjusted over the comparisons below; raw per-seed values in "
+              "`results.json` beside this file):", ""]
     lines += gain_lines(summary) + ["", "![curves](curves.png)", "", END]
     return "\n".join(lines)
 
@@ -102,7 +102,14 @@ def plot(results: dict, path: Path) -> None:
 
 
 def write_report(results: dict, meta: dict, folder: Path) -> Path:
+    """``results.json`` (the raw per-seed runs), ``curves.png`` and the generated block of
+    ``RESULTS.md`` in ``folder``; the block is built from what ``results.json`` holds."""
+    import json
+
     folder.mkdir(parents=True, exist_ok=True)
+    raw = folder / "results.json"
+    raw.write_text(json.dumps({"meta": meta, "runs": results}, indent=1), encoding="utf-8")
+    results = json.loads(raw.read_text(encoding="utf-8"))["runs"]
     plot(results, folder / "curves.png")
     path = folder / "RESULTS.md"
     text = path.read_text(encoding="utf-8") if path.exists() else (
@@ -113,3 +120,21 @@ def write_report(results: dict, meta: dict, folder: Path) -> Path:
     tail = rest.split(END, 1)[1] if END in rest else ""
     path.write_text(head + block(results, meta) + tail, encoding="utf-8")
     return path
+
+
+def main(argv=None) -> int:
+    """Regenerate a report folder's block and curves from its committed ``results.json``."""
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("results", help="a results.json written by benchmarks/real/distill.py")
+    args = ap.parse_args(argv)
+    path = Path(args.results)
+    data = json.loads(path.read_text(encoding="utf-8"))
+    print(write_report(data["runs"], data["meta"], path.parent))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

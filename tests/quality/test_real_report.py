@@ -1,0 +1,47 @@
+"""``benchmarks/real/distill_report.py``: the table is generated from the raw per-seed
+``results.json`` it writes beside itself, with Welch / paired t and Holm instead of "N std"."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("distill_report",
+                                               REPO / "benchmarks" / "real" / "distill_report.py")
+report = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(report)
+
+
+def _runs(bpb_by_seed: dict[int, float]) -> dict:
+    return {s: {"seconds": 10.0, "curve": [{"step": 0, "bpb": 2.0, "agree": 0.5},
+                                            {"step": 60, "bpb": b, "agree": 0.6}]}
+            for s, b in bpb_by_seed.items()}
+
+
+def test_report_is_generated_from_the_committed_raw_results(tmp_path):
+    results = {"ce": _runs({0: 1.824, 1: 1.828, 2: 1.820, 3: 1.826, 4: 1.822}),
+               "pkl": _runs({0: 1.812, 1: 1.815, 2: 1.810, 3: 1.814, 4: 1.811}),
+               "alm": _runs({0: 1.825, 1: 1.826, 2: 1.821, 3: 1.828, 4: 1.820})}
+    meta = {"command": "python benchmarks/real/distill.py", "hardware": "test", "wall_s": 60.0,
+            "data": {"domain_kb": 100.0, "slice_kb": 40.0, "heldout_kb": 10.0},
+            "args": {"eval_batches": 2, "agree_passages": 4, "steps": 60, "batch": 4,
+                     "seq_len": 128, "lr": 1e-4, "teacher_steps": 100, "teacher_seq_len": 128,
+                     "teacher_lr": 1e-4},
+            "start": {"figures": {"student": 2.0, "teacher": 1.77}}}
+    path = report.write_report(results, meta, tmp_path)
+    raw = json.loads((tmp_path / "results.json").read_text())
+    assert raw["runs"]["pkl"]["0"]["curve"][-1]["bpb"] == 1.812  # per seed, as run
+    text = path.read_text()
+    assert "| pkl vs ce | 5 / 5 |" in text and "| alm vs ce | 5 / 5 |" in text
+    pkl = next(line for line in text.splitlines() if line.startswith("| pkl vs ce"))
+    alm = next(line for line in text.splitlines() if line.startswith("| alm vs ce"))
+    assert "better (Holm p < 0.05)" in pkl and "not shown" in alm
+    assert " std;" not in text and "> 2 std" not in text  # no "N std" verdicts any more
+    (tmp_path / "RESULTS.md").write_text("# kept heading\n\n" + report.BEGIN + "\nold\n" + report.END
+                                         + "\n\nhand-written reading\n")
+    assert report.main([str(tmp_path / "results.json")]) == 0
+    again = (tmp_path / "RESULTS.md").read_text()
+    assert again.startswith("# kept heading") and again.endswith("hand-written reading\n")
+    assert pkl in again and (tmp_path / "curves.png").is_file()

@@ -1,0 +1,137 @@
+"""Comparisons of arms over seeds: Welch and paired t-tests with a Holm correction.
+
+What a results table claims is decided here, from the raw per-seed values (``results.json``), not
+from "N std" (a difference of means over the larger standard deviation passes a null comparison
+at n = 3 about 2% of the time, and the best of many arms far more often).
+
+* :func:`welch` -- two-sample t-test without equal variances (Welch-Satterthwaite degrees of
+  freedom), two-sided; for arms whose seeds are unrelated.
+* :func:`paired` -- paired t-test over seeds present in both arms (same seed = same data order and
+  initialisation), two-sided.
+* :func:`holm` -- Holm's step-down adjustment of a family of p-values (the comparisons a protocol
+  lists, all of them, whatever came out).
+* :func:`compare` -- every listed (arm vs baseline) comparison of one metric, adjusted together;
+  :func:`format_comparisons` renders them as a markdown table.
+
+The statistics are written from their definitions; the t distribution's tail comes from
+``scipy.special.stdtr``. Tests check them against ``scipy.stats`` and hand-computed cases.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+from scipy.special import stdtr
+
+
+@dataclass(frozen=True)
+class TTest:
+    """One two-sided t-test: statistic, degrees of freedom, p-value (nan when undefined)."""
+
+    t: float
+    df: float
+    p: float
+
+
+def _two_sided(t: float, df: float) -> float:
+    if not (math.isfinite(df) and df > 0) or math.isnan(t):
+        return float("nan")
+    return float(2.0 * stdtr(df, -abs(t)))
+
+
+def welch(a: list[float], b: list[float]) -> TTest:
+    """Welch's t-test of mean(a) - mean(b); needs >= 2 values per side."""
+    if len(a) < 2 or len(b) < 2:
+        return TTest(float("nan"), float("nan"), float("nan"))
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    diff = statistics.fmean(a) - statistics.fmean(b)
+    if va + vb == 0:
+        t = 0.0 if diff == 0 else math.copysign(math.inf, diff)
+        return TTest(t, float("nan"), 1.0 if diff == 0 else 0.0)
+    t = diff / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    return TTest(t, df, _two_sided(t, df))
+
+
+def paired(a: dict[int, float], b: dict[int, float]) -> TTest:
+    """Paired t-test of a - b over the seeds (keys) both have; needs >= 2 common seeds."""
+    seeds = sorted(set(a) & set(b))
+    d = [a[s] - b[s] for s in seeds]
+    if len(d) < 2:
+        return TTest(float("nan"), float("nan"), float("nan"))
+    mean, sd = statistics.fmean(d), statistics.stdev(d)
+    df = len(d) - 1
+    if sd == 0:
+        t = 0.0 if mean == 0 else math.copysign(math.inf, mean)
+        return TTest(t, df, 1.0 if mean == 0 else 0.0)
+    t = mean / (sd / math.sqrt(len(d)))
+    return TTest(t, df, _two_sided(t, df))
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm step-down adjusted p-values, in the input order (nan stays nan and is not counted)."""
+    idx = sorted((i for i, p in enumerate(pvalues) if not math.isnan(p)), key=lambda i: pvalues[i])
+    m, out, running = len(idx), [float("nan")] * len(pvalues), 0.0
+    for rank, i in enumerate(idx):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        out[i] = running
+    return out
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """``arm`` against ``baseline`` on one metric (gain > 0 = better in the metric's direction)."""
+
+    arm: str
+    baseline: str
+    n_arm: int
+    n_base: int
+    gain: float
+    welch: TTest
+    paired: TTest
+    welch_holm: float
+    paired_holm: float
+
+    def passes(self, alpha: float = 0.05) -> bool:
+        """Better, with both Holm-adjusted p-values below ``alpha``."""
+        return self.gain > 0 and self.welch_holm < alpha and self.paired_holm < alpha
+
+
+def compare(per_seed: dict[str, dict[int, float]], pairs: list[tuple[str, str]], *,
+            higher_is_better: bool) -> list[Comparison]:
+    """Every (arm, baseline) in ``pairs`` on ``per_seed[arm][seed]``; the Welch and the paired
+    p-values are each Holm-adjusted over the whole list."""
+    for arm, base in pairs:
+        for name in (arm, base):
+            if name not in per_seed:
+                raise KeyError(f"no per-seed results for arm {name!r} (have: {sorted(per_seed)})")
+    sign = 1.0 if higher_is_better else -1.0
+    rows = []
+    for arm, base in pairs:
+        a, b = per_seed[arm], per_seed[base]
+        gain = sign * (statistics.fmean(a.values()) - statistics.fmean(b.values()))
+        rows.append((arm, base, len(a), len(b), gain, welch(list(a.values()), list(b.values())),
+                     paired(a, b)))
+    wh = holm([r[5].p for r in rows])
+    ph = holm([r[6].p for r in rows])
+    return [Comparison(*r, welch_holm=w, paired_holm=p) for r, w, p in zip(rows, wh, ph)]
+
+
+def _p(x: float) -> str:
+    return "-" if math.isnan(x) else (f"{x:.2g}" if x < 0.01 else f"{x:.3f}")
+
+
+def format_comparisons(rows: list[Comparison], metric: str, alpha: float = 0.05) -> str:
+    """Markdown table: gain, Welch and paired t with raw and Holm-adjusted p, verdict."""
+    lines = [f"| arm vs baseline | n | gain in {metric} | Welch t (df) | p | p Holm | paired t (df) "
+             "| p | p Holm | verdict |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        verdict = f"better (Holm p < {alpha})" if r.passes(alpha) else "not shown"
+        lines.append(
+            f"| {r.arm} vs {r.baseline} | {r.n_arm} / {r.n_base} | {r.gain:+.4f} | "
+            f"{r.welch.t:.2f} ({r.welch.df:.1f}) | {_p(r.welch.p)} | {_p(r.welch_holm)} | "
+            f"{r.paired.t:.2f} ({r.paired.df:.0f}) | {_p(r.paired.p)} | {_p(r.paired_holm)} | "
+            f"{verdict} |")
+    return "\n".join(lines) + "\n"
