@@ -27,20 +27,28 @@ the projection (P-KL, chunk starts) or over exact 1:1 chunks on the shared vocab
 ``topk_kl`` (forward KL on the teacher's top-k with a tail bucket; same tokenizer only) and
 ``jsd`` (JSD(beta), TRL convention: beta=1 reverse-like, 0 forward-like).
 
-Clamps (sampled estimators; verl's defaults) with counters of how often each fires:
-``logp_min`` floors every sampled-token log-prob on both sides before forming ``r`` (-10),
-``exp_clip`` clips ``r`` into ``[-20, 20]`` before ``e^r`` (k3), ``loss_max`` clamps the per-unit
-loss value (k3) or the advantage (k1) symmetrically into ``[-10, 10]``. A clamp that fires blocks
-the gradient through that value (``torch.clamp``), as in verl.
+Clamps of the sampled estimators (None disables one), with counters of how often each fires:
+
+* ``logp_min`` (default **off**): floors every sampled-token log-prob on both sides before forming
+  ``r``. It is not part of the published k1 (Thinking Machines' on-policy distillation, verl's
+  ``kl_penalty``: no floor) and it breaks k1/k3: a unit both models find impossible scores
+  ``r ~ 0``, the best advantage available when merely unlikely units score -6 to -11, and the
+  policy gradient walks the student into output both models reject. Kept as an option.
+* ``exp_clip`` (20): clips ``r`` into ``[-20, 20]`` before ``e^r`` (k3), and
+* ``loss_max`` (10): clamps the per-unit loss value (k3) or the advantage (k1) symmetrically
+  into ``[-10, 10]`` -- these two are verl's ``low_var_kl`` (k3) clamps (``kl.clamp(-20, 20)``
+  before ``exp``, the result clamped to ``[-10, 10]``), reused for the k1 advantage.
+
+A clamp that fires blocks the gradient through that value (``torch.clamp``), as in verl.
 
 Unpaired tokens (``unpaired_BTs``): student loss tokens whose bytes the teacher read but that no
 chunk pairs with it (bytes the teacher's vocabulary cannot spell, e.g. a control byte missing from
 its byte alphabet, or a region the aligner could not pair). Without a penalty such bytes would
 escape all supervision, and a sampling student drifts into them. With ``unpaired = "floor"``
-(default) each such token is one more loss unit whose teacher log-prob is taken to be the floor
-``logp_min`` (-10 by default: "the teacher deems these bytes near impossible"), trained in the
-policy-gradient form ``loss_i = -sg(A_i) * log p(y_i)`` with ``A_i = clamp(logp_min - log
-p(y_i), +-loss_max)`` for every kind (full-distribution kinds have no teacher distribution there);
+(default) each such token is one more loss unit whose teacher log-prob is taken to be
+``logp_min`` when that floor is set, else ``UNPAIRED_LOGP`` (-10: "the teacher deems these bytes
+near impossible"), trained in the policy-gradient form ``loss_i = -sg(A_i) * log p(y_i)`` with
+``A_i = clamp(that log-prob - log p(y_i), +-loss_max)`` for every kind (full-distribution kinds have no teacher distribution there);
 ``"ignore"`` leaves them out (and out of the counts).
 
 Stop tokens (``stop_BTs``: the student's final EOS / end-of-turn token of responses that
@@ -82,6 +90,8 @@ SAMPLED_LOSSES = ("k1", "k3")
 CROSS_ROUTES = ("projection", "exact")
 UNPAIRED = ("floor", "ignore")
 STOP_ADVANTAGE = ("teacher", "zero")
+# the teacher log-prob assumed for unpaired student tokens when no logp_min floor is set
+UNPAIRED_LOGP = -10.0
 COUNTERS = ("logp_floor_student", "logp_floor_teacher", "exp_clip", "loss_clamp", "zero_stop",
             "unpaired")
 
@@ -90,8 +100,9 @@ COUNTERS = ("logp_floor_student", "logp_floor_teacher", "exp_clip", "loss_clamp"
 class Clamps:
     """Clamps of the sampled estimators (None disables one)."""
 
-    # floor of every sampled-token log-prob (student and teacher) before forming r
-    logp_min: float | None = -10.0
+    # floor of every sampled-token log-prob (student and teacher) before forming r; off by
+    # default (module doc: it rewards units both models find impossible)
+    logp_min: float | None = None
     # symmetric clamp of the per-unit loss value (k3) or of the advantage (k1)
     loss_max: float | None = 10.0
     # clip of the log-ratio r inside e^r (k3)
@@ -215,7 +226,7 @@ def unpaired_penalty(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BT
         return (student_logits_BTsV.sum() * 0.0).float(), 0
     logp = input_token_logprobs(student_logits_BTsV, student_ids_BTs, sel,
                                 temperature=spec.temperature, chunk_size=chunk_size)[sel]
-    floor = spec.clamps.logp_min if spec.clamps.logp_min is not None else -10.0
+    floor = spec.clamps.logp_min if spec.clamps.logp_min is not None else UNPAIRED_LOGP
     adv = (floor - logp.detach())
     if spec.clamps.loss_max is not None:
         adv = adv.clamp(-spec.clamps.loss_max, spec.clamps.loss_max)

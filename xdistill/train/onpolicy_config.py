@@ -136,14 +136,16 @@ class OnPolicyLossConfig:
     # sequence positions per block when computing losses (bounds memory); null = no blocking
     chunk_size: int | None = 256
     # k1/k3: floor of every sampled-token log-prob (both sides) before the log-ratio; null = off
-    logp_min: float | None = -10.0
+    # (default: a floor makes a unit both models find impossible score ~0, the best advantage
+    # on offer, and k1/k3 collapse into it; not in verl's or Thinking Machines' k1)
+    logp_min: float | None = None
     # k1/k3: symmetric clamp of the per-unit loss (k3) or the advantage (k1); null = off
     loss_max: float | None = 10.0
     # k3: clip of the log-ratio inside exp; null = off
     exp_clip: float | None = 20.0
     # student tokens a cross-tokenizer teacher read but no chunk pairs (bytes it cannot spell):
-    # floor (a policy-gradient penalty as if the teacher gave them log-prob logp_min; one loss
-    # unit each) or ignore (no loss, not counted)
+    # floor (a policy-gradient penalty as if the teacher gave them log-prob logp_min, or -10
+    # when logp_min is null; one loss unit each) or ignore (no loss, not counted)
     unpaired: Literal["floor", "ignore"] = "floor"
     # the student's stop token in the sampled estimators: teacher (scored against the teacher's
     # own end token like any unit) or zero (zero advantage, SimpleOPD's guard against length
