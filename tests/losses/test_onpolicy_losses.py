@@ -320,3 +320,32 @@ def test_input_token_logprobs_matches_reference():
     zs, _, ids, _ = _inputs(23)
     got = input_token_logprobs(zs, ids, temperature=1.0)
     assert np.allclose(got.numpy(), _token_logp_ref(zs, ids), atol=1e-12)
+
+
+def test_simple_opd_counts_unpaired_tokens_once():
+    """SimpleOPD's units are every student loss token (i >= 1), unpaired ones included: the
+    unpaired penalty adds its term to the loss but no second unit to the normaliser."""
+    al = _chunked_alignment()
+    B, Ts = al.s_chunk_BTs.shape
+    g = torch.Generator().manual_seed(17)
+    zs = torch.randn(B, Ts, 11, generator=g, dtype=torch.float64)
+    ids = torch.randint(0, 11, (B, Ts), generator=g)
+    mask = torch.ones(B, Ts, dtype=torch.bool)
+    unpaired = (al.s_chunk_BTs < 0) & mask
+    unpaired[:, 0] = False
+    assert int(unpaired.sum()) == 3
+    beh = input_token_logprobs(zs, ids, mask).detach()
+    t_logp = -torch.rand(al.t_chunk_BTt.shape, generator=g, dtype=torch.float64) * 5
+    spec = OnPolicyLossSpec("simple_opd")
+    n = count_onpolicy_units(spec, mask, al, unpaired_BTs=unpaired)
+    assert n == int(mask[:, 1:].sum()) == 12
+    kw = dict(align=al, teacher_token_logp_BTt=t_logp, behaviour_logp_BTs=beh,
+              ref_logp_BTs=beh - 0.2)
+    with_pen = onpolicy_loss(spec, zs, ids, mask, unpaired_BTs=unpaired, **kw)
+    without = onpolicy_loss(spec, zs, ids, mask, **kw)
+    assert with_pen.units == without.units == n and with_pen.counters["unpaired"] == 3
+    # the penalty term: -sg(A_i) log p(y_i) with A_i = clamp(-10 - log p(y_i), +-10), / n
+    s_ref = _token_logp_ref(zs, ids)
+    pen = sum(-min(max(-10.0 - s_ref[b, i], -10.0), 10.0) * s_ref[b, i]
+              for b, i in zip(*np.nonzero(unpaired.numpy())))
+    assert float(with_pen.loss) == pytest.approx(float(without.loss) + pen / n, rel=1e-10)

@@ -186,13 +186,16 @@ def count_onpolicy_units(spec: OnPolicyLossSpec, s_loss_mask_BTs: torch.Tensor,
                          unpaired_BTs=None, *, student_ids_BTs=None, tables=None) -> int:
     """Local loss units of one teacher: tokens (same tokenizer) or loss chunks (cross), or those
     of a 2026 kind (:mod:`xdistill.losses.onpolicy_kinds`), plus the unpaired student tokens under
-    ``unpaired = "floor"``."""
+    ``unpaired = "floor"`` (once: simple_opd's units already hold every student loss token, so
+    its unpaired tokens add a penalty term but no unit)."""
     if spec.kind in KINDS_2026:
         if align is None:
             raise ValueError(f"on-policy loss {spec.kind!r} needs a chunk alignment (the identity "
                              "view's for a same-tokenizer teacher)")
         n = count_kind_units(spec.kind, align, s_loss_mask_BTs, t_loss_mask_BTt,
                              student_ids_BTs=student_ids_BTs, tables=tables, params=spec.params)
+        if spec.kind == "simple_opd":  # its units are every loss token, unpaired ones included
+            return n
         return n + count_unpaired(spec, s_loss_mask_BTs, unpaired_BTs)
     if align is None:
         return _div.count_valid_tokens(s_loss_mask_BTs)

@@ -13,7 +13,8 @@ kind           teacher inputs                  units
 =============  ==============================  =============================================
 strict_topk    full logits + shared vocabulary exact 1:1 loss chunks
 dpca           token log-probs                 student tokens of the loss chunks
-simple_opd     token log-probs                 every student loss token (i >= 1)
+simple_opd     token log-probs                 every student loss token (i >= 1), unpaired
+                                               ones included (counted once)
 bpm, escd      full logits + byte-prefix map   loss chunks (minus whitespace-masked roots)
 =============  ==============================  =============================================
 
@@ -28,8 +29,8 @@ from dataclasses import dataclass
 import torch
 
 from xdistill.losses.byteprefix import bpm, count_byteprefix_units, escd
-from xdistill.losses.policy import (PPOClip, count_dpca_units, count_simple_opd_units, dpca,
-                                    simple_opd)
+from xdistill.losses.policy import (SIMPLE_OPD_REF_BETA, PPOClip, count_dpca_units,
+                                    count_simple_opd_units, dpca, simple_opd)
 from xdistill.losses.strict import count_strict_units, strict_topk
 
 KINDS_2026 = ("strict_topk", "dpca", "simple_opd", "bpm", "escd")
@@ -56,8 +57,8 @@ class KindParams:
     ppo: PPOClip = PPOClip()
     # dpca / simple_opd: symmetric advantage clamp (None = off)
     adv_clamp: float | None = 10.0
-    # simple_opd: weight beta of the reference KL(q_theta || q_init) (0 = off)
-    ref_beta: float = 0.0
+    # simple_opd: weight beta of the reference KL(q_theta || q_init) (published 0.5; 0 = off)
+    ref_beta: float = SIMPLE_OPD_REF_BETA
     # bpm / escd: drop roots whose sampled student token is whitespace only
     mask_whitespace: bool = False
     # dpca / simple_opd: advantage baseline, "none" or "mean" (policy.center_advantages)

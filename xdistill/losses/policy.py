@@ -30,7 +30,9 @@ Units: the student tokens of the loss chunks (token mean).
 
 **SimpleOPD** (exact positions only). ``A_i = log p(t_j) - l_i`` when student token ``i`` forms an
 exact 1:1 loss chunk with teacher token ``j``; ``A_i = 0`` at every other student loss token and at
-stop tokens (``stop_BTs``: EOS / end-of-turn, whatever the alignment). Optional reference KL,
+stop tokens (``stop_BTs``: EOS / end-of-turn, whatever the alignment). Student reference KL
+(one of SimpleOPD's two stabilisers, on by default with the published ``beta = 0.5`` of He et al.,
+arXiv 2608.14277, used for Qwen and Intern students; 1.5 for GLM; ``ref_beta = 0`` turns it off),
 ``+ beta * k3_i`` with ``r_i = clip(log q_init(y_i) - log q(y_i), +-ref_exp_clip)`` and
 ``k3_i = e^{r_i} - 1 - r_i`` (differentiable in ``q``; ``ref_logp_BTs`` = ``log q_init`` at input
 positions). Units: every student loss token ``i >= 1`` (token mean; zero-advantage tokens count).
@@ -49,6 +51,9 @@ import torch
 from xdistill.losses.chunks import (ChunkAlignment, chunk_bounds, chunk_sum, loss_chunks,
                                     resolve_count)
 from xdistill.losses.engine import DEFAULT_CHUNK_SIZE, LOGP_FLOOR, shift_targets, token_logprobs
+
+# SimpleOPD's published weight of the student reference KL (He et al., arXiv 2608.14277)
+SIMPLE_OPD_REF_BETA = 0.5
 
 
 @dataclass(frozen=True)
@@ -260,17 +265,18 @@ def simple_opd_advantages(behaviour_logp_BTs, teacher_token_logp_BTt, align: Chu
 def simple_opd(student_logits_BTsVs, student_ids_BTs, behaviour_logp_BTs, teacher_token_logp_BTt,
                align: ChunkAlignment, stop_BTs, s_loss_mask_BTs, *, t_loss_mask_BTt=None,
                ppo: PPOClip = PPOClip(), adv_clamp: float | None = 10.0, ref_logp_BTs=None,
-               ref_beta: float = 0.0, ref_exp_clip: float = 20.0, temperature: float = 1.0,
+               ref_beta: float = SIMPLE_OPD_REF_BETA, ref_exp_clip: float = 20.0, temperature: float = 1.0,
                num_valid=None, chunk_size=DEFAULT_CHUNK_SIZE, baseline: str = "none"
                ) -> tuple[torch.Tensor, PolicyStats]:
-    """SimpleOPD: teacher advantage at exact 1:1 positions only, PPO clipped, optional k3
-    reference KL (module doc). ``stop_BTs`` (bool [B, Ts]) marks the student's stop tokens;
+    """SimpleOPD: teacher advantage at exact 1:1 positions only, PPO clipped, plus the k3
+    reference KL weighted by ``ref_beta`` (published 0.5; 0 = off; module doc). ``stop_BTs`` (bool [B, Ts]) marks the student's stop tokens;
     ``s_loss_mask_BTs`` is required (it defines the units). Needs only teacher token log-probs.
     """
     _check(student_logits_BTsVs, student_ids_BTs, behaviour_logp_BTs, teacher_token_logp_BTt,
            align)
     if ref_beta and ref_logp_BTs is None:
-        raise ValueError("simple_opd: ref_beta > 0 needs ref_logp_BTs (log q_init of the samples)")
+        raise ValueError(f"simple_opd: ref_beta = {ref_beta} > 0 needs ref_logp_BTs (log q_init of "
+                         "the samples); pass ref_beta=0 to turn the reference KL off")
     units_BTs = s_loss_mask_BTs.bool().clone()
     units_BTs[:, 0] = False
     adv_BTs, scored_BTs, stop_zeroed = simple_opd_advantages(
@@ -296,5 +302,5 @@ def simple_opd(student_logits_BTsVs, student_ids_BTs, behaviour_logp_BTs, teache
                              mean_ratio=_mean(rho_N[scored_N]), ref_kl=ref_kl, **counts)
 
 
-__all__ = ["PPOClip", "PolicyStats", "count_dpca_units", "count_simple_opd_units", "dpca",
+__all__ = ["PPOClip", "PolicyStats", "SIMPLE_OPD_REF_BETA", "count_dpca_units", "count_simple_opd_units", "dpca",
            "center_advantages", "dpca_advantages", "ppo_token_losses", "simple_opd", "simple_opd_advantages"]

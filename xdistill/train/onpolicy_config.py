@@ -62,8 +62,9 @@ class OnPolicyTeacherLoss:
     # dpca / simple_opd: dual clip c: the loss of a negative advantage is at most -c * A
     dual_clip: float = 10.0
     # simple_opd: weight beta of the reference KL(q_theta || q_init) to the initial student
-    # (0 = off; > 0 keeps a frozen copy of the initial student)
-    ref_beta: float = 0.0
+    # (SimpleOPD's published 0.5, one of its two stabilisers; > 0 keeps a frozen copy of the
+    # initial student; 0 = off)
+    ref_beta: float = 0.5
     # bpm / escd: drop chunk starts whose sampled student token is whitespace only (BPM's mask
     # against learning the teacher's whitespace habits)
     mask_whitespace: bool = False
