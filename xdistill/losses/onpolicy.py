@@ -77,7 +77,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from xdistill.losses import bytecredit as _bc
 from xdistill.losses import cross as _cross
+from xdistill.losses import onpolicy_full as _onfull
 from xdistill.losses import divergences as _div
 from xdistill.losses.chunks import ChunkAlignment, chunk_sum, loss_chunks, resolve_count
 from xdistill.losses.engine import DEFAULT_CHUNK_SIZE, shift_targets, token_logprobs
@@ -132,6 +134,10 @@ class OnPolicyLossSpec:
     # k1: advantage baseline, "none" or "mean" over the micro-batch's units (dpca / simple_opd
     # take theirs from params.baseline)
     baseline: str = "none"
+    # credit of k1/k3/dpca/simple_opd units from a cross-tokenizer teacher: "token" (summed
+    # token log-probs of each side) or "byte" (each side's probability of the unit's bytes and
+    # boundary; needs the teacher's full logits; xdistill/losses/bytecredit.py)
+    credit: str = "token"
 
     def __post_init__(self):
         if self.unpaired not in UNPAIRED:
@@ -145,6 +151,8 @@ class OnPolicyLossSpec:
             raise ValueError(f"unknown on-policy loss {self.kind!r}; allowed: {ONPOLICY_LOSSES}")
         if self.cross not in CROSS_ROUTES:
             raise ValueError(f"unknown cross route {self.cross!r}; allowed: {CROSS_ROUTES}")
+        if self.credit not in _bc.CREDITS:
+            raise ValueError(f"unknown credit {self.credit!r}; allowed: {_bc.CREDITS}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
 
@@ -183,11 +191,17 @@ def input_token_logprobs(logits_BTV: torch.Tensor, ids_BT: torch.Tensor, mask_BT
 
 def count_onpolicy_units(spec: OnPolicyLossSpec, s_loss_mask_BTs: torch.Tensor,
                          align: ChunkAlignment | None = None, t_loss_mask_BTt=None,
-                         unpaired_BTs=None, *, student_ids_BTs=None, tables=None) -> int:
+                         unpaired_BTs=None, *, student_ids_BTs=None, tables=None,
+                         stop_BTs=None) -> int:
     """Local loss units of one teacher: tokens (same tokenizer) or loss chunks (cross), or those
     of a 2026 kind (:mod:`xdistill.losses.onpolicy_kinds`), plus the unpaired student tokens under
     ``unpaired = "floor"`` (once: simple_opd's units already hold every student loss token, so
-    its unpaired tokens add a penalty term but no unit)."""
+    its unpaired tokens add a penalty term but no unit). Under byte-level credit a stop merged
+    with the content it ends is one unit (``stop_BTs``: :func:`xdistill.losses.bytecredit.
+    credit_alignment`)."""
+    if _bc.uses_byte_credit(spec.credit, spec.kind, align):
+        align = _bc.credit_alignment(spec.kind, spec.stop_advantage, align, stop_BTs,
+                                     s_loss_mask_BTs, t_loss_mask_BTt)
     if spec.kind in KINDS_2026:
         if align is None:
             raise ValueError(f"on-policy loss {spec.kind!r} needs a chunk alignment (the identity "
@@ -247,13 +261,15 @@ def _floor(x: torch.Tensor, lo: float | None) -> tuple[torch.Tensor, torch.Tenso
 
 
 def unit_logprobs(s_logp_BTs: torch.Tensor, t_logp_BTt: torch.Tensor, s_loss_mask_BTs,
-                  align: ChunkAlignment | None, t_loss_mask_BTt=None, logp_min=None):
+                  align: ChunkAlignment | None, t_loss_mask_BTt=None, logp_min=None,
+                  t_chunk_logp_BC=None):
     """Per loss unit: (b_N, student log p(u) [N] differentiable, teacher log q(u) [N], counters).
 
     Inputs are sampled-token log-probs at input positions. Same tokenizer (``align`` None): units
     are the student loss tokens ``i >= 1`` and ``t_logp_BTt`` is indexed like the student.
     Cross tokenizer: units are the loss chunks (:func:`xdistill.losses.chunks.loss_chunks`) and
-    each side's floored log-probs are summed over the chunk's tokens.
+    each side's floored log-probs are summed over the chunk's tokens; ``t_chunk_logp_BC``
+    [B, C] replaces the teacher's sums (byte-level credit).
     """
     s_floor, s_fired = _floor(s_logp_BTs, logp_min)
     t_floor, t_fired = _floor(t_logp_BTt.to(s_logp_BTs.dtype), logp_min)
@@ -272,6 +288,8 @@ def unit_logprobs(s_logp_BTs: torch.Tensor, t_logp_BTt: torch.Tensor, s_loss_mas
     b_N, c_N = torch.nonzero(ok_BC, as_tuple=True)
     s_sum_BC = chunk_sum(s_floor, align.s_chunk_BTs, C)
     t_sum_BC = chunk_sum(t_floor.detach(), align.t_chunk_BTt, C)
+    if t_chunk_logp_BC is not None:
+        t_sum_BC, t_fired = t_chunk_logp_BC.detach().to(s_floor.dtype), torch.zeros_like(t_fired)
     s_in = (chunk_sum(s_fired.to(s_floor.dtype), align.s_chunk_BTs, C) * ok_BC).sum()
     t_in = (chunk_sum(t_fired.to(s_floor.dtype), align.t_chunk_BTt, C) * ok_BC).sum()
     counts = {"logp_floor_student": int(s_in), "logp_floor_teacher": int(t_in)}
@@ -321,15 +339,17 @@ def unit_flags(flag_BTs: torch.Tensor, s_loss_mask_BTs, align: ChunkAlignment | 
 
 def sampled_loss(kind: str, s_logp_BTs, t_logp_BTt, s_loss_mask_BTs, *, align=None,
                  t_loss_mask_BTt=None, clamps: Clamps = Clamps(), sample_weight_B=None,
-                 num_valid=None, zero_BTs=None, baseline: str = "none") -> OnPolicyLossOutput:
+                 num_valid=None, zero_BTs=None, baseline: str = "none",
+                 t_chunk_logp_BC=None) -> OnPolicyLossOutput:
     """``1/num_valid * sum_u w_b(u) * loss_u`` of ``k1`` (policy gradient) or ``k3`` (module doc).
 
     ``s_logp_BTs`` (differentiable) and ``t_logp_BTt`` are sampled-token log-probs at input
     positions (:func:`input_token_logprobs`); the teacher side is treated as a constant.
     ``zero_BTs``: units holding such a student token get zero advantage / loss (still counted).
+    ``t_chunk_logp_BC``: per-chunk teacher log-probs replacing the sums (byte-level credit).
     """
     b_N, s_N, t_N, counts = unit_logprobs(s_logp_BTs, t_logp_BTt, s_loss_mask_BTs, align,
-                                          t_loss_mask_BTt, clamps.logp_min)
+                                          t_loss_mask_BTt, clamps.logp_min, t_chunk_logp_BC)
     loss_N, r_N, more = sampled_unit_losses(kind, s_N, t_N, clamps, baseline)
     if zero_BTs is not None:
         zero_N = unit_flags(zero_BTs, s_loss_mask_BTs, align, t_loss_mask_BTt)
@@ -342,45 +362,13 @@ def sampled_loss(kind: str, s_logp_BTs, t_logp_BTt, s_loss_mask_BTs, *, align=No
     return OnPolicyLossOutput(total, int(b_N.numel()), {**counts, **more}, mean_r)
 
 
-# ---------------------------------------------------------------------------- full distributions
-def _full_loss(spec: OnPolicyLossSpec, s_logits, s_mask, align, t_mask, teacher: dict,
-               num_valid, chunk_size) -> torch.Tensor:
-    tau = spec.temperature
-    if align is None:
-        if spec.kind == "topk_kl":
-            return _div.topk_forward_kl(s_logits, teacher["topk_logp_BTtK"], teacher["topk_idx_BTtK"],
-                                        s_mask, teacher_tail_logmass_BT=teacher.get("tail"),
-                                        temperature=tau, num_valid=num_valid,
-                                        chunk_size=chunk_size)
-        fn = _div.reverse_kl if spec.kind == "reverse_kl" else (
-            lambda *a, **k: _div.jsd(*a, beta=spec.beta, **k))
-        return fn(s_logits, teacher["logits_BTtV"], s_mask, temperature=tau, num_valid=num_valid,
-                  chunk_size=chunk_size)
-    if spec.kind == "topk_kl":
-        raise ValueError("topk_kl needs a same-tokenizer teacher; use reverse_kl/jsd through the "
-                         "projection or k1/k3 over chunks for a cross-tokenizer teacher")
-    direction = "reverse" if spec.kind == "reverse_kl" else "jsd"
-    kw = dict(s_loss_mask_BTs=s_mask, t_loss_mask_BTt=t_mask, direction=direction, beta=spec.beta,
-              temperature=tau, num_valid=num_valid, chunk_size=chunk_size)
-    if spec.cross == "exact":
-        return _cross.exact_kl(s_logits, teacher["logits_BTtV"], align, teacher["shared_s_idx_N"],
-                               teacher["shared_t_idx_N"], **kw)
-    return _cross.projected_kl(s_logits, teacher["logits_BTtV"], align, teacher["projection"], **kw)
-
-
-def _need(teacher: dict, name: str, spec: OnPolicyLossSpec):
-    if teacher.get(name) is None:
-        raise ValueError(f"on-policy loss {spec.kind!r} needs teacher input {name!r}")
-    return teacher[name]
-
-
 def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, s_loss_mask_BTs,
                   *, align: ChunkAlignment | None = None, t_loss_mask_BTt=None,
                   teacher_logits_BTtV=None, teacher_ids_BTt=None, teacher_token_logp_BTt=None,
                   topk_logp_BTtK=None, topk_idx_BTtK=None, tail_logmass_BTt=None, projection=None,
                   shared_s_idx_N=None, shared_t_idx_N=None, sample_weight_B=None,
                   unpaired_BTs=None, stop_BTs=None, behaviour_logp_BTs=None,
-                  ref_logp_BTs=None, tables=None, num_valid=None,
+                  ref_logp_BTs=None, tables=None, byte_credit=None, num_valid=None,
                   chunk_size=DEFAULT_CHUNK_SIZE) -> OnPolicyLossOutput:
     """One teacher's on-policy loss (``align`` None = same tokenizer; see module doc).
 
@@ -393,12 +381,21 @@ def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, 
     tokenizer) and ``stop_BTs``: see the module doc. The 2026 kinds
     (:mod:`xdistill.losses.onpolicy_kinds`) also take ``behaviour_logp_BTs`` (rollout-time
     log-probs; dpca, simple_opd), ``ref_logp_BTs`` (simple_opd's reference KL) and ``tables``
-    (bpm, escd); they do not take per-sample weights.
+    (bpm, escd); they do not take per-sample weights. ``spec.credit = "byte"`` (cross tokenizer,
+    k1/k3/dpca/simple_opd) needs ``byte_credit`` (:class:`xdistill.losses.bytecredit.ByteCredit`),
+    ``teacher_logits_BTtV`` and ``teacher_ids_BTt``.
     """
     units = count_onpolicy_units(spec, s_loss_mask_BTs, align, t_loss_mask_BTt,
                                  unpaired_BTs if align is not None else None,
-                                 student_ids_BTs=student_ids_BTs, tables=tables)
+                                 student_ids_BTs=student_ids_BTs, tables=tables, stop_BTs=stop_BTs)
     count = resolve_count(num_valid, units)
+    t_chunk, credit_counters = None, {}
+    if _bc.uses_byte_credit(spec.credit, spec.kind, align):
+        align, t_chunk, cstats = _bc.evaluate_byte_credit(
+            spec.kind, spec.stop_advantage, byte_credit, align, stop_BTs, student_logits_BTsV,
+            student_ids_BTs, s_loss_mask_BTs, teacher_logits_BTtV, teacher_ids_BTt,
+            t_loss_mask_BTt, temperature=spec.temperature, chunk_size=chunk_size)
+        credit_counters = {"credit_floor": cstats.teacher_floor}
     kw = dict(align=align, t_loss_mask_BTt=t_loss_mask_BTt, sample_weight_B=sample_weight_B,
               count=count, chunk_size=chunk_size)
     if spec.kind in KINDS_2026:
@@ -410,18 +407,22 @@ def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, 
             teacher_token_logp_BTt=teacher_token_logp_BTt, behaviour_logp_BTs=behaviour_logp_BTs,
             stop_BTs=stop_BTs, ref_logp_BTs=ref_logp_BTs, shared_s_idx_N=shared_s_idx_N,
             shared_t_idx_N=shared_t_idx_N, tables=tables, temperature=spec.temperature,
-            count=count, chunk_size=chunk_size)
-        out = OnPolicyLossOutput(loss, units, counters)
+            count=count, chunk_size=chunk_size, teacher_chunk_logp_BC=t_chunk)
+        out = OnPolicyLossOutput(loss, units, {**counters, **credit_counters})
     elif spec.kind in SAMPLED_LOSSES:
         zero = stop_BTs if spec.stop_advantage == "zero" else None
         out = _sampled(spec, student_logits_BTsV, student_ids_BTs, s_loss_mask_BTs,
-                       teacher_token_logp_BTt, teacher_logits_BTtV, teacher_ids_BTt, zero, **kw)
+                       teacher_token_logp_BTt, teacher_logits_BTtV, teacher_ids_BTt, zero,
+                       t_chunk, **kw)
+        out = OnPolicyLossOutput(out.loss, out.units, {**out.counters, **credit_counters},
+                                 out.mean_logratio)
     else:
         teacher = {"logits_BTtV": teacher_logits_BTtV, "topk_logp_BTtK": topk_logp_BTtK,
                    "topk_idx_BTtK": topk_idx_BTtK, "tail": tail_logmass_BTt,
                    "projection": projection,
                    "shared_s_idx_N": shared_s_idx_N, "shared_t_idx_N": shared_t_idx_N}
-        out = _full(spec, student_logits_BTsV, s_loss_mask_BTs, teacher, **kw)
+        out = OnPolicyLossOutput(_onfull.full_loss(spec, student_logits_BTsV, s_loss_mask_BTs,
+                                                   teacher, **kw), 0, {})
     if align is None or count_unpaired(spec, s_loss_mask_BTs, unpaired_BTs) == 0:
         counters = {**out.counters, "unpaired": 0} if align is not None else out.counters
         return OnPolicyLossOutput(out.loss, units, counters, out.mean_logratio)
@@ -435,12 +436,14 @@ def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, 
                               out.mean_logratio)
 
 
-def _sampled(spec, s_logits, s_ids, s_mask, t_token_logp, t_logits, t_ids, zero_BTs, *, align,
-             t_loss_mask_BTt, sample_weight_B, count, chunk_size) -> OnPolicyLossOutput:
+def _sampled(spec, s_logits, s_ids, s_mask, t_token_logp, t_logits, t_ids, zero_BTs, t_chunk,
+             *, align, t_loss_mask_BTt, sample_weight_B, count, chunk_size) -> OnPolicyLossOutput:
     tau = spec.temperature
     s_logp = input_token_logprobs(s_logits, s_ids, s_mask, temperature=tau, chunk_size=chunk_size)
     t_logp = t_token_logp
-    if t_logp is None:
+    if t_chunk is not None:  # byte-level credit: the per-chunk values replace the token sums
+        t_logp = torch.zeros(align.t_chunk_BTt.shape, dtype=s_logp.dtype, device=s_logp.device)
+    elif t_logp is None:
         ids = s_ids if (align is None and t_ids is None) else t_ids
         if t_logits is None or ids is None:
             raise ValueError(f"on-policy loss {spec.kind!r} needs teacher_token_logp_BTt or "
@@ -450,34 +453,7 @@ def _sampled(spec, s_logits, s_ids, s_mask, t_token_logp, t_logits, t_ids, zero_
     return sampled_loss(spec.kind, s_logp, t_logp.detach(), s_mask, align=align,
                         t_loss_mask_BTt=t_loss_mask_BTt, clamps=spec.clamps,
                         sample_weight_B=sample_weight_B, num_valid=count, zero_BTs=zero_BTs,
-                        baseline=spec.baseline)
-
-
-def _full(spec, s_logits, s_mask, teacher: dict, *, align, t_loss_mask_BTt, sample_weight_B,
-          count, chunk_size) -> OnPolicyLossOutput:
-    needed = (("topk_logp_BTtK", "topk_idx_BTtK") if spec.kind == "topk_kl" else ("logits_BTtV",))
-    if align is not None and spec.kind != "topk_kl":
-        needed += (("projection",) if spec.cross == "projection"
-                   else ("shared_s_idx_N", "shared_t_idx_N"))
-    for name in needed:
-        _need(teacher, name, spec)
-    args = (spec, s_logits, s_mask, align, t_loss_mask_BTt, teacher, count, chunk_size)
-    if sample_weight_B is None:
-        return OnPolicyLossOutput(_full_loss(*args), 0, {})
-    # per-sample weights: one call per distinct weight, rows of other weights masked out
-    w_B = sample_weight_B.detach().to(torch.float64)
-    total = None
-    for w in torch.unique(w_B):
-        if float(w) == 0.0:
-            continue
-        rows_B = (w_B == w).to(s_mask.device)
-        mask = s_mask.bool() & rows_B[:, None]
-        term = float(w) * _full_loss(spec, s_logits, mask, align, t_loss_mask_BTt, teacher,
-                                     count, chunk_size)
-        total = term if total is None else total + term
-    if total is None:
-        total = (s_logits.sum() * 0.0).float()
-    return OnPolicyLossOutput(total, 0, {})
+                        baseline=spec.baseline, t_chunk_logp_BC=t_chunk)
 
 
 def counter_keys(spec: OnPolicyLossSpec, cross: bool) -> tuple[str, ...]:
@@ -489,4 +465,6 @@ def counter_keys(spec: OnPolicyLossSpec, cross: bool) -> tuple[str, ...]:
             keys += ("zero_stop",)
     elif spec.kind in KINDS_2026:
         keys = KIND_COUNTERS[spec.kind]
+    if cross and spec.credit == "byte" and spec.kind in _bc.BYTE_CREDIT_KINDS:
+        keys += ("credit_floor",)
     return keys + (("unpaired",) if cross else ())

@@ -90,9 +90,10 @@ def kind_loss(kind: str, params: KindParams, student_logits_BTsVs, student_ids_B
               s_loss_mask_BTs, *, align, t_loss_mask_BTt=None, teacher_logits_BTtV=None,
               teacher_token_logp_BTt=None, behaviour_logp_BTs=None, stop_BTs=None,
               ref_logp_BTs=None, shared_s_idx_N=None, shared_t_idx_N=None, tables=None,
-              temperature: float = 1.0, count: float = 1.0, chunk_size=None
-              ) -> tuple[torch.Tensor, dict]:
-    """(loss = sum over units / ``count``, {counter: int}) of one teacher (module doc)."""
+              temperature: float = 1.0, count: float = 1.0, chunk_size=None,
+              teacher_chunk_logp_BC=None) -> tuple[torch.Tensor, dict]:
+    """(loss = sum over units / ``count``, {counter: int}) of one teacher (module doc).
+    ``teacher_chunk_logp_BC``: byte-level credit per chunk for dpca / simple_opd."""
     kw = dict(s_loss_mask_BTs=s_loss_mask_BTs, t_loss_mask_BTt=t_loss_mask_BTt,
               temperature=temperature, num_valid=count)
     if chunk_size is not None:
@@ -115,7 +116,8 @@ def kind_loss(kind: str, params: KindParams, student_logits_BTsVs, student_ids_B
         if kind == "dpca":
             loss, stats = dpca(student_logits_BTsVs, student_ids_BTs, beh, t_logp, align,
                                ppo=params.ppo, adv_clamp=params.adv_clamp,
-                               baseline=params.baseline, **kw)
+                               baseline=params.baseline,
+                               teacher_chunk_logp_BC=teacher_chunk_logp_BC, **kw)
         elif kind == "simple_opd":
             stop = stop_BTs if stop_BTs is not None else torch.zeros_like(s_loss_mask_BTs,
                                                                            dtype=torch.bool)
@@ -123,7 +125,8 @@ def kind_loss(kind: str, params: KindParams, student_logits_BTsVs, student_ids_B
             loss, stats = simple_opd(student_logits_BTsVs, student_ids_BTs, beh, t_logp, align,
                                      stop, mask, ppo=params.ppo, adv_clamp=params.adv_clamp,
                                      ref_logp_BTs=ref_logp_BTs, ref_beta=params.ref_beta,
-                                     baseline=params.baseline, **kw)
+                                     baseline=params.baseline,
+                                     teacher_chunk_logp_BC=teacher_chunk_logp_BC, **kw)
         else:
             raise ValueError(f"unknown 2026 on-policy kind {kind!r}; allowed: {KINDS_2026}")
     counters = {c: int(getattr(stats, c)) for c in KIND_COUNTERS[kind]}
