@@ -156,6 +156,12 @@ class OnPolicyLossConfig:
     # minus their mean over the micro-batch's units: same expected gradient, less variance when
     # the teacher rates every sample below the student's own likelihood)
     advantage_baseline: Literal["none", "mean"] = "none"
+    # credit of the sampled-token kinds (k1, k3, dpca, simple_opd) from a cross-tokenizer teacher:
+    # token (each side's summed token log-probs per aligned chunk) or byte (each side's
+    # probability of the unit's bytes followed by the boundary the student's tokenization
+    # implies, the stop scored with the content it ends; needs worker.output = logits; see
+    # xdistill/losses/bytecredit.py). A same-tokenizer teacher always uses token credit (exact)
+    credit: Literal["token", "byte"] = "token"
     # reward weighting of samples: weight B * softmax(reward / reward_beta) when the rollouts
     # carry rewards; 0 = off
     reward_beta: float = 0.0
@@ -239,6 +245,12 @@ def validate_onpolicy(cfg: OnPolicyConfig) -> OnPolicyConfig:
         raise ConfigError(f"prompts.num_workers must be >= 0, got {cfg.prompts.num_workers}")
     if cfg.loss.reward_beta < 0:
         raise ConfigError(f"loss.reward_beta must be >= 0, got {cfg.loss.reward_beta}")
+    if cfg.loss.credit == "byte":
+        for i, t in enumerate(cfg.teachers):
+            if t.loss.kind in ("k1", "k3", "dpca", "simple_opd") and t.worker.output != "logits":
+                raise ConfigError(f"teachers.{i}.worker.output: loss.credit = 'byte' needs the "
+                                  f"teacher's full logits (worker.output = 'logits', got "
+                                  f"{t.worker.output!r}) for its {t.loss.kind!r} loss")
     return cfg
 
 
