@@ -368,7 +368,8 @@ def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, 
                   topk_logp_BTtK=None, topk_idx_BTtK=None, tail_logmass_BTt=None, projection=None,
                   shared_s_idx_N=None, shared_t_idx_N=None, sample_weight_B=None,
                   unpaired_BTs=None, stop_BTs=None, behaviour_logp_BTs=None,
-                  ref_logp_BTs=None, tables=None, byte_credit=None, num_valid=None,
+                  ref_logp_BTs=None, tables=None, byte_credit=None, long_tables=None,
+                  num_valid=None,
                   chunk_size=DEFAULT_CHUNK_SIZE) -> OnPolicyLossOutput:
     """One teacher's on-policy loss (``align`` None = same tokenizer; see module doc).
 
@@ -381,7 +382,8 @@ def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, 
     tokenizer) and ``stop_BTs``: see the module doc. The 2026 kinds
     (:mod:`xdistill.losses.onpolicy_kinds`) also take ``behaviour_logp_BTs`` (rollout-time
     log-probs; dpca, simple_opd), ``ref_logp_BTs`` (simple_opd's reference KL) and ``tables``
-    (bpm, escd); they do not take per-sample weights. ``spec.credit = "byte"`` (cross tokenizer,
+    (bpm, escd; with ``params.long_tokens`` also ``long_tables`` and ``teacher_ids_BTt``); they
+    do not take per-sample weights. ``spec.credit = "byte"`` (cross tokenizer,
     k1/k3/dpca/simple_opd) needs ``byte_credit`` (:class:`xdistill.losses.bytecredit.ByteCredit`),
     ``teacher_logits_BTtV`` and ``teacher_ids_BTt``.
     """
@@ -407,7 +409,8 @@ def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, 
             teacher_token_logp_BTt=teacher_token_logp_BTt, behaviour_logp_BTs=behaviour_logp_BTs,
             stop_BTs=stop_BTs, ref_logp_BTs=ref_logp_BTs, shared_s_idx_N=shared_s_idx_N,
             shared_t_idx_N=shared_t_idx_N, tables=tables, temperature=spec.temperature,
-            count=count, chunk_size=chunk_size, teacher_chunk_logp_BC=t_chunk)
+            count=count, chunk_size=chunk_size, teacher_chunk_logp_BC=t_chunk,
+            teacher_ids_BTt=teacher_ids_BTt, long_tables=long_tables)
         out = OnPolicyLossOutput(loss, units, {**counters, **credit_counters})
     elif spec.kind in SAMPLED_LOSSES:
         zero = stop_BTs if spec.stop_advantage == "zero" else None

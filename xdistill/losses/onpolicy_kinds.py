@@ -16,6 +16,7 @@ dpca           token log-probs                 student tokens of the loss chunks
 simple_opd     token log-probs                 every student loss token (i >= 1), unpaired
                                                ones included (counted once)
 bpm, escd      full logits + byte-prefix map   loss chunks (minus whitespace-masked roots)
+               (+ teacher ids, long-token map)
 =============  ==============================  =============================================
 
 DPCA and SimpleOPD also need the rollout's behaviour log-probs; SimpleOPD the stop-token mask and,
@@ -61,6 +62,9 @@ class KindParams:
     ref_beta: float = SIMPLE_OPD_REF_BETA
     # bpm / escd: drop roots whose sampled student token is whitespace only
     mask_whitespace: bool = False
+    # bpm / escd: the rule for student tokens longer than the teacher's root token (the
+    # covering mass of the on-path token's continuation, byteprefix_long); needs its tables
+    long_tokens: bool = True
     # dpca / simple_opd: advantage baseline, "none" or "mean" (policy.center_advantages)
     baseline: str = "none"
 
@@ -91,7 +95,8 @@ def kind_loss(kind: str, params: KindParams, student_logits_BTsVs, student_ids_B
               teacher_token_logp_BTt=None, behaviour_logp_BTs=None, stop_BTs=None,
               ref_logp_BTs=None, shared_s_idx_N=None, shared_t_idx_N=None, tables=None,
               temperature: float = 1.0, count: float = 1.0, chunk_size=None,
-              teacher_chunk_logp_BC=None) -> tuple[torch.Tensor, dict]:
+              teacher_chunk_logp_BC=None, teacher_ids_BTt=None, long_tables=None
+              ) -> tuple[torch.Tensor, dict]:
     """(loss = sum over units / ``count``, {counter: int}) of one teacher (module doc).
     ``teacher_chunk_logp_BC``: byte-level credit per chunk for dpca / simple_opd."""
     kw = dict(s_loss_mask_BTs=s_loss_mask_BTs, t_loss_mask_BTt=t_loss_mask_BTt,
@@ -107,9 +112,14 @@ def kind_loss(kind: str, params: KindParams, student_logits_BTsVs, student_ids_B
                                       shared_t_idx_N, top_k=params.top_k, **kw)
         else:
             fn = bpm if kind == "bpm" else escd
+            long = None
+            if params.long_tokens:
+                long = _need(long_tables, "the long-token tables (params.long_tokens)", kind)
+                _need(teacher_ids_BTt, "the teacher's token ids (params.long_tokens)", kind)
             loss, stats = fn(student_logits_BTsVs, logits, align,
                              _need(tables, "the byte-prefix tables", kind), student_ids_BTs,
-                             mask_whitespace=params.mask_whitespace, **kw)
+                             mask_whitespace=params.mask_whitespace, long=long,
+                             teacher_ids_BTt=teacher_ids_BTt, **kw)
     else:
         t_logp = _need(teacher_token_logp_BTt, "the teacher's token log-probs", kind)
         beh = _need(behaviour_logp_BTs, "the rollout's behaviour log-probs", kind)

@@ -198,4 +198,39 @@ def build_byte_terms(student_table, teacher_table, student_ids_BTs, teacher_ids_
     return ByteCredit(T.tensors(N), S.tensors(N))
 
 
-__all__ = ["VocabIndex", "build_byte_terms"]
+def build_long_token_tables(student_table, teacher_table):
+    """The tables of BPM/ESCD's long-token rule (:mod:`xdistill.losses.byteprefix_long`): for
+    each teacher text token with the exact bytes of a student token ``u0``, the student's minimal
+    extensions ``v = u0 + e`` that no teacher token's bytes start with (a student token longer
+    than the teacher's: a teacher that has ``v`` maps it already), with the teacher-sorted range
+    of tokens starting with ``e``. A teacher with the student's vocabulary gets no entries."""
+    from xdistill.losses.byteprefix_long import LongTokenTables
+
+    s_idx, t_idx = VocabIndex(student_table), VocabIndex(teacher_table)
+    V = teacher_table.vocab_size
+    counts = np.zeros(V, dtype=np.int64)
+    v_X, lo_X, hi_X = [], [], []
+    for w in t_idx.sorted_ids.tolist():
+        bw = teacher_table.token_bytes(w)
+        same = s_idx.exact(bw)
+        if not same:
+            continue
+        for e in s_idx.extensions(same[0])[0]:
+            lo, hi = t_idx.range(e)
+            t_lo, t_hi = t_idx.range(bw + e)
+            if hi > lo and t_hi == t_lo:     # no teacher token spells v: longer than the teacher's
+                counts[w] += 1
+                v_X.append(s_idx.exact(bw + e)[0])
+                lo_X.append(lo)
+                hi_X.append(hi)
+    order = np.argsort(t_idx.sorted_ids, kind="stable")     # entries in teacher-id order
+    starts = np.concatenate([[0], np.cumsum(counts[t_idx.sorted_ids])])
+    pos = [np.arange(starts[k], starts[k + 1]) for k in order]
+    perm = np.concatenate(pos) if pos else np.zeros(0, dtype=np.int64)
+    long = lambda x: torch.as_tensor(np.asarray(x, dtype=np.int64))  # noqa: E731
+    ptr = np.concatenate([[0], np.cumsum(counts)])
+    return LongTokenTables(long(ptr), long(v_X)[perm], long(lo_X)[perm], long(hi_X)[perm],
+                           long(t_idx.sorted_ids))
+
+
+__all__ = ["VocabIndex", "build_byte_terms", "build_long_token_tables"]

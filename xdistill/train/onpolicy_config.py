@@ -68,6 +68,11 @@ class OnPolicyTeacherLoss:
     # bpm / escd: drop chunk starts whose sampled student token is whitespace only (BPM's mask
     # against learning the teacher's whitespace habits)
     mask_whitespace: bool = False
+    # bpm / escd: rule for student tokens longer than the teacher's token at a root (a digit-
+    # splitting teacher's "2" vs the student's "23"): the teacher mass of the on-path token
+    # followed by a suffix that makes a longer student token moves to that token (its covering
+    # mass, one step ahead; xdistill/losses/byteprefix_long.py); false = BPM's plain map
+    long_tokens: bool = True
     # loss of this teacher on mixed-in off-policy batches (loss.offpolicy_lambda > 0), an
     # off-policy kind; "" = derived from kind (same tokenizer: reverse_kl/jsd/topk_kl as is, k1/k3
     # -> forward_kl; cross: pkl (projection route) or exact_kl, k1/k3 -> alm)

@@ -59,6 +59,8 @@ class OnPolicyPlan:
     shared: dict = field(default_factory=dict)
     # teacher name -> BytePrefixTables (bpm, escd)
     tables: dict = field(default_factory=dict)
+    # teacher name -> LongTokenTables (bpm, escd with loss.long_tokens)
+    long_tables: dict = field(default_factory=dict)
     # True when some teacher's simple_opd uses the reference KL (needs the initial student)
     needs_reference: bool = False
 
@@ -66,7 +68,8 @@ class OnPolicyPlan:
 def _kind_params(tl, clamps, baseline: str) -> KindParams:
     return KindParams(top_k=tl.top_k, ppo=PPOClip(tl.clip_low, tl.clip_high, tl.dual_clip),
                       adv_clamp=clamps.loss_max, ref_beta=tl.ref_beta,
-                      mask_whitespace=tl.mask_whitespace, baseline=baseline)
+                      mask_whitespace=tl.mask_whitespace, long_tokens=tl.long_tokens,
+                      baseline=baseline)
 
 
 def build_onpolicy_plan(cfg: OnPolicyConfig) -> OnPolicyPlan:
@@ -94,6 +97,9 @@ def build_onpolicy_plan(cfg: OnPolicyConfig) -> OnPolicyPlan:
                               f"{t.name!r} uses {tok.name!r}, the student {student.name!r}")
         if tl.kind in ("bpm", "escd"):
             plan.tables[t.name] = byteprefix_tables(student, tok)
+            if tl.long_tokens:
+                from xdistill.rollout.bytecredit import build_long_token_tables
+                plan.long_tables[t.name] = build_long_token_tables(student.table, tok.table)
         if tl.kind == "strict_topk" or (not same and tl.kind in ("reverse_kl", "jsd")
                                         and tl.cross == "exact"):
             plan.shared[t.name] = _shared(key, student, tok)
@@ -223,6 +229,8 @@ def _kind_inputs(plan, name, spec, out, logits, view) -> dict:
         kw.update(shared_s_idx_N=s_N, shared_t_idx_N=t_N)
     if name in plan.tables:
         kw["tables"] = plan.tables[name]
+    if name in plan.long_tables:
+        kw.update(long_tables=plan.long_tables[name], teacher_ids_BTt=view.input_ids_BTt)
     return kw
 
 
