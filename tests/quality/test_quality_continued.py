@@ -34,6 +34,8 @@ def test_every_continuation_arm_config_is_valid(assets, tmp_path):
             cfg = validate_onpolicy(load_config(OnPolicyConfig, str(path)))
             assert cfg.teachers[0].loss.kind == ONPOLICY_KIND[arm]
             assert cfg.loss.advantage_baseline == ("mean" if arm.endswith("_mean") else "none")
+            assert cfg.loss.credit == ("byte" if arm.endswith("_byte") else "token")
+            assert cfg.loss.logp_min is None       # no log-prob floor (issue 24)
         else:
             cfg = validate_offpolicy(load_config(OffPolicyConfig, str(path)))
         assert cfg.train.steps == TINY_ARMS.cont_steps
@@ -45,7 +47,7 @@ def test_continuation_protocol_end_to_end(assets, tmp_path):
     from xdistill.quality.runner import Watch
 
     s = replace(TINY_ARMS, cont_steps=2, eval_every=0)
-    arms = ["cont_ce", "op_dpca", "op_escd"]
+    arms = ["cont_ce", "op_dpca", "op_escd", "op_k1_byte"]
     result = run_phases(assets, arms, [0], s, tmp_path, 2, Watch())
     assert not result["failed"] and set(result["summary"]) == set(arms)  # ce ran, not reported
     assert (tmp_path / "runs" / "ce" / "seed0" / "score.json").exists()
