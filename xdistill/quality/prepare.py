@@ -56,8 +56,9 @@ def model_config(layers: int, hidden: int) -> dict:
 
 def cache_key(cfg: PrepConfig) -> str:
     d = asdict(cfg)
-    if not d["task"]["answer_noise"]:  # caches made before the option existed stay valid
-        del d["task"]["answer_noise"]
+    for opt in ("answer_noise", "twin_free", "n_valid"):  # caches made before an option
+        if not d["task"][opt]:                              # existed stay valid at its default
+            del d["task"][opt]
     blob = json.dumps(d, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 

@@ -1,0 +1,55 @@
+"""Pieces of the issue-24 protocol (benchmarks/quality/RESULTS.md): twin-free splits and the
+format rate. Pure functions: no processes, no models."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from xdistill.quality import task
+from xdistill.quality.evaluate import well_formed
+
+
+def _twins_in(held, train) -> float:
+    tr = {tuple(p) for p in train.tolist()}
+    return float(np.mean([(b, a) in tr for a, b in held.tolist() if a != b]))
+
+
+def test_plain_split_leaks_swapped_twins_twin_free_does_not():
+    cfg = task.TaskConfig()
+    train, held = task.split_pairs(cfg)
+    assert _twins_in(held, train) > 0.7          # the published protocol's held-out set
+    tf = replace(cfg, twin_free=True, n_valid=120)
+    train, valid, test = task.split_pairs_protocol(tf)
+    for a_side, b_side in ((test, train), (valid, train), (test, valid)):
+        assert _twins_in(a_side, b_side) == 0.0
+        assert not {tuple(p) for p in a_side.tolist()} & {tuple(p) for p in b_side.tolist()}
+    m = cfg.max_operand + 1
+    assert len(train) + len(valid) + len(test) == m * m
+    assert cfg.n_heldout <= len(test) <= cfg.n_heldout + 1
+    assert tf.n_valid <= len(valid) <= tf.n_valid + 1
+    again = task.split_pairs_protocol(tf)
+    assert all((x == y).all() for x, y in zip(again, (train, valid, test)))
+    tr2, te2 = task.split_pairs(tf)                # the trainer-facing pair: train, test
+    assert (tr2 == train).all() and (te2 == test).all()
+
+
+def test_defaults_keep_the_published_split_and_cache_key():
+    from xdistill.quality.prepare import PrepConfig, cache_key
+
+    cfg = task.TaskConfig()
+    m = cfg.max_operand + 1
+    grid = np.stack(np.meshgrid(np.arange(m), np.arange(m), indexing="ij"), -1).reshape(-1, 2)
+    perm = np.random.default_rng([cfg.seed, 1]).permutation(len(grid))
+    train, held = task.split_pairs(cfg)
+    assert (held == grid[perm[:cfg.n_heldout]]).all() and (train == grid[perm[cfg.n_heldout:]]).all()
+    base = PrepConfig()
+    assert cache_key(base) == cache_key(replace(base, task=replace(base.task, twin_free=False)))
+    assert cache_key(base) != cache_key(replace(base, task=replace(base.task, twin_free=True)))
+
+
+def test_format_rate_counts_well_formed_answers():
+    assert well_formed("12.") and well_formed(" 7. Q: 1+1")
+    assert not well_formed("12") and not well_formed("twelve.") and not well_formed(".")
+    assert not well_formed("1 2.")
