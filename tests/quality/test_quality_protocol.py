@@ -53,3 +53,30 @@ def test_format_rate_counts_well_formed_answers():
     assert well_formed("12.") and well_formed(" 7. Q: 1+1")
     assert not well_formed("12") and not well_formed("twelve.") and not well_formed(".")
     assert not well_formed("1 2.")
+
+
+def test_welch_paired_holm_against_scipy_and_by_hand():
+    import math
+
+    import pytest
+    from scipy import stats as sps
+
+    from xdistill.quality.stats import holm, paired, penalty, welch
+
+    x = [0.31, 0.28, 0.40, 0.35, 0.33]
+    y = [0.22, 0.30, 0.25, 0.21, 0.27]
+    t, df, p = welch(x, y)
+    ref = sps.ttest_ind(x, y, equal_var=False)
+    assert t == pytest.approx(ref.statistic, rel=1e-12) and p == pytest.approx(ref.pvalue, rel=1e-9)
+    vx, vy = np.var(x, ddof=1) / 5, np.var(y, ddof=1) / 5
+    assert df == pytest.approx((vx + vy) ** 2 / (vx ** 2 / 4 + vy ** 2 / 4), rel=1e-12)
+    t, df, p = paired(x, y)
+    ref = sps.ttest_rel(x, y)
+    assert t == pytest.approx(ref.statistic, rel=1e-12) and p == pytest.approx(ref.pvalue, rel=1e-9)
+    assert df == 4.0
+    adj = holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.5})
+    # sorted 0.01, 0.03, 0.04, 0.5 -> 0.04, 0.09, max(0.09, 0.08) = 0.09, 0.5
+    assert adj == pytest.approx({"a": 0.04, "c": 0.09, "b": 0.09, "d": 0.5})
+    assert penalty(0.08, 0.10) == pytest.approx(0.2) and math.isnan(penalty(0.1, 0.0))
+    with pytest.raises(ValueError):
+        welch([0.1], [0.2, 0.3])
