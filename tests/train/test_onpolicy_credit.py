@@ -2,7 +2,8 @@
 
 ``loss.credit = byte`` with a cross-tokenizer teacher (a student BPE of 320 ids, a teacher BPE of
 400 ids): rollouts -> scoring -> byte-credit terms -> k1/k3/dpca/simple_opd -> backward. The step
-counts one unit for a stop and the content it ends (k1/k3/dpca), reports the floor counter,
+counts one unit for a stop and the content it ends (k1/k3/dpca), reports the floor counter and
+the measured error of the covering bounds (``<teacher>/credit_gap``),
 gives a finite loss with a gradient, keeps tool spans out of the loss, and a same-tokenizer
 teacher keeps token credit. The math is tested against its float64 reference in
 tests/losses/test_bytecredit.py.
@@ -76,6 +77,7 @@ def test_byte_credit_step(tmp_path, tiny_assets, lms, kind):
         if kind in ("k1", "k3"):     # one unit for a stop and the content it ends
             assert units == chunks - n_stop
         assert math.isfinite(m["cross/loss"]) and "cross/clamp/credit_floor" in m
+        assert m["cross/credit_gap_sum"] >= 0.0 and "same/credit_gap_sum" not in m
         if i == 0 or kind in ("k1", "k3"):  # segment rollouts carry no behaviour log-probs:
             assert grads and float(max(grads)) > 0  # the PPO ratio of dpca/simple_opd clips
     assert int(results[1][0].stop_BTs.any(1).sum()) == 4

@@ -278,6 +278,9 @@ def onpolicy_losses(plan, logits_BTsVs, batch, outputs, num_valid, metrics, *,
         metrics.mean(f"{name}/weight", plan.weights[name])
         for c in counter_keys(spec, align is not None and not view.identity):
             metrics.add(f"{name}/clamp/{c}", float(res.counters.get(c, 0)))
+        if uses_byte_credit(spec.credit, spec.kind, align):
+            g = res.credit_gap_sum
+            metrics.add(f"{name}/credit_gap_sum", g if g == g else 0.0)
         if spec.kind in ("k1", "k3"):
             r = res.mean_logratio
             metrics.add(f"{name}/logratio_sum", r * res.units if r == r else 0.0)
@@ -366,6 +369,9 @@ def finish_metrics(metrics: dict, plan: OnPolicyPlan) -> dict:
         s = metrics.pop(f"{name}/logratio_sum", None)
         if s is not None:
             metrics[f"{name}/mean_logratio"] = s / max(metrics.get(f"units/{name}", 0), 1)
+        g = metrics.pop(f"{name}/credit_gap_sum", None)
+        if g is not None:  # byte credit: mean measured error log P_ub - log P_lb per unit
+            metrics[f"{name}/credit_gap"] = g / max(metrics.get(f"units/{name}", 0), 1)
     return metrics
 
 
