@@ -11,6 +11,11 @@ chunk covering identical bytes on both sides) the log-ratio is
 
 so for a same-tokenizer teacher ``r_t = log q(y_t) - log p(y_t)`` and for a cross-tokenizer chunk
 ``r`` compares the two sides' likelihoods of the chunk's bytes (each side's own segmentation).
+That is ``credit = "token"``. With ``credit = "byte"`` (cross tokenizer; k1, k3, dpca,
+simple_opd) ``r_u = log Q_T(u) - log Q_S(u)``: each side's probability of the unit's bytes
+followed by the boundary the student's tokenization implies, a stop merged with the content it
+ends (:mod:`xdistill.losses.bytecredit`); a teacher token that is merely a prefix of a longer
+answer no longer rewards a truncated one.
 
 Sampled estimators of ``KL(p || q)`` (samples from ``p``):
 
