@@ -80,3 +80,14 @@ def test_welch_paired_holm_against_scipy_and_by_hand():
     assert penalty(0.08, 0.10) == pytest.approx(0.2) and math.isnan(penalty(0.1, 0.0))
     with pytest.raises(ValueError):
         welch([0.1], [0.2, 0.3])
+
+
+def test_control_teacher_is_prepared_only_for_the_same_tokenizer_arms():
+    from xdistill.quality.prepare import PrepConfig, teacher_size
+    from xdistill.quality.run import teachers_needed
+
+    assert "teacher_same_big" in teachers_needed(["op_k1_same", "cont_ce"])
+    assert "teacher_same_big" not in teachers_needed(["op_k1", "op_bpm", "cont_ce"])
+    cfg = PrepConfig()
+    assert teacher_size(cfg, "teacher_same_big") == teacher_size(cfg, "teacher_big")
+    assert teacher_size(cfg, "teacher_weak") == (cfg.weak_layers, cfg.weak_hidden, cfg.weak_steps)
