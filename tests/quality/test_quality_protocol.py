@@ -91,3 +91,26 @@ def test_control_teacher_is_prepared_only_for_the_same_tokenizer_arms():
     cfg = PrepConfig()
     assert teacher_size(cfg, "teacher_same_big") == teacher_size(cfg, "teacher_big")
     assert teacher_size(cfg, "teacher_weak") == (cfg.weak_layers, cfg.weak_hidden, cfg.weak_steps)
+
+
+def test_corpora_carry_the_validation_split_and_the_harness_scores_the_chosen_one(tmp_path):
+    import pytest
+
+    from xdistill.quality.harness import eval_split
+    from xdistill.quality.run import main
+
+    cfg = task.TaskConfig(max_operand=9, n_heldout=20, passes=1, twin_free=True, n_valid=16)
+    info = task.build_corpora(tmp_path, cfg)
+    train, valid, test = task.split_pairs_protocol(cfg)
+    assert info["valid"] == valid.tolist() and info["heldout"] == test.tolist()
+    lines = (tmp_path / "teacher.jsonl").read_text()
+    for a, b in valid.tolist() + test.tolist():   # neither split reaches a training corpus
+        assert f"Q: {a}+{b}=?" not in lines
+    assert eval_split({"corpus": info}) == "heldout"
+    assert eval_split({"corpus": info, "eval_split": "valid"}) == "valid"
+    plain = task.build_corpora(tmp_path / "plain", task.TaskConfig(max_operand=9, n_heldout=20,
+                                                                   passes=1))
+    with pytest.raises(KeyError, match="valid"):
+        eval_split({"corpus": plain, "eval_split": "valid"})
+    assert main(["--arms", "cont_ce", "--n-valid", "10", "--no-report",
+                 "--out", str(tmp_path / "out")]) == 2      # needs --twin-free

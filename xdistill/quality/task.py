@@ -179,5 +179,8 @@ def build_corpora(out: Path, cfg: TaskConfig) -> dict:
         "eval_text_jsonl": write_jsonl(out / "eval_text.jsonl", eval_texts[:120]),
     }
     (out / "heldout.json").write_text(json.dumps(held.tolist()), encoding="utf-8")
-    return {**{k: str(v) for k, v in paths.items()}, "heldout": held.tolist(),
+    extra = {}
+    if cfg.twin_free and cfg.n_valid:          # the protocol's validation split (screening)
+        extra["valid"] = split_pairs_protocol(cfg)[1].tolist()
+    return {**{k: str(v) for k, v in paths.items()}, "heldout": held.tolist(), **extra,
             "tokenizer_texts": texts[:400]}
