@@ -114,3 +114,43 @@ def test_corpora_carry_the_validation_split_and_the_harness_scores_the_chosen_on
         eval_split({"corpus": plain, "eval_split": "valid"})
     assert main(["--arms", "cont_ce", "--n-valid", "10", "--no-report",
                  "--out", str(tmp_path / "out")]) == 2      # needs --twin-free
+
+
+def test_confirmation_table_from_hand_made_runs():
+    import pytest
+    from scipy import stats as sps
+
+    from xdistill.quality.confirm import comparisons, confirmation_lines
+    from xdistill.quality.report import render
+    from xdistill.quality.stats import holm
+
+    seeds = [10, 11, 12, 13, 14]
+    acc = {"cont_ce": [0.30, 0.32, 0.29, 0.31, 0.30],
+           "op_k1": [0.36, 0.39, 0.35, 0.37, 0.38], "op_k1_same": [0.40, 0.41, 0.39, 0.42, 0.40],
+           "op_bpm": [0.30, 0.33, 0.28, 0.31, 0.31], "op_bpm_same": [0.35, 0.36, 0.33, 0.36, 0.34]}
+    fmt = {"op_bpm": 0.85}
+    runs = [{"arm": a, "seed": s, "accuracy": x, "bpb": 3.0, "train_s": 1.0,
+             "format_rate": fmt.get(a, 0.99)} for a, xs in acc.items() for s, x in zip(seeds, xs)]
+    comps = comparisons(runs)
+    assert [(c["kind"], c["teacher"]) for c in comps] == [
+        ("op_bpm", "cross"), ("op_bpm", "same"), ("op_k1", "cross"), ("op_k1", "same")]
+    pw = {}
+    for c in comps:
+        ref = sps.ttest_ind(acc[c["arm"]], acc["cont_ce"], equal_var=False)
+        assert c["welch"][2] == pytest.approx(ref.pvalue, rel=1e-9)
+        assert c["gain"] == pytest.approx(np.mean(acc[c["arm"]]) - np.mean(acc["cont_ce"]))
+        pw[c["kind"], c["teacher"]] = c["welch"][2]
+    adj = holm(pw)
+    assert all(c["welch_holm"] == pytest.approx(adj[c["kind"], c["teacher"]]) for c in comps)
+    k1 = {c["teacher"]: c for c in comps if c["kind"] == "op_k1"}
+    assert k1["same"]["passes"] and k1["cross"]["passes"]
+    bpm_cross = next(c for c in comps if c["arm"] == "op_bpm")
+    assert not bpm_cross["passes"]                      # gain +0.002: nowhere near
+    text = "\n".join(confirmation_lines(runs))
+    pen = 1 - (np.mean(acc["op_k1"]) - 0.304) / (np.mean(acc["op_k1_same"]) - 0.304)
+    assert f"cross-tokenizer penalty of op_k1: {pen:.2f}" in text
+    assert "k1 with the same-tokenizer teacher beats continued CE: yes" in text
+    assert "collapsed (format rate < 0.9 on a seed): op_bpm" in text
+    summary = {a: {"accuracy": 0.3, "accuracy_std": 0.01, "bpb": 3.0, "bpb_std": 0.0,
+                   "seeds": 5, "train_s": 1.0} for a in acc}
+    assert "Confirmation (issue 24)" in render({"summary": summary, "runs": runs}, {})
