@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xdistill.errors import XDistillError
+from xdistill.tokenization.templates import apply_shipped_template
 
 ASSETS_VERSION = 1
 # bump an entry when that tokenizer's conversion changes: only it is rebuilt on the next fetch
@@ -397,6 +398,7 @@ def _gguf_builder(name: str, vocab: str):
 
         gguf = root / "gguf" / f"ggml-vocab-{vocab}.gguf"
         hf = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        apply_shipped_template(hf, name)  # llama-spm: Llama-2's (the GGUF has none)
         _save_hf(hf, out, {"name": name, "source": f"{PACKAGES['llamacpp'].requirement}: {gguf.name}",
                            "conversion": "AutoTokenizer.from_pretrained(gguf_file=...)"})
     return build

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Callable
 
 from xdistill.assets import ASSETS_VERSION, AssetError, Archive, Package, _Staging
+from xdistill.tokenization.templates import apply_shipped_template
 
 BUILD_VERSION = 1
 
@@ -195,8 +196,11 @@ def assemble_gguf(spec: PretrainedModel, arch: dict[str, Archive], out: Path, sa
     return out
 
 
-def convert_gguf(gguf: Path, out: Path, *, max_positions_fallback: int = 0) -> dict:
+def convert_gguf(gguf: Path, out: Path, *, max_positions_fallback: int = 0,
+                 name: str = "") -> dict:
     """Dequantise a GGUF causal LM + tokenizer into a Hugging Face folder (bfloat16 weights).
+    The tokenizer gets asset ``name``'s shipped chat template when the GGUF carries none
+    (:mod:`xdistill.tokenization.templates`).
 
     Returns facts about the model (parameters, vocabulary size) for ``xdistill_asset.json``.
     """
@@ -223,6 +227,7 @@ def convert_gguf(gguf: Path, out: Path, *, max_positions_fallback: int = 0) -> d
         model.save_pretrained(str(out))
     if max_pos:
         tok.model_max_length = int(max_pos)
+    apply_shipped_template(tok, name)
     tok.save_pretrained(str(out))
     config = json.loads((out / "config.json").read_text())
     if "quantization_config" in config:
@@ -239,7 +244,7 @@ def build_model(spec: PretrainedModel, arch: dict[str, Archive], out: Path, say:
         sha = expected_sha256(spec, arch)
         t0 = time.perf_counter()
         with Heartbeat(f"converting {spec.name}", say, typical_s=spec.typical_s):
-            facts = convert_gguf(gguf, out)
+            facts = convert_gguf(gguf, out, name=spec.name)
         say(f"{spec.name}: converted in {time.perf_counter() - t0:.1f} s")
     for member in spec.notices:
         (out / Path(member).name).write_bytes(arch[spec.sums_package.name].read(member))

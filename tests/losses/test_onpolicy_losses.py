@@ -35,9 +35,12 @@ def _token_logp_ref(z_BTV, ids_BT):
     return out
 
 
-def _sampled_ref(kind, s_units, t_units, w_units, count, logp_min=-10.0, loss_max=10.0,
+def _sampled_ref(kind, s_units, t_units, w_units, count, logp_min=None, loss_max=10.0,
                  exp_clip=20.0):
-    """sum_u w_u * loss_u / count from the definitions; s/t_units are lists of token log-prob lists."""
+    """sum_u w_u * loss_u / count from the definitions; s/t_units are lists of token log-prob lists
+    (``logp_min`` None: no floor)."""
+    if logp_min is None:
+        logp_min = -math.inf
     total = 0.0
     fired = {"logp_floor_student": 0, "logp_floor_teacher": 0, "exp_clip": 0, "loss_clamp": 0}
     for s_tok, t_tok, w in zip(s_units, t_units, w_units):
@@ -68,8 +71,35 @@ def _inputs(seed=0, B=2, T=7, V=11, scale=3.0):
     return zs, zt, ids, mask
 
 
+def test_clamp_defaults_have_no_logprob_floor():
+    """The log-prob floor is off by default (a floor rewards units both models reject); the
+    advantage/loss clamp (10) and the exponent clip (20) stay on, in the spec and the config."""
+    from xdistill.train.onpolicy_config import OnPolicyLossConfig
+    assert Clamps() == Clamps(logp_min=None, loss_max=10.0, exp_clip=20.0)
+    assert OnPolicyLossSpec("k1").clamps.logp_min is None
+    cfg = OnPolicyLossConfig()
+    assert (cfg.logp_min, cfg.loss_max, cfg.exp_clip) == (None, 10.0, 20.0)
+
+
+def test_default_k1_ranks_an_impossible_unit_below_an_unlikely_one():
+    """Without the floor a unit both models find impossible (log p = log q = -30 would tie at
+    r = 0 under a -10 floor) keeps its true log-ratio, and a unit the teacher finds less likely
+    than the student gets a negative advantage however small both log-probs are."""
+    s_logp = torch.tensor([[0.0, -30.0, -6.0]], dtype=torch.float64, requires_grad=True)
+    t_logp = torch.tensor([[0.0, -40.0, -5.0]], dtype=torch.float64)
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    out = sampled_loss("k1", s_logp, t_logp, mask, clamps=Clamps(), num_valid=2)
+    (g,) = torch.autograd.grad(out.loss, s_logp)
+    # loss = -(A_1 log p_1 + A_2 log p_2) / 2, A = clamp(r, +-10) = (-10, +1)
+    assert g[0, 1].item() == pytest.approx(10.0 / 2) and g[0, 2].item() == pytest.approx(-1.0 / 2)
+    assert out.counters["logp_floor_student"] == out.counters["logp_floor_teacher"] == 0
+    floored = sampled_loss("k1", s_logp, t_logp, mask, clamps=Clamps(logp_min=-10.0), num_valid=2)
+    (g_floor,) = torch.autograd.grad(floored.loss, s_logp)
+    assert g_floor[0, 1].item() == 0.0  # the floor: r = 0 and no gradient at the impossible unit
+
+
 @pytest.mark.parametrize("kind", ["k1", "k3"])
-@pytest.mark.parametrize("clamps", [Clamps(), Clamps(-2.0, 1.5, 0.5)])
+@pytest.mark.parametrize("clamps", [Clamps(), Clamps(-10.0, 10.0, 20.0), Clamps(-2.0, 1.5, 0.5)])
 def test_same_tokenizer_sampled_matches_float64_reference(kind, clamps):
     zs, zt, ids, mask = _inputs(1)
     w_B = torch.tensor([0.5, 2.0], dtype=torch.float64)
@@ -90,7 +120,7 @@ def test_same_tokenizer_sampled_matches_float64_reference(kind, clamps):
 def test_k1_mean_baseline_matches_float64_reference():
     """baseline "mean": A_u = clamp(r_u - mean_v r_v); loss = -sum_u w_u A_u log p(u) / count."""
     zs, zt, ids, mask = _inputs(5)
-    clamps = Clamps(-10.0, 1.0, 20.0)  # a tight clamp, applied after the centring
+    clamps = Clamps(-10.0, 1.0, 20.0)  # a floor and a tight clamp, applied after the centring
     out = sampled_loss("k1", input_token_logprobs(zs, ids, mask), input_token_logprobs(zt, ids),
                        mask, clamps=clamps, num_valid=9, baseline="mean")
     s_ref, t_ref = _token_logp_ref(zs, ids), _token_logp_ref(zt, ids)
@@ -290,3 +320,32 @@ def test_input_token_logprobs_matches_reference():
     zs, _, ids, _ = _inputs(23)
     got = input_token_logprobs(zs, ids, temperature=1.0)
     assert np.allclose(got.numpy(), _token_logp_ref(zs, ids), atol=1e-12)
+
+
+def test_simple_opd_counts_unpaired_tokens_once():
+    """SimpleOPD's units are every student loss token (i >= 1), unpaired ones included: the
+    unpaired penalty adds its term to the loss but no second unit to the normaliser."""
+    al = _chunked_alignment()
+    B, Ts = al.s_chunk_BTs.shape
+    g = torch.Generator().manual_seed(17)
+    zs = torch.randn(B, Ts, 11, generator=g, dtype=torch.float64)
+    ids = torch.randint(0, 11, (B, Ts), generator=g)
+    mask = torch.ones(B, Ts, dtype=torch.bool)
+    unpaired = (al.s_chunk_BTs < 0) & mask
+    unpaired[:, 0] = False
+    assert int(unpaired.sum()) == 3
+    beh = input_token_logprobs(zs, ids, mask).detach()
+    t_logp = -torch.rand(al.t_chunk_BTt.shape, generator=g, dtype=torch.float64) * 5
+    spec = OnPolicyLossSpec("simple_opd")
+    n = count_onpolicy_units(spec, mask, al, unpaired_BTs=unpaired)
+    assert n == int(mask[:, 1:].sum()) == 12
+    kw = dict(align=al, teacher_token_logp_BTt=t_logp, behaviour_logp_BTs=beh,
+              ref_logp_BTs=beh - 0.2)
+    with_pen = onpolicy_loss(spec, zs, ids, mask, unpaired_BTs=unpaired, **kw)
+    without = onpolicy_loss(spec, zs, ids, mask, **kw)
+    assert with_pen.units == without.units == n and with_pen.counters["unpaired"] == 3
+    # the penalty term: -sg(A_i) log p(y_i) with A_i = clamp(-10 - log p(y_i), +-10), / n
+    s_ref = _token_logp_ref(zs, ids)
+    pen = sum(-min(max(-10.0 - s_ref[b, i], -10.0), 10.0) * s_ref[b, i]
+              for b, i in zip(*np.nonzero(unpaired.numpy())))
+    assert float(with_pen.loss) == pytest.approx(float(without.loss) + pen / n, rel=1e-10)

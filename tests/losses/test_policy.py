@@ -110,7 +110,7 @@ def test_simple_opd_matches_float64_reference(beta, baseline):
     c = _case(3)
     g = torch.Generator().manual_seed(30)
     ref_logp = c["beh"] + 0.5 * torch.randn(c["beh"].shape, generator=g, dtype=torch.float64)
-    kw = dict(ref_logp_BTs=ref_logp, ref_beta=beta) if beta else {}
+    kw = dict(ref_logp_BTs=ref_logp, ref_beta=beta) if beta else {"ref_beta": 0.0}
     loss, stats = simple_opd(c["zs"], c["ids"], c["beh"], c["t_logp"], c["align"], c["stop"],
                              c["s_mask"], t_loss_mask_BTt=c["t_mask"], chunk_size=4,
                              ppo=PPOClip(0.1, 0.2, 3.0), adv_clamp=2.0, baseline=baseline, **kw)
@@ -190,10 +190,11 @@ def test_masks_and_num_valid():
     t2 = torch.where(c["t_mask"], c["t_logp"], torch.full_like(c["t_logp"], -99.0))
     assert float(dpca(c["zs"], c["ids"], c["beh"], t2, c["align"], **kw)[0]) == \
         pytest.approx(float(loss), rel=1e-12)
+    ref = dict(ref_logp_BTs=c["beh"] - 0.3)
     sl, sstats = simple_opd(c["zs"], c["ids"], c["beh"], c["t_logp"], c["align"], c["stop"],
-                            c["s_mask"], t_loss_mask_BTt=c["t_mask"])
+                            c["s_mask"], t_loss_mask_BTt=c["t_mask"], **ref)
     sl2, _ = simple_opd(c["zs"], c["ids"], c["beh"], t2, c["align"], c["stop"], c["s_mask"],
-                        t_loss_mask_BTt=c["t_mask"], num_valid=5)
+                        t_loss_mask_BTt=c["t_mask"], num_valid=5, **ref)
     assert float(sl2) * 5 == pytest.approx(float(sl) * sstats.units, rel=1e-12)
 
 
@@ -202,6 +203,8 @@ def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="ref_logp_BTs"):
         simple_opd(c["zs"], c["ids"], c["beh"], c["t_logp"], c["align"], c["stop"], c["s_mask"],
                    ref_beta=0.1)
+    with pytest.raises(ValueError, match="ref_beta=0"):  # on by default: needs log q_init
+        simple_opd(c["zs"], c["ids"], c["beh"], c["t_logp"], c["align"], c["stop"], c["s_mask"])
     with pytest.raises(ValueError, match="teacher_token_logp_BTt"):
         dpca(c["zs"], c["ids"], c["beh"], c["t_logp"][:, :-1], c["align"])
     with pytest.raises(ValueError, match="dual_clip"):
@@ -215,6 +218,25 @@ def test_no_units_gives_zero_and_a_zero_gradient():
     for loss, stats in (dpca(zs, c["ids"], c["beh"], c["t_logp"], c["align"],
                              s_loss_mask_BTs=none),
                         simple_opd(zs, c["ids"], c["beh"], c["t_logp"], c["align"], c["stop"],
-                                   none)):
+                                   none, ref_beta=0.0)):
         (g,) = torch.autograd.grad(loss, zs)
         assert stats.units == 0 and float(loss.detach()) == 0 and not g.any()
+
+
+def test_simple_opd_reference_kl_is_on_by_default_as_published():
+    """SimpleOPD's student reference KL is on with the published weight 0.5 (He et al.) in the
+    loss function, the kind's parameters and the trainer config; the default call equals the
+    explicit beta = 0.5 one and differs from beta = 0."""
+    from xdistill.losses.onpolicy_kinds import KindParams
+    from xdistill.losses.policy import SIMPLE_OPD_REF_BETA
+    from xdistill.train.onpolicy_config import OnPolicyTeacherLoss
+    assert SIMPLE_OPD_REF_BETA == 0.5
+    assert KindParams().ref_beta == 0.5 and OnPolicyTeacherLoss().ref_beta == 0.5
+    c = _case(9)
+    ref_logp = c["beh"] - 0.4
+    args = (c["zs"], c["ids"], c["beh"], c["t_logp"], c["align"], c["stop"], c["s_mask"])
+    default, stats = simple_opd(*args, ref_logp_BTs=ref_logp)
+    explicit, _ = simple_opd(*args, ref_logp_BTs=ref_logp, ref_beta=0.5)
+    off, _ = simple_opd(*args, ref_beta=0.0)
+    assert float(default) == float(explicit) and float(default) != pytest.approx(float(off))
+    assert stats.ref_kl > 0

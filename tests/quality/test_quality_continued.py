@@ -11,7 +11,8 @@ from dataclasses import replace
 
 from quality_helpers import TINY_ARMS
 
-from xdistill.quality.continued import CONT_ARMS, ONPOLICY_KIND, ce_checkpoint, cont_config
+from xdistill.quality.continued import (CONT_ARMS, ONPOLICY_KIND, SAME_ARMS, ce_checkpoint,
+                                        cont_config)
 
 
 pytestmark = pytest.mark.integration  # starts processes
@@ -25,6 +26,8 @@ def test_every_continuation_arm_config_is_valid(assets, tmp_path):
 
     ce = tmp_path / "runs" / "ce" / "seed0" / "export"
     ce.mkdir(parents=True)   # the path only has to exist for validation
+    # the control teacher is not prepared here: any model over the student's tokenizer validates
+    assets = {**assets, "teacher_same_big": assets["teacher_weak"]}
     for arm in CONT_ARMS:
         out = tmp_path / "runs" / arm / "seed0"
         d = cont_config(arm, 0, assets, TINY_ARMS, str(out))
@@ -34,6 +37,11 @@ def test_every_continuation_arm_config_is_valid(assets, tmp_path):
             cfg = validate_onpolicy(load_config(OnPolicyConfig, str(path)))
             assert cfg.teachers[0].loss.kind == ONPOLICY_KIND[arm]
             assert cfg.loss.advantage_baseline == ("mean" if arm.endswith("_mean") else "none")
+            assert cfg.loss.credit == ("byte" if arm.endswith("_byte") else "token")
+            assert cfg.loss.logp_min is None       # no log-prob floor (issue 24)
+            same = arm in SAME_ARMS
+            assert (cfg.teachers[0].tokenizer == assets["tok_student"]) == same
+            assert (cfg.teachers[0].worker.model == assets["teacher_same_big"]["model"]) == same
         else:
             cfg = validate_offpolicy(load_config(OffPolicyConfig, str(path)))
         assert cfg.train.steps == TINY_ARMS.cont_steps
@@ -45,7 +53,10 @@ def test_continuation_protocol_end_to_end(assets, tmp_path):
     from xdistill.quality.runner import Watch
 
     s = replace(TINY_ARMS, cont_steps=2, eval_every=0)
-    arms = ["cont_ce", "op_dpca", "op_escd"]
+    arms = ["cont_ce", "op_dpca", "op_escd", "op_k1_byte", "op_k1_same"]
+    # the control teacher stands in as the prepared weak one (any model over the student's
+    # tokenizer; prepare_all trains the real one when an arm asks for it)
+    assets = {**assets, "teacher_same_big": assets["teacher_weak"]}
     result = run_phases(assets, arms, [0], s, tmp_path, 2, Watch())
     assert not result["failed"] and set(result["summary"]) == set(arms)  # ce ran, not reported
     assert (tmp_path / "runs" / "ce" / "seed0" / "score.json").exists()

@@ -38,9 +38,12 @@ def test_paired_uses_only_common_seeds_and_degenerate_cases():
     a, b = {0: 1.0, 1: 2.0, 2: 3.5, 7: 9.0}, {0: 0.5, 1: 1.0, 2: 3.0}
     r, ref = paired(a, b), ss.ttest_rel([1.0, 2.0, 3.5], [0.5, 1.0, 3.0])
     assert r.df == 2 and r.p == pytest.approx(ref.pvalue, rel=1e-9)
-    assert math.isnan(paired({0: 1.0}, {0: 2.0}).p)          # one common seed: undefined
+    with pytest.raises(ValueError, match="at least 2 pairs"):   # one common seed: undefined
+        paired({0: 1.0}, {0: 2.0})
     assert paired({0: 1.0, 1: 2.0}, {0: 1.0, 1: 2.0}).p == 1.0  # identical arms: no difference
-    assert math.isnan(welch([1.0], [2.0, 3.0]).p)
+    assert paired([1.0, 2.0, 3.5], [0.5, 1.0, 3.0]) == r        # sequences pair by position
+    with pytest.raises(ValueError, match="2 values per arm"):
+        welch([1.0], [2.0, 3.0])
 
 
 def test_holm_from_the_definition():
@@ -66,3 +69,7 @@ def test_compare_adjusts_the_listed_family_and_respects_direction():
     assert "| pkl vs ce | 5 / 5 |" in table and "better (Holm p < 0.05)" in table
     with pytest.raises(KeyError, match="arm 'alm'"):
         compare(per_seed, [("alm", "ce")], higher_is_better=False)
+    one = compare(dict(per_seed, solo={0: 1.7}), [("solo", "ce"), ("pkl", "ce")],
+                  higher_is_better=False)                      # 1 seed: nan, not in the family
+    assert math.isnan(one[0].welch.p) and not one[0].passes()
+    assert one[1].paired_holm == pytest.approx(one[1].paired.p)

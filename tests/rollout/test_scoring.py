@@ -17,7 +17,9 @@ from xdistill.losses import ChunkAlignment, projection_from_csr
 from xdistill.losses.chunks import loss_chunks
 from xdistill.losses.onpolicy import (ONPOLICY_LOSSES, Clamps, OnPolicyLossSpec,
                                       input_token_logprobs, onpolicy_loss)
+from xdistill.losses.bytecredit import BYTE_CREDIT_KINDS, credit_alignment
 from xdistill.losses.onpolicy_kinds import KINDS_2026
+from xdistill.rollout.bytecredit import build_byte_terms
 from xdistill.rollout import (HFGenerateEngine, RolloutScorer, SamplingParams,
                               rollouts_from_segments)
 
@@ -44,6 +46,7 @@ def _kind_kwargs(kind, view, t_logits, perm, V, s_table, t_table, s_logp_BTs):
     from xdistill.losses.byteprefix import BytePrefixTables
     from xdistill.losses.onpolicy import input_token_logprobs
     from xdistill.projection.byteprefix import build_byteprefix_map
+    from xdistill.rollout.bytecredit import build_long_token_tables
 
     t_ids = view.input_ids_BTt
     kw = dict(teacher_logits_BTtV=t_logits, teacher_ids_BTt=t_ids,
@@ -51,7 +54,9 @@ def _kind_kwargs(kind, view, t_logits, perm, V, s_table, t_table, s_logp_BTs):
               teacher_token_logp_BTt=input_token_logprobs(t_logits, t_ids),
               shared_s_idx_N=torch.arange(V),
               shared_t_idx_N=torch.arange(V) if view.identity else torch.from_numpy(perm),
-              tables=BytePrefixTables.from_map(build_byteprefix_map(s_table, t_table)))
+              tables=BytePrefixTables.from_map(build_byteprefix_map(s_table, t_table)),
+              long_tables=build_long_token_tables(s_table, t_table),
+              ref_logp_BTs=s_logp_BTs)   # the reference is the student itself: KL 0
     return kw, ChunkAlignment.from_view(view)
 
 
@@ -112,12 +117,28 @@ def test_byte_identical_teachers_give_zero_loss(student, cross):
                                          t_table, s_logp)
             else:
                 kw, align = _loss_kwargs(kind, view, zt, ptok.perm, tok.vocab_size)
-            spec = OnPolicyLossSpec(kind, cross=cross, clamps=Clamps(None, None, None))
-            out = onpolicy_loss(spec, z, b.input_ids_BTs, b.loss_mask_BTs, align=align, **kw)
-            (g,) = torch.autograd.grad(out.loss, z)
-            assert out.units > 10, (kind, view.name)
-            assert abs(float(out.loss.detach())) < 1e-5, (kind, view.name, float(out.loss))
-            assert float(g.abs().max()) < 1e-5, (kind, view.name)
+            credits = ["token"]
+            if kind in BYTE_CREDIT_KINDS and not view.identity:
+                credits.append("byte")
+            for credit in credits:
+                spec = OnPolicyLossSpec(kind, cross=cross, clamps=Clamps(None, None, None),
+                                        credit=credit)
+                more = {}
+                if credit == "byte":  # each side's byte-level probability: equal, r = 0
+                    merged = credit_alignment(kind, spec.stop_advantage, align, scored.stop_BTs,
+                                              b.loss_mask_BTs, view.loss_mask_BTt)
+                    more = dict(byte_credit=build_byte_terms(
+                        tok.table, ptok.table, b.input_ids_BTs, view.input_ids_BTt, merged,
+                        b.loss_mask_BTs, view.loss_mask_BTt, scored.stop_BTs),
+                        stop_BTs=scored.stop_BTs, teacher_logits_BTtV=zt,
+                        teacher_ids_BTt=view.input_ids_BTt)
+                out = onpolicy_loss(spec, z, b.input_ids_BTs, b.loss_mask_BTs, align=align,
+                                    **{**kw, **more})
+                (g,) = torch.autograd.grad(out.loss, z)
+                assert out.units > 10, (kind, view.name)
+                assert abs(float(out.loss.detach())) < 1e-5, (kind, view.name, credit,
+                                                              float(out.loss))
+                assert float(g.abs().max()) < 1e-5, (kind, view.name, credit)
 
 
 def test_sampled_rollouts_identity_teacher_zero(student):

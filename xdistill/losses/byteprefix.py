@@ -40,6 +40,12 @@ is the default and recommended setting. The completion sums are differences of a
 cumulative sum of ``q`` over the byte-sorted student tokens; each is floored at ``MASS_FLOOR``
 before its log.
 
+**Student tokens longer than the teacher's** (``long`` tables given): the root term's target
+moves the teacher mass of "the on-path root token followed by a suffix that makes a longer
+student token" to that longer token (:mod:`xdistill.losses.byteprefix_long`); without it a
+digit-splitting teacher's ``2`` keeps the mass of every number starting with 2 and the student's
+``23`` is pushed into the residual.
+
 Per unit: ``bpm = l_root``, ``escd = l_root + l_child``. ``mask_whitespace`` drops units whose
 sampled student token ``a`` is whitespace only (counted). The loss is the sum over units divided by
 ``num_valid`` (the trainer's global count from :func:`count_byteprefix_units`) or the local count.
@@ -53,6 +59,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from xdistill.losses.byteprefix_long import LongTokenTables, extended_kl, moved_masses
 from xdistill.losses.chunks import ChunkAlignment, chunk_bounds, loss_chunks, resolve_count
 from xdistill.losses.engine import (DEFAULT_CHUNK_SIZE, LOGP_FLOOR, compute_dtype,
                                     log_softmax_safe, row_block_sum, safe_logsumexp,
@@ -242,7 +249,17 @@ def _student_logqbar(logq_nV, tables):
     return torch.cat([lq_U, lq_bot.unsqueeze(1)], 1)
 
 
-def _root_term(tables, teacher_BTtVt, b_N, t_N, tau, stats):
+def _coord_of_student(tables, width: int) -> torch.Tensor:
+    """Coordinate of each student column of a ``width``-wide row, -1 = none (the residual)."""
+    def make():
+        out = torch.full((width,), -1, dtype=torch.long, device=tables.rep_U.device)
+        out[tables.rep_U] = torch.arange(tables.num_coords, device=out.device)
+        out[tables.extra_s_E] = tables.extra_coord_E
+        return out
+    return tables.cached(("s_coord", width), make)
+
+
+def _root_term(tables, teacher_BTtVt, b_N, t_N, tau, stats, ext=None):
     def term(rows_nV, sl):
         dt = rows_nV.dtype
         b_n, t_n = b_N[sl], t_N[sl]
@@ -251,9 +268,18 @@ def _root_term(tables, teacher_BTtVt, b_N, t_N, tau, stats):
         U = tables.num_coords
         pbar = torch.zeros((p_nVt.shape[0], U + 1), dtype=dt, device=p_nVt.device)
         pbar.index_add_(1, idx, p_nVt)
-        lqbar = _student_logqbar(log_softmax_safe(rows_nV / tau), tables)
+        logq = log_softmax_safe(rows_nV / tau)
+        lqbar = _student_logqbar(logq, tables)
         floor = (pbar[:, U] > 0) & (lqbar[:, U].detach() < LOGP_FLOOR)
         stats[("root", sl.start)] = (float(pbar[:, U].sum()), int(floor.sum()))
+        if ext is not None:
+            unit_X, v_X, m_X, w0_N = ext
+            inb = (unit_X >= sl.start) & (unit_X < sl.stop)
+            if bool(inb.any()):
+                stats[("long", sl.start)] = float(m_X[inb].sum())
+                return extended_kl(pbar, logq, lqbar, idx[w0_N[sl]], unit_X[inb] - sl.start,
+                                   v_X[inb], m_X[inb].to(dt), _coord_of_student(tables, logq.shape[1]),
+                                   _in_coord(tables, logq.shape[1]))
         return xlogx_minus_xlogy(torch.log(pbar), lqbar).sum()
     return term
 
@@ -318,9 +344,23 @@ def _check(student_logits_BTsVs, teacher_BTtVt, align, student_ids_BTs, tables):
                          f"{teacher_BTtVt.shape[2]})")
 
 
+def _long_ext(long, teacher, teacher_ids_BTt, b_N, t_N, tau, dtype):
+    """The moved masses of the long-token rule (byteprefix_long), or None when off."""
+    if long is None:
+        return None
+    if teacher_ids_BTt is None:
+        raise ValueError("the long-token rule of bpm/escd needs the teacher's token ids")
+    long = long.to(teacher.device)
+    unit_X, v_X, m_X = moved_masses(long, teacher, teacher_ids_BTt.to(teacher.device), b_N, t_N,
+                                    tau, dtype)
+    ids = teacher_ids_BTt.to(teacher.device)
+    w0_N = ids[b_N, (t_N + 1).clamp(max=ids.shape[1] - 1)].long()
+    return unit_X, v_X, m_X, w0_N
+
+
 def _byteprefix(student_logits_BTsVs, teacher_logits_BTtVt, align, tables, student_ids_BTs, *,
                 child, s_loss_mask_BTs, t_loss_mask_BTt, mask_whitespace, temperature, num_valid,
-                chunk_size):
+                chunk_size, long=None, teacher_ids_BTt=None):
     _check(student_logits_BTsVs, teacher_logits_BTtVt, align, student_ids_BTs, tables)
     tables = tables.to(student_logits_BTsVs.device)
     tau = float(temperature)
@@ -328,8 +368,11 @@ def _byteprefix(student_logits_BTsVs, teacher_logits_BTtVt, align, tables, stude
                                         t_loss_mask_BTt, mask_whitespace)
     teacher = teacher_logits_BTtVt.detach()
     stats: dict = {}
+    ext = _long_ext(long, teacher, teacher_ids_BTt, b_N, t_N, tau,
+                    compute_dtype(student_logits_BTsVs))
     total = row_block_sum(student_logits_BTsVs, b_N, s_N,
-                          _root_term(tables, teacher, b_N, t_N, tau, stats), chunk_size) * tau ** 2
+                          _root_term(tables, teacher, b_N, t_N, tau, stats, ext),
+                          chunk_size) * tau ** 2
     n_child = 0
     if child:
         inside = a_N < tables.a_ptr.numel() - 1
@@ -356,22 +399,27 @@ def _stats(stats: dict, units: int, masked: int, n_child: int) -> BytePrefixStat
 def bpm(student_logits_BTsVs, teacher_logits_BTtVt, align: ChunkAlignment,
         tables: BytePrefixTables, student_ids_BTs, *, s_loss_mask_BTs=None, t_loss_mask_BTt=None,
         mask_whitespace: bool = False, temperature: float = 1.0, num_valid=None,
-        chunk_size=DEFAULT_CHUNK_SIZE) -> tuple[torch.Tensor, BytePrefixStats]:
+        chunk_size=DEFAULT_CHUNK_SIZE, long: LongTokenTables | None = None,
+        teacher_ids_BTt=None) -> tuple[torch.Tensor, BytePrefixStats]:
     """BPM: ``1/count * sum_units tau^2 KL(pbar || qbar)`` at the loss chunks' roots (module doc).
 
     Needs the teacher's full logits at its root rows (``teacher_logits_BTtVt``, temperature 1)
-    and the student ids the logits were computed on (for the whitespace mask).
+    and the student ids the logits were computed on (for the whitespace mask). ``long``
+    (with ``teacher_ids_BTt``): the rule for student tokens longer than the teacher's root token
+    (:mod:`xdistill.losses.byteprefix_long`).
     """
     return _byteprefix(student_logits_BTsVs, teacher_logits_BTtVt, align, tables, student_ids_BTs,
                        child=False, s_loss_mask_BTs=s_loss_mask_BTs,
                        t_loss_mask_BTt=t_loss_mask_BTt, mask_whitespace=mask_whitespace,
-                       temperature=temperature, num_valid=num_valid, chunk_size=chunk_size)
+                       temperature=temperature, num_valid=num_valid, chunk_size=chunk_size,
+                       long=long, teacher_ids_BTt=teacher_ids_BTt)
 
 
 def escd(student_logits_BTsVs, teacher_logits_BTtVt, align: ChunkAlignment,
          tables: BytePrefixTables, student_ids_BTs, *, s_loss_mask_BTs=None, t_loss_mask_BTt=None,
          mask_whitespace: bool = False, temperature: float = 1.0, num_valid=None,
-         chunk_size=DEFAULT_CHUNK_SIZE) -> tuple[torch.Tensor, BytePrefixStats]:
+         chunk_size=DEFAULT_CHUNK_SIZE, long: LongTokenTables | None = None,
+         teacher_ids_BTt=None) -> tuple[torch.Tensor, BytePrefixStats]:
     """ESCD: BPM's root term plus the completion-set child term at ``s_start`` (module doc).
 
     Inputs as :func:`bpm`; the child term reads the student's output at the chunk's first student
@@ -380,7 +428,8 @@ def escd(student_logits_BTsVs, teacher_logits_BTtVt, align: ChunkAlignment,
     return _byteprefix(student_logits_BTsVs, teacher_logits_BTtVt, align, tables, student_ids_BTs,
                        child=True, s_loss_mask_BTs=s_loss_mask_BTs,
                        t_loss_mask_BTt=t_loss_mask_BTt, mask_whitespace=mask_whitespace,
-                       temperature=temperature, num_valid=num_valid, chunk_size=chunk_size)
+                       temperature=temperature, num_valid=num_valid, chunk_size=chunk_size,
+                       long=long, teacher_ids_BTt=teacher_ids_BTt)
 
 
 __all__ = ["BytePrefixStats", "BytePrefixTables", "MASS_FLOOR", "bpm", "count_byteprefix_units",

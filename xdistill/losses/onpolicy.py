@@ -11,6 +11,11 @@ chunk covering identical bytes on both sides) the log-ratio is
 
 so for a same-tokenizer teacher ``r_t = log q(y_t) - log p(y_t)`` and for a cross-tokenizer chunk
 ``r`` compares the two sides' likelihoods of the chunk's bytes (each side's own segmentation).
+That is ``credit = "token"``. With ``credit = "byte"`` (cross tokenizer; k1, k3, dpca,
+simple_opd) ``r_u = log Q_T(u) - log Q_S(u)``: each side's probability of the unit's bytes
+followed by the boundary the student's tokenization implies, a stop merged with the content it
+ends (:mod:`xdistill.losses.bytecredit`); a teacher token that is merely a prefix of a longer
+answer no longer rewards a truncated one.
 
 Sampled estimators of ``KL(p || q)`` (samples from ``p``):
 
@@ -27,20 +32,28 @@ the projection (P-KL, chunk starts) or over exact 1:1 chunks on the shared vocab
 ``topk_kl`` (forward KL on the teacher's top-k with a tail bucket; same tokenizer only) and
 ``jsd`` (JSD(beta), TRL convention: beta=1 reverse-like, 0 forward-like).
 
-Clamps (sampled estimators; verl's defaults) with counters of how often each fires:
-``logp_min`` floors every sampled-token log-prob on both sides before forming ``r`` (-10),
-``exp_clip`` clips ``r`` into ``[-20, 20]`` before ``e^r`` (k3), ``loss_max`` clamps the per-unit
-loss value (k3) or the advantage (k1) symmetrically into ``[-10, 10]``. A clamp that fires blocks
-the gradient through that value (``torch.clamp``), as in verl.
+Clamps of the sampled estimators (None disables one), with counters of how often each fires:
+
+* ``logp_min`` (default **off**): floors every sampled-token log-prob on both sides before forming
+  ``r``. It is not part of the published k1 (Thinking Machines' on-policy distillation, verl's
+  ``kl_penalty``: no floor) and it breaks k1/k3: a unit both models find impossible scores
+  ``r ~ 0``, the best advantage available when merely unlikely units score -6 to -11, and the
+  policy gradient walks the student into output both models reject. Kept as an option.
+* ``exp_clip`` (20): clips ``r`` into ``[-20, 20]`` before ``e^r`` (k3), and
+* ``loss_max`` (10): clamps the per-unit loss value (k3) or the advantage (k1) symmetrically
+  into ``[-10, 10]`` -- these two are verl's ``low_var_kl`` (k3) clamps (``kl.clamp(-20, 20)``
+  before ``exp``, the result clamped to ``[-10, 10]``), reused for the k1 advantage.
+
+A clamp that fires blocks the gradient through that value (``torch.clamp``), as in verl.
 
 Unpaired tokens (``unpaired_BTs``): student loss tokens whose bytes the teacher read but that no
 chunk pairs with it (bytes the teacher's vocabulary cannot spell, e.g. a control byte missing from
 its byte alphabet, or a region the aligner could not pair). Without a penalty such bytes would
 escape all supervision, and a sampling student drifts into them. With ``unpaired = "floor"``
-(default) each such token is one more loss unit whose teacher log-prob is taken to be the floor
-``logp_min`` (-10 by default: "the teacher deems these bytes near impossible"), trained in the
-policy-gradient form ``loss_i = -sg(A_i) * log p(y_i)`` with ``A_i = clamp(logp_min - log
-p(y_i), +-loss_max)`` for every kind (full-distribution kinds have no teacher distribution there);
+(default) each such token is one more loss unit whose teacher log-prob is taken to be
+``logp_min`` when that floor is set, else ``UNPAIRED_LOGP`` (-10: "the teacher deems these bytes
+near impossible"), trained in the policy-gradient form ``loss_i = -sg(A_i) * log p(y_i)`` with
+``A_i = clamp(that log-prob - log p(y_i), +-loss_max)`` for every kind (full-distribution kinds have no teacher distribution there);
 ``"ignore"`` leaves them out (and out of the counts).
 
 Stop tokens (``stop_BTs``: the student's final EOS / end-of-turn token of responses that
@@ -69,7 +82,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from xdistill.losses import bytecredit as _bc
 from xdistill.losses import cross as _cross
+from xdistill.losses import onpolicy_full as _onfull
 from xdistill.losses import divergences as _div
 from xdistill.losses.chunks import ChunkAlignment, chunk_sum, loss_chunks, resolve_count
 from xdistill.losses.engine import DEFAULT_CHUNK_SIZE, shift_targets, token_logprobs
@@ -82,6 +97,8 @@ SAMPLED_LOSSES = ("k1", "k3")
 CROSS_ROUTES = ("projection", "exact")
 UNPAIRED = ("floor", "ignore")
 STOP_ADVANTAGE = ("teacher", "zero")
+# the teacher log-prob assumed for unpaired student tokens when no logp_min floor is set
+UNPAIRED_LOGP = -10.0
 COUNTERS = ("logp_floor_student", "logp_floor_teacher", "exp_clip", "loss_clamp", "zero_stop",
             "unpaired")
 
@@ -90,8 +107,9 @@ COUNTERS = ("logp_floor_student", "logp_floor_teacher", "exp_clip", "loss_clamp"
 class Clamps:
     """Clamps of the sampled estimators (None disables one)."""
 
-    # floor of every sampled-token log-prob (student and teacher) before forming r
-    logp_min: float | None = -10.0
+    # floor of every sampled-token log-prob (student and teacher) before forming r; off by
+    # default (module doc: it rewards units both models find impossible)
+    logp_min: float | None = None
     # symmetric clamp of the per-unit loss value (k3) or of the advantage (k1)
     loss_max: float | None = 10.0
     # clip of the log-ratio r inside e^r (k3)
@@ -121,6 +139,10 @@ class OnPolicyLossSpec:
     # k1: advantage baseline, "none" or "mean" over the micro-batch's units (dpca / simple_opd
     # take theirs from params.baseline)
     baseline: str = "none"
+    # credit of k1/k3/dpca/simple_opd units from a cross-tokenizer teacher: "token" (summed
+    # token log-probs of each side) or "byte" (each side's probability of the unit's bytes and
+    # boundary; needs the teacher's full logits; xdistill/losses/bytecredit.py)
+    credit: str = "token"
 
     def __post_init__(self):
         if self.unpaired not in UNPAIRED:
@@ -134,6 +156,8 @@ class OnPolicyLossSpec:
             raise ValueError(f"unknown on-policy loss {self.kind!r}; allowed: {ONPOLICY_LOSSES}")
         if self.cross not in CROSS_ROUTES:
             raise ValueError(f"unknown cross route {self.cross!r}; allowed: {CROSS_ROUTES}")
+        if self.credit not in _bc.CREDITS:
+            raise ValueError(f"unknown credit {self.credit!r}; allowed: {_bc.CREDITS}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
 
@@ -150,6 +174,9 @@ class OnPolicyLossOutput:
     counters: dict
     # mean log-ratio r over the units (sampled estimators), else nan
     mean_logratio: float = float("nan")
+    # byte-level credit: summed measured error log P_ub - log P_lb of the teacher side over the
+    # units (0 when none), nan when byte credit is off
+    credit_gap_sum: float = float("nan")
 
 
 def reward_weights(rewards_B: torch.Tensor, beta: float) -> torch.Tensor:
@@ -172,16 +199,25 @@ def input_token_logprobs(logits_BTV: torch.Tensor, ids_BT: torch.Tensor, mask_BT
 
 def count_onpolicy_units(spec: OnPolicyLossSpec, s_loss_mask_BTs: torch.Tensor,
                          align: ChunkAlignment | None = None, t_loss_mask_BTt=None,
-                         unpaired_BTs=None, *, student_ids_BTs=None, tables=None) -> int:
+                         unpaired_BTs=None, *, student_ids_BTs=None, tables=None,
+                         stop_BTs=None) -> int:
     """Local loss units of one teacher: tokens (same tokenizer) or loss chunks (cross), or those
     of a 2026 kind (:mod:`xdistill.losses.onpolicy_kinds`), plus the unpaired student tokens under
-    ``unpaired = "floor"``."""
+    ``unpaired = "floor"`` (once: simple_opd's units already hold every student loss token, so
+    its unpaired tokens add a penalty term but no unit). Under byte-level credit a stop merged
+    with the content it ends is one unit (``stop_BTs``: :func:`xdistill.losses.bytecredit.
+    credit_alignment`)."""
+    if _bc.uses_byte_credit(spec.credit, spec.kind, align):
+        align = _bc.credit_alignment(spec.kind, spec.stop_advantage, align, stop_BTs,
+                                     s_loss_mask_BTs, t_loss_mask_BTt)
     if spec.kind in KINDS_2026:
         if align is None:
             raise ValueError(f"on-policy loss {spec.kind!r} needs a chunk alignment (the identity "
                              "view's for a same-tokenizer teacher)")
         n = count_kind_units(spec.kind, align, s_loss_mask_BTs, t_loss_mask_BTt,
                              student_ids_BTs=student_ids_BTs, tables=tables, params=spec.params)
+        if spec.kind == "simple_opd":  # its units are every loss token, unpaired ones included
+            return n
         return n + count_unpaired(spec, s_loss_mask_BTs, unpaired_BTs)
     if align is None:
         return _div.count_valid_tokens(s_loss_mask_BTs)
@@ -215,7 +251,7 @@ def unpaired_penalty(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BT
         return (student_logits_BTsV.sum() * 0.0).float(), 0
     logp = input_token_logprobs(student_logits_BTsV, student_ids_BTs, sel,
                                 temperature=spec.temperature, chunk_size=chunk_size)[sel]
-    floor = spec.clamps.logp_min if spec.clamps.logp_min is not None else -10.0
+    floor = spec.clamps.logp_min if spec.clamps.logp_min is not None else UNPAIRED_LOGP
     adv = (floor - logp.detach())
     if spec.clamps.loss_max is not None:
         adv = adv.clamp(-spec.clamps.loss_max, spec.clamps.loss_max)
@@ -233,13 +269,15 @@ def _floor(x: torch.Tensor, lo: float | None) -> tuple[torch.Tensor, torch.Tenso
 
 
 def unit_logprobs(s_logp_BTs: torch.Tensor, t_logp_BTt: torch.Tensor, s_loss_mask_BTs,
-                  align: ChunkAlignment | None, t_loss_mask_BTt=None, logp_min=None):
+                  align: ChunkAlignment | None, t_loss_mask_BTt=None, logp_min=None,
+                  t_chunk_logp_BC=None):
     """Per loss unit: (b_N, student log p(u) [N] differentiable, teacher log q(u) [N], counters).
 
     Inputs are sampled-token log-probs at input positions. Same tokenizer (``align`` None): units
     are the student loss tokens ``i >= 1`` and ``t_logp_BTt`` is indexed like the student.
     Cross tokenizer: units are the loss chunks (:func:`xdistill.losses.chunks.loss_chunks`) and
-    each side's floored log-probs are summed over the chunk's tokens.
+    each side's floored log-probs are summed over the chunk's tokens; ``t_chunk_logp_BC``
+    [B, C] replaces the teacher's sums (byte-level credit).
     """
     s_floor, s_fired = _floor(s_logp_BTs, logp_min)
     t_floor, t_fired = _floor(t_logp_BTt.to(s_logp_BTs.dtype), logp_min)
@@ -258,6 +296,8 @@ def unit_logprobs(s_logp_BTs: torch.Tensor, t_logp_BTt: torch.Tensor, s_loss_mas
     b_N, c_N = torch.nonzero(ok_BC, as_tuple=True)
     s_sum_BC = chunk_sum(s_floor, align.s_chunk_BTs, C)
     t_sum_BC = chunk_sum(t_floor.detach(), align.t_chunk_BTt, C)
+    if t_chunk_logp_BC is not None:
+        t_sum_BC, t_fired = t_chunk_logp_BC.detach().to(s_floor.dtype), torch.zeros_like(t_fired)
     s_in = (chunk_sum(s_fired.to(s_floor.dtype), align.s_chunk_BTs, C) * ok_BC).sum()
     t_in = (chunk_sum(t_fired.to(s_floor.dtype), align.t_chunk_BTt, C) * ok_BC).sum()
     counts = {"logp_floor_student": int(s_in), "logp_floor_teacher": int(t_in)}
@@ -307,15 +347,17 @@ def unit_flags(flag_BTs: torch.Tensor, s_loss_mask_BTs, align: ChunkAlignment | 
 
 def sampled_loss(kind: str, s_logp_BTs, t_logp_BTt, s_loss_mask_BTs, *, align=None,
                  t_loss_mask_BTt=None, clamps: Clamps = Clamps(), sample_weight_B=None,
-                 num_valid=None, zero_BTs=None, baseline: str = "none") -> OnPolicyLossOutput:
+                 num_valid=None, zero_BTs=None, baseline: str = "none",
+                 t_chunk_logp_BC=None) -> OnPolicyLossOutput:
     """``1/num_valid * sum_u w_b(u) * loss_u`` of ``k1`` (policy gradient) or ``k3`` (module doc).
 
     ``s_logp_BTs`` (differentiable) and ``t_logp_BTt`` are sampled-token log-probs at input
     positions (:func:`input_token_logprobs`); the teacher side is treated as a constant.
     ``zero_BTs``: units holding such a student token get zero advantage / loss (still counted).
+    ``t_chunk_logp_BC``: per-chunk teacher log-probs replacing the sums (byte-level credit).
     """
     b_N, s_N, t_N, counts = unit_logprobs(s_logp_BTs, t_logp_BTt, s_loss_mask_BTs, align,
-                                          t_loss_mask_BTt, clamps.logp_min)
+                                          t_loss_mask_BTt, clamps.logp_min, t_chunk_logp_BC)
     loss_N, r_N, more = sampled_unit_losses(kind, s_N, t_N, clamps, baseline)
     if zero_BTs is not None:
         zero_N = unit_flags(zero_BTs, s_loss_mask_BTs, align, t_loss_mask_BTt)
@@ -328,45 +370,14 @@ def sampled_loss(kind: str, s_logp_BTs, t_logp_BTt, s_loss_mask_BTs, *, align=No
     return OnPolicyLossOutput(total, int(b_N.numel()), {**counts, **more}, mean_r)
 
 
-# ---------------------------------------------------------------------------- full distributions
-def _full_loss(spec: OnPolicyLossSpec, s_logits, s_mask, align, t_mask, teacher: dict,
-               num_valid, chunk_size) -> torch.Tensor:
-    tau = spec.temperature
-    if align is None:
-        if spec.kind == "topk_kl":
-            return _div.topk_forward_kl(s_logits, teacher["topk_logp_BTtK"], teacher["topk_idx_BTtK"],
-                                        s_mask, teacher_tail_logmass_BT=teacher.get("tail"),
-                                        temperature=tau, num_valid=num_valid,
-                                        chunk_size=chunk_size)
-        fn = _div.reverse_kl if spec.kind == "reverse_kl" else (
-            lambda *a, **k: _div.jsd(*a, beta=spec.beta, **k))
-        return fn(s_logits, teacher["logits_BTtV"], s_mask, temperature=tau, num_valid=num_valid,
-                  chunk_size=chunk_size)
-    if spec.kind == "topk_kl":
-        raise ValueError("topk_kl needs a same-tokenizer teacher; use reverse_kl/jsd through the "
-                         "projection or k1/k3 over chunks for a cross-tokenizer teacher")
-    direction = "reverse" if spec.kind == "reverse_kl" else "jsd"
-    kw = dict(s_loss_mask_BTs=s_mask, t_loss_mask_BTt=t_mask, direction=direction, beta=spec.beta,
-              temperature=tau, num_valid=num_valid, chunk_size=chunk_size)
-    if spec.cross == "exact":
-        return _cross.exact_kl(s_logits, teacher["logits_BTtV"], align, teacher["shared_s_idx_N"],
-                               teacher["shared_t_idx_N"], **kw)
-    return _cross.projected_kl(s_logits, teacher["logits_BTtV"], align, teacher["projection"], **kw)
-
-
-def _need(teacher: dict, name: str, spec: OnPolicyLossSpec):
-    if teacher.get(name) is None:
-        raise ValueError(f"on-policy loss {spec.kind!r} needs teacher input {name!r}")
-    return teacher[name]
-
-
 def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, s_loss_mask_BTs,
                   *, align: ChunkAlignment | None = None, t_loss_mask_BTt=None,
                   teacher_logits_BTtV=None, teacher_ids_BTt=None, teacher_token_logp_BTt=None,
                   topk_logp_BTtK=None, topk_idx_BTtK=None, tail_logmass_BTt=None, projection=None,
                   shared_s_idx_N=None, shared_t_idx_N=None, sample_weight_B=None,
                   unpaired_BTs=None, stop_BTs=None, behaviour_logp_BTs=None,
-                  ref_logp_BTs=None, tables=None, num_valid=None,
+                  ref_logp_BTs=None, tables=None, byte_credit=None, long_tables=None,
+                  num_valid=None,
                   chunk_size=DEFAULT_CHUNK_SIZE) -> OnPolicyLossOutput:
     """One teacher's on-policy loss (``align`` None = same tokenizer; see module doc).
 
@@ -379,12 +390,23 @@ def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, 
     tokenizer) and ``stop_BTs``: see the module doc. The 2026 kinds
     (:mod:`xdistill.losses.onpolicy_kinds`) also take ``behaviour_logp_BTs`` (rollout-time
     log-probs; dpca, simple_opd), ``ref_logp_BTs`` (simple_opd's reference KL) and ``tables``
-    (bpm, escd); they do not take per-sample weights.
+    (bpm, escd; with ``params.long_tokens`` also ``long_tables`` and ``teacher_ids_BTt``); they
+    do not take per-sample weights. ``spec.credit = "byte"`` (cross tokenizer,
+    k1/k3/dpca/simple_opd) needs ``byte_credit`` (:class:`xdistill.losses.bytecredit.ByteCredit`),
+    ``teacher_logits_BTtV`` and ``teacher_ids_BTt``.
     """
     units = count_onpolicy_units(spec, s_loss_mask_BTs, align, t_loss_mask_BTt,
                                  unpaired_BTs if align is not None else None,
-                                 student_ids_BTs=student_ids_BTs, tables=tables)
+                                 student_ids_BTs=student_ids_BTs, tables=tables, stop_BTs=stop_BTs)
     count = resolve_count(num_valid, units)
+    t_chunk, credit_counters, gap_sum = None, {}, float("nan")
+    if _bc.uses_byte_credit(spec.credit, spec.kind, align):
+        align, t_chunk, cstats = _bc.evaluate_byte_credit(
+            spec.kind, spec.stop_advantage, byte_credit, align, stop_BTs, student_logits_BTsV,
+            student_ids_BTs, s_loss_mask_BTs, teacher_logits_BTtV, teacher_ids_BTt,
+            t_loss_mask_BTt, temperature=spec.temperature, chunk_size=chunk_size)
+        credit_counters = {"credit_floor": cstats.teacher_floor}
+        gap_sum = cstats.teacher_gap * cstats.units if cstats.units else 0.0
     kw = dict(align=align, t_loss_mask_BTt=t_loss_mask_BTt, sample_weight_B=sample_weight_B,
               count=count, chunk_size=chunk_size)
     if spec.kind in KINDS_2026:
@@ -396,21 +418,26 @@ def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, 
             teacher_token_logp_BTt=teacher_token_logp_BTt, behaviour_logp_BTs=behaviour_logp_BTs,
             stop_BTs=stop_BTs, ref_logp_BTs=ref_logp_BTs, shared_s_idx_N=shared_s_idx_N,
             shared_t_idx_N=shared_t_idx_N, tables=tables, temperature=spec.temperature,
-            count=count, chunk_size=chunk_size)
-        out = OnPolicyLossOutput(loss, units, counters)
+            count=count, chunk_size=chunk_size, teacher_chunk_logp_BC=t_chunk,
+            teacher_ids_BTt=teacher_ids_BTt, long_tables=long_tables)
+        out = OnPolicyLossOutput(loss, units, {**counters, **credit_counters})
     elif spec.kind in SAMPLED_LOSSES:
         zero = stop_BTs if spec.stop_advantage == "zero" else None
         out = _sampled(spec, student_logits_BTsV, student_ids_BTs, s_loss_mask_BTs,
-                       teacher_token_logp_BTt, teacher_logits_BTtV, teacher_ids_BTt, zero, **kw)
+                       teacher_token_logp_BTt, teacher_logits_BTtV, teacher_ids_BTt, zero,
+                       t_chunk, **kw)
+        out = OnPolicyLossOutput(out.loss, out.units, {**out.counters, **credit_counters},
+                                 out.mean_logratio)
     else:
         teacher = {"logits_BTtV": teacher_logits_BTtV, "topk_logp_BTtK": topk_logp_BTtK,
                    "topk_idx_BTtK": topk_idx_BTtK, "tail": tail_logmass_BTt,
                    "projection": projection,
                    "shared_s_idx_N": shared_s_idx_N, "shared_t_idx_N": shared_t_idx_N}
-        out = _full(spec, student_logits_BTsV, s_loss_mask_BTs, teacher, **kw)
+        out = OnPolicyLossOutput(_onfull.full_loss(spec, student_logits_BTsV, s_loss_mask_BTs,
+                                                   teacher, **kw), 0, {})
     if align is None or count_unpaired(spec, s_loss_mask_BTs, unpaired_BTs) == 0:
         counters = {**out.counters, "unpaired": 0} if align is not None else out.counters
-        return OnPolicyLossOutput(out.loss, units, counters, out.mean_logratio)
+        return OnPolicyLossOutput(out.loss, units, counters, out.mean_logratio, gap_sum)
     w_BTs = None
     if sample_weight_B is not None:
         w_BTs = sample_weight_B.to(student_logits_BTsV.device, torch.float32)[:, None]
@@ -418,15 +445,17 @@ def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, 
                               unpaired_BTs,
                               chunk_size=chunk_size, weight_BTs=w_BTs)
     return OnPolicyLossOutput(out.loss + pen / count, units, {**out.counters, "unpaired": n},
-                              out.mean_logratio)
+                              out.mean_logratio, gap_sum)
 
 
-def _sampled(spec, s_logits, s_ids, s_mask, t_token_logp, t_logits, t_ids, zero_BTs, *, align,
-             t_loss_mask_BTt, sample_weight_B, count, chunk_size) -> OnPolicyLossOutput:
+def _sampled(spec, s_logits, s_ids, s_mask, t_token_logp, t_logits, t_ids, zero_BTs, t_chunk,
+             *, align, t_loss_mask_BTt, sample_weight_B, count, chunk_size) -> OnPolicyLossOutput:
     tau = spec.temperature
     s_logp = input_token_logprobs(s_logits, s_ids, s_mask, temperature=tau, chunk_size=chunk_size)
     t_logp = t_token_logp
-    if t_logp is None:
+    if t_chunk is not None:  # byte-level credit: the per-chunk values replace the token sums
+        t_logp = torch.zeros(align.t_chunk_BTt.shape, dtype=s_logp.dtype, device=s_logp.device)
+    elif t_logp is None:
         ids = s_ids if (align is None and t_ids is None) else t_ids
         if t_logits is None or ids is None:
             raise ValueError(f"on-policy loss {spec.kind!r} needs teacher_token_logp_BTt or "
@@ -436,34 +465,7 @@ def _sampled(spec, s_logits, s_ids, s_mask, t_token_logp, t_logits, t_ids, zero_
     return sampled_loss(spec.kind, s_logp, t_logp.detach(), s_mask, align=align,
                         t_loss_mask_BTt=t_loss_mask_BTt, clamps=spec.clamps,
                         sample_weight_B=sample_weight_B, num_valid=count, zero_BTs=zero_BTs,
-                        baseline=spec.baseline)
-
-
-def _full(spec, s_logits, s_mask, teacher: dict, *, align, t_loss_mask_BTt, sample_weight_B,
-          count, chunk_size) -> OnPolicyLossOutput:
-    needed = (("topk_logp_BTtK", "topk_idx_BTtK") if spec.kind == "topk_kl" else ("logits_BTtV",))
-    if align is not None and spec.kind != "topk_kl":
-        needed += (("projection",) if spec.cross == "projection"
-                   else ("shared_s_idx_N", "shared_t_idx_N"))
-    for name in needed:
-        _need(teacher, name, spec)
-    args = (spec, s_logits, s_mask, align, t_loss_mask_BTt, teacher, count, chunk_size)
-    if sample_weight_B is None:
-        return OnPolicyLossOutput(_full_loss(*args), 0, {})
-    # per-sample weights: one call per distinct weight, rows of other weights masked out
-    w_B = sample_weight_B.detach().to(torch.float64)
-    total = None
-    for w in torch.unique(w_B):
-        if float(w) == 0.0:
-            continue
-        rows_B = (w_B == w).to(s_mask.device)
-        mask = s_mask.bool() & rows_B[:, None]
-        term = float(w) * _full_loss(spec, s_logits, mask, align, t_loss_mask_BTt, teacher,
-                                     count, chunk_size)
-        total = term if total is None else total + term
-    if total is None:
-        total = (s_logits.sum() * 0.0).float()
-    return OnPolicyLossOutput(total, 0, {})
+                        baseline=spec.baseline, t_chunk_logp_BC=t_chunk)
 
 
 def counter_keys(spec: OnPolicyLossSpec, cross: bool) -> tuple[str, ...]:
@@ -475,4 +477,6 @@ def counter_keys(spec: OnPolicyLossSpec, cross: bool) -> tuple[str, ...]:
             keys += ("zero_stop",)
     elif spec.kind in KINDS_2026:
         keys = KIND_COUNTERS[spec.kind]
+    if cross and spec.credit == "byte" and spec.kind in _bc.BYTE_CREDIT_KINDS:
+        keys += ("credit_floor",)
     return keys + (("unpaired",) if cross else ())

@@ -13,8 +13,10 @@ kind           teacher inputs                  units
 =============  ==============================  =============================================
 strict_topk    full logits + shared vocabulary exact 1:1 loss chunks
 dpca           token log-probs                 student tokens of the loss chunks
-simple_opd     token log-probs                 every student loss token (i >= 1)
+simple_opd     token log-probs                 every student loss token (i >= 1), unpaired
+                                               ones included (counted once)
 bpm, escd      full logits + byte-prefix map   loss chunks (minus whitespace-masked roots)
+               (+ teacher ids, long-token map)
 =============  ==============================  =============================================
 
 DPCA and SimpleOPD also need the rollout's behaviour log-probs; SimpleOPD the stop-token mask and,
@@ -28,8 +30,8 @@ from dataclasses import dataclass
 import torch
 
 from xdistill.losses.byteprefix import bpm, count_byteprefix_units, escd
-from xdistill.losses.policy import (PPOClip, count_dpca_units, count_simple_opd_units, dpca,
-                                    simple_opd)
+from xdistill.losses.policy import (SIMPLE_OPD_REF_BETA, PPOClip, count_dpca_units,
+                                    count_simple_opd_units, dpca, simple_opd)
 from xdistill.losses.strict import count_strict_units, strict_topk
 
 KINDS_2026 = ("strict_topk", "dpca", "simple_opd", "bpm", "escd")
@@ -56,10 +58,13 @@ class KindParams:
     ppo: PPOClip = PPOClip()
     # dpca / simple_opd: symmetric advantage clamp (None = off)
     adv_clamp: float | None = 10.0
-    # simple_opd: weight beta of the reference KL(q_theta || q_init) (0 = off)
-    ref_beta: float = 0.0
+    # simple_opd: weight beta of the reference KL(q_theta || q_init) (published 0.5; 0 = off)
+    ref_beta: float = SIMPLE_OPD_REF_BETA
     # bpm / escd: drop roots whose sampled student token is whitespace only
     mask_whitespace: bool = False
+    # bpm / escd: the rule for student tokens longer than the teacher's root token (the
+    # covering mass of the on-path token's continuation, byteprefix_long); needs its tables
+    long_tokens: bool = True
     # dpca / simple_opd: advantage baseline, "none" or "mean" (policy.center_advantages)
     baseline: str = "none"
 
@@ -89,9 +94,11 @@ def kind_loss(kind: str, params: KindParams, student_logits_BTsVs, student_ids_B
               s_loss_mask_BTs, *, align, t_loss_mask_BTt=None, teacher_logits_BTtV=None,
               teacher_token_logp_BTt=None, behaviour_logp_BTs=None, stop_BTs=None,
               ref_logp_BTs=None, shared_s_idx_N=None, shared_t_idx_N=None, tables=None,
-              temperature: float = 1.0, count: float = 1.0, chunk_size=None
+              temperature: float = 1.0, count: float = 1.0, chunk_size=None,
+              teacher_chunk_logp_BC=None, teacher_ids_BTt=None, long_tables=None
               ) -> tuple[torch.Tensor, dict]:
-    """(loss = sum over units / ``count``, {counter: int}) of one teacher (module doc)."""
+    """(loss = sum over units / ``count``, {counter: int}) of one teacher (module doc).
+    ``teacher_chunk_logp_BC``: byte-level credit per chunk for dpca / simple_opd."""
     kw = dict(s_loss_mask_BTs=s_loss_mask_BTs, t_loss_mask_BTt=t_loss_mask_BTt,
               temperature=temperature, num_valid=count)
     if chunk_size is not None:
@@ -105,16 +112,22 @@ def kind_loss(kind: str, params: KindParams, student_logits_BTsVs, student_ids_B
                                       shared_t_idx_N, top_k=params.top_k, **kw)
         else:
             fn = bpm if kind == "bpm" else escd
+            long = None
+            if params.long_tokens:
+                long = _need(long_tables, "the long-token tables (params.long_tokens)", kind)
+                _need(teacher_ids_BTt, "the teacher's token ids (params.long_tokens)", kind)
             loss, stats = fn(student_logits_BTsVs, logits, align,
                              _need(tables, "the byte-prefix tables", kind), student_ids_BTs,
-                             mask_whitespace=params.mask_whitespace, **kw)
+                             mask_whitespace=params.mask_whitespace, long=long,
+                             teacher_ids_BTt=teacher_ids_BTt, **kw)
     else:
         t_logp = _need(teacher_token_logp_BTt, "the teacher's token log-probs", kind)
         beh = _need(behaviour_logp_BTs, "the rollout's behaviour log-probs", kind)
         if kind == "dpca":
             loss, stats = dpca(student_logits_BTsVs, student_ids_BTs, beh, t_logp, align,
                                ppo=params.ppo, adv_clamp=params.adv_clamp,
-                               baseline=params.baseline, **kw)
+                               baseline=params.baseline,
+                               teacher_chunk_logp_BC=teacher_chunk_logp_BC, **kw)
         elif kind == "simple_opd":
             stop = stop_BTs if stop_BTs is not None else torch.zeros_like(s_loss_mask_BTs,
                                                                            dtype=torch.bool)
@@ -122,7 +135,8 @@ def kind_loss(kind: str, params: KindParams, student_logits_BTsVs, student_ids_B
             loss, stats = simple_opd(student_logits_BTsVs, student_ids_BTs, beh, t_logp, align,
                                      stop, mask, ppo=params.ppo, adv_clamp=params.adv_clamp,
                                      ref_logp_BTs=ref_logp_BTs, ref_beta=params.ref_beta,
-                                     baseline=params.baseline, **kw)
+                                     baseline=params.baseline,
+                                     teacher_chunk_logp_BC=teacher_chunk_logp_BC, **kw)
         else:
             raise ValueError(f"unknown 2026 on-policy kind {kind!r}; allowed: {KINDS_2026}")
     counters = {c: int(getattr(stats, c)) for c in KIND_COUNTERS[kind]}

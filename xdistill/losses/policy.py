@@ -30,7 +30,9 @@ Units: the student tokens of the loss chunks (token mean).
 
 **SimpleOPD** (exact positions only). ``A_i = log p(t_j) - l_i`` when student token ``i`` forms an
 exact 1:1 loss chunk with teacher token ``j``; ``A_i = 0`` at every other student loss token and at
-stop tokens (``stop_BTs``: EOS / end-of-turn, whatever the alignment). Optional reference KL,
+stop tokens (``stop_BTs``: EOS / end-of-turn, whatever the alignment). Student reference KL
+(one of SimpleOPD's two stabilisers, on by default with the published ``beta = 0.5`` of He et al.,
+arXiv 2608.14277, used for Qwen and Intern students; 1.5 for GLM; ``ref_beta = 0`` turns it off),
 ``+ beta * k3_i`` with ``r_i = clip(log q_init(y_i) - log q(y_i), +-ref_exp_clip)`` and
 ``k3_i = e^{r_i} - 1 - r_i`` (differentiable in ``q``; ``ref_logp_BTs`` = ``log q_init`` at input
 positions). Units: every student loss token ``i >= 1`` (token mean; zero-advantage tokens count).
@@ -49,6 +51,9 @@ import torch
 from xdistill.losses.chunks import (ChunkAlignment, chunk_bounds, chunk_sum, loss_chunks,
                                     resolve_count)
 from xdistill.losses.engine import DEFAULT_CHUNK_SIZE, LOGP_FLOOR, shift_targets, token_logprobs
+
+# SimpleOPD's published weight of the student reference KL (He et al., arXiv 2608.14277)
+SIMPLE_OPD_REF_BETA = 0.5
 
 
 @dataclass(frozen=True)
@@ -183,12 +188,17 @@ def _dpca_tokens(align: ChunkAlignment, ok_BC: torch.Tensor) -> torch.Tensor:
 
 
 def dpca_advantages(behaviour_logp_BTs, teacher_token_logp_BTt, align: ChunkAlignment, ok_BC,
-                    eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(unit tokens bool [B, Ts], unclamped advantage [B, Ts] (0 off units), uniform fallbacks)."""
+                    eps: float = 1e-6, teacher_chunk_logp_BC=None
+                    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(unit tokens bool [B, Ts], unclamped advantage [B, Ts] (0 off units), uniform fallbacks).
+    ``teacher_chunk_logp_BC`` replaces the chunk sums ``L_T`` (byte-level credit)."""
     C = align.num_chunks
     beh = behaviour_logp_BTs.detach().double()
-    lt_BC = chunk_sum(teacher_token_logp_BTt.detach().double().clamp_min(LOGP_FLOOR),
-                      align.t_chunk_BTt, C)
+    if teacher_chunk_logp_BC is not None:
+        lt_BC = teacher_chunk_logp_BC.detach().double()
+    else:
+        lt_BC = chunk_sum(teacher_token_logp_BTt.detach().double().clamp_min(LOGP_FLOOR),
+                          align.t_chunk_BTt, C)
     ls_BC = chunk_sum(beh, align.s_chunk_BTs, C)
     m_BC = chunk_sum(torch.ones_like(beh), align.s_chunk_BTs, C)
     uniform_BC = ls_BC.abs() < eps
@@ -207,17 +217,19 @@ def dpca(student_logits_BTsVs, student_ids_BTs, behaviour_logp_BTs, teacher_toke
          align: ChunkAlignment, *, s_loss_mask_BTs=None, t_loss_mask_BTt=None,
          ppo: PPOClip = PPOClip(), adv_clamp: float | None = 10.0, eps: float = 1e-6,
          temperature: float = 1.0, num_valid=None, chunk_size=DEFAULT_CHUNK_SIZE,
-         baseline: str = "none") -> tuple[torch.Tensor, PolicyStats]:
+         baseline: str = "none", teacher_chunk_logp_BC=None) -> tuple[torch.Tensor, PolicyStats]:
     """DPCA: chunk log-ratio split over the chunk's student tokens, PPO clipped (module doc).
 
     Needs only token log-probs from the teacher (``teacher_token_logp_BTt``) and the rollout's
-    ``behaviour_logp_BTs``. Returns the scalar loss and :class:`PolicyStats`.
+    ``behaviour_logp_BTs``; ``teacher_chunk_logp_BC`` [B, C] replaces the per-chunk teacher sums
+    ``L_T`` (byte-level credit, :mod:`xdistill.losses.bytecredit`). Returns the scalar loss and
+    :class:`PolicyStats`.
     """
     _check(student_logits_BTsVs, student_ids_BTs, behaviour_logp_BTs, teacher_token_logp_BTt,
            align)
     ok_BC = loss_chunks(align, s_loss_mask_BTs, t_loss_mask_BTt)
     sel, adv_BTs, uniform = dpca_advantages(behaviour_logp_BTs, teacher_token_logp_BTt, align,
-                                            ok_BC, eps)
+                                            ok_BC, eps, teacher_chunk_logp_BC)
     b_N, i_N = torch.nonzero(sel, as_tuple=True)
     logp_BTs = _current_logp(student_logits_BTsVs, student_ids_BTs, sel, float(temperature),
                              chunk_size)
@@ -236,8 +248,10 @@ def count_simple_opd_units(s_loss_mask_BTs: torch.Tensor) -> int:
 
 
 def simple_opd_advantages(behaviour_logp_BTs, teacher_token_logp_BTt, align: ChunkAlignment,
-                          stop_BTs, s_loss_mask_BTs, t_loss_mask_BTt=None):
-    """(advantage [B, Ts] float64 (0 off exact non-stop tokens), scored [B, Ts], stop_zeroed)."""
+                          stop_BTs, s_loss_mask_BTs, t_loss_mask_BTt=None,
+                          teacher_chunk_logp_BC=None):
+    """(advantage [B, Ts] float64 (0 off exact non-stop tokens), scored [B, Ts], stop_zeroed).
+    ``teacher_chunk_logp_BC`` replaces the teacher token's log-prob (byte-level credit)."""
     C = align.num_chunks
     ok_BC = loss_chunks(align, s_loss_mask_BTs, t_loss_mask_BTt, exact_only=True)
     s_start, _ = chunk_bounds(align.s_chunk_BTs, C)
@@ -246,12 +260,15 @@ def simple_opd_advantages(behaviour_logp_BTs, teacher_token_logp_BTt, align: Chu
     i_N, j_N = s_start[b_N, c_N], t_start[b_N, c_N]
     stop_N = stop_BTs.bool()[b_N, i_N]
     keep = ~stop_N
-    b_N, i_N, j_N = b_N[keep], i_N[keep], j_N[keep]
+    b_N, c_N, i_N, j_N = b_N[keep], c_N[keep], i_N[keep], j_N[keep]
     adv = torch.zeros(behaviour_logp_BTs.shape, dtype=torch.float64,
                       device=behaviour_logp_BTs.device)
     scored = torch.zeros(behaviour_logp_BTs.shape, dtype=torch.bool,
                          device=behaviour_logp_BTs.device)
-    t_lp = teacher_token_logp_BTt.detach().double().clamp_min(LOGP_FLOOR)[b_N, j_N]
+    if teacher_chunk_logp_BC is not None:
+        t_lp = teacher_chunk_logp_BC.detach().double()[b_N, c_N]
+    else:
+        t_lp = teacher_token_logp_BTt.detach().double().clamp_min(LOGP_FLOOR)[b_N, j_N]
     adv[b_N, i_N] = t_lp - behaviour_logp_BTs.detach().double()[b_N, i_N]
     scored[b_N, i_N] = True
     return adv, scored, int(stop_N.sum())
@@ -260,21 +277,24 @@ def simple_opd_advantages(behaviour_logp_BTs, teacher_token_logp_BTt, align: Chu
 def simple_opd(student_logits_BTsVs, student_ids_BTs, behaviour_logp_BTs, teacher_token_logp_BTt,
                align: ChunkAlignment, stop_BTs, s_loss_mask_BTs, *, t_loss_mask_BTt=None,
                ppo: PPOClip = PPOClip(), adv_clamp: float | None = 10.0, ref_logp_BTs=None,
-               ref_beta: float = 0.0, ref_exp_clip: float = 20.0, temperature: float = 1.0,
-               num_valid=None, chunk_size=DEFAULT_CHUNK_SIZE, baseline: str = "none"
-               ) -> tuple[torch.Tensor, PolicyStats]:
-    """SimpleOPD: teacher advantage at exact 1:1 positions only, PPO clipped, optional k3
-    reference KL (module doc). ``stop_BTs`` (bool [B, Ts]) marks the student's stop tokens;
-    ``s_loss_mask_BTs`` is required (it defines the units). Needs only teacher token log-probs.
+               ref_beta: float = SIMPLE_OPD_REF_BETA, ref_exp_clip: float = 20.0, temperature: float = 1.0,
+               num_valid=None, chunk_size=DEFAULT_CHUNK_SIZE, baseline: str = "none",
+               teacher_chunk_logp_BC=None) -> tuple[torch.Tensor, PolicyStats]:
+    """SimpleOPD: teacher advantage at exact 1:1 positions only, PPO clipped, plus the k3
+    reference KL weighted by ``ref_beta`` (published 0.5; 0 = off; module doc). ``stop_BTs`` (bool [B, Ts]) marks the student's stop tokens;
+    ``s_loss_mask_BTs`` is required (it defines the units). Needs only teacher token log-probs;
+    ``teacher_chunk_logp_BC`` replaces them at the exact chunks (byte-level credit).
     """
     _check(student_logits_BTsVs, student_ids_BTs, behaviour_logp_BTs, teacher_token_logp_BTt,
            align)
     if ref_beta and ref_logp_BTs is None:
-        raise ValueError("simple_opd: ref_beta > 0 needs ref_logp_BTs (log q_init of the samples)")
+        raise ValueError(f"simple_opd: ref_beta = {ref_beta} > 0 needs ref_logp_BTs (log q_init of "
+                         "the samples); pass ref_beta=0 to turn the reference KL off")
     units_BTs = s_loss_mask_BTs.bool().clone()
     units_BTs[:, 0] = False
     adv_BTs, scored_BTs, stop_zeroed = simple_opd_advantages(
-        behaviour_logp_BTs, teacher_token_logp_BTt, align, stop_BTs, units_BTs, t_loss_mask_BTt)
+        behaviour_logp_BTs, teacher_token_logp_BTt, align, stop_BTs, units_BTs, t_loss_mask_BTt,
+        teacher_chunk_logp_BC)
     b_N, i_N = torch.nonzero(units_BTs, as_tuple=True)
     logp_BTs = _current_logp(student_logits_BTsVs, student_ids_BTs, units_BTs, float(temperature),
                              chunk_size)
@@ -296,5 +316,5 @@ def simple_opd(student_logits_BTsVs, student_ids_BTs, behaviour_logp_BTs, teache
                              mean_ratio=_mean(rho_N[scored_N]), ref_kl=ref_kl, **counts)
 
 
-__all__ = ["PPOClip", "PolicyStats", "count_dpca_units", "count_simple_opd_units", "dpca",
+__all__ = ["PPOClip", "PolicyStats", "SIMPLE_OPD_REF_BETA", "count_dpca_units", "count_simple_opd_units", "dpca",
            "center_advantages", "dpca_advantages", "ppo_token_losses", "simple_opd", "simple_opd_advantages"]

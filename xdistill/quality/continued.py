@@ -25,6 +25,15 @@ arm                 what continues training the CE checkpoint
                     micro-batch mean: does centring stop the sampled-token arms' collapse?)
 ``op_dpca_mean``    ``op_dpca`` with the mean baseline
 ``op_simple_mean``  ``op_simple`` with the mean baseline
+``op_k1_byte``      ``op_k1`` with byte-level credit (``loss.credit: byte``: each side's
+                    probability of a unit's bytes and the student's boundary, the stop scored with
+                    the content it ends; ``xdistill/losses/bytecredit.py``)
+``op_k3_byte``      ``op_k3`` with byte-level credit
+``op_dpca_byte``    ``op_dpca`` with byte-level credit
+``op_simple_byte``  ``op_simple`` with byte-level credit
+``op_<k>_same``     ``op_<k>`` (k1, k3, rkl, strict, dpca, simple, bpm, escd) scored by the
+                    same-tokenizer control teacher ``teacher_same_big`` (the student's tokenizer,
+                    the cross teacher's size and training; issue-24 confirmation)
 ==================  =============================================================================
 
 On-policy arms sample ``cont_new_tokens`` tokens per prompt at temperature 1 from the current
@@ -37,10 +46,18 @@ from __future__ import annotations
 from pathlib import Path
 
 CONT_ARMS = ("cont_ce", "cont_pkl_cont", "op_k1", "op_k3", "op_rkl", "op_strict", "op_dpca",
-             "op_simple", "op_bpm", "op_escd", "op_k1_mean", "op_dpca_mean", "op_simple_mean")
+             "op_simple", "op_bpm", "op_escd", "op_k1_mean", "op_dpca_mean", "op_simple_mean",
+             "op_k1_byte", "op_k3_byte", "op_dpca_byte", "op_simple_byte")
+SAME_ARMS = tuple(f"op_{k}_same" for k in ("k1", "k3", "rkl", "strict", "dpca", "simple", "bpm",
+                                           "escd"))
+CONT_ARMS = CONT_ARMS + SAME_ARMS
 ONPOLICY_KIND = {"op_k1": "k1", "op_k3": "k3", "op_rkl": "reverse_kl", "op_strict": "strict_topk",
                  "op_dpca": "dpca", "op_simple": "simple_opd", "op_bpm": "bpm", "op_escd": "escd",
-                 "op_k1_mean": "k1", "op_dpca_mean": "dpca", "op_simple_mean": "simple_opd"}
+                 "op_k1_mean": "k1", "op_dpca_mean": "dpca", "op_simple_mean": "simple_opd",
+                 "op_k1_byte": "k1", "op_k3_byte": "k3", "op_dpca_byte": "dpca",
+                 "op_simple_byte": "simple_opd"}
+for _arm in SAME_ARMS:                       # op_k1_same -> the kind of op_k1
+    ONPOLICY_KIND[_arm] = ONPOLICY_KIND[_arm[:-len("_same")]]
 # student forward tokens of one prompt + response here: "Q: 12+7=? A:" is ~8 tokens, the answer,
 # "." and what follows up to cont_new_tokens: ~4 (measured and reported per run)
 TOKENS_PER_ROLLOUT = 12
@@ -74,9 +91,13 @@ def cont_config(arm: str, seed: int, assets: dict, s, out_dir: str) -> dict:
         return base
     kind = ONPOLICY_KIND[arm]
     loss = {"kind": kind, "weight": 1.0, "temperature": 1.0}
-    if kind == "reverse_kl":
-        loss["projection"] = assets["projections"]["multitoken"]
-    cross = _teacher("cross", assets["teacher_big"]["model"], assets["tok_teacher"], kind, s)
+    if arm in SAME_ARMS:      # the same-tokenizer control teacher: no projection, identity view
+        cross = _teacher("same", assets["teacher_same_big"]["model"], assets["tok_student"], kind,
+                         s)
+    else:
+        if kind == "reverse_kl":
+            loss["projection"] = assets["projections"]["multitoken"]
+        cross = _teacher("cross", assets["teacher_big"]["model"], assets["tok_teacher"], kind, s)
     cross["loss"] = loss
     cross["worker"]["micro_batch_size"] = cont_prompts(s)
     return {
@@ -88,7 +109,8 @@ def cont_config(arm: str, seed: int, assets: dict, s, out_dir: str) -> dict:
                     "max_new_tokens": s.cont_new_tokens, "max_prompt_len": 32, "seed": seed},
         "loss": {"chunk_size": s.seq_len,
                  "stop_advantage": "zero" if kind == "simple_opd" else "teacher",
-                 **({"advantage_baseline": "mean"} if arm.endswith("_mean") else {})},
+                 **({"advantage_baseline": "mean"} if arm.endswith("_mean") else {}),
+                 **({"credit": "byte"} if arm.endswith("_byte") else {})},
         "optim": base["optim"], "scheduler": base["scheduler"],
         "train": {k: v for k, v in base["train"].items() if k != "global_batch_size"},
         "checkpoint": base["checkpoint"],

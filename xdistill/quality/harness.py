@@ -46,15 +46,27 @@ class _Ticker:
             self.log(f"[{self.label}] {text} ({format_duration(now - self.t0)} elapsed)")
 
 
+def eval_split(assets: dict) -> str:
+    """The problems accuracy is measured on: ``heldout`` (the test split, default) or ``valid``
+    (the twin-free validation split of the issue-24 screening; ``assets["eval_split"]``)."""
+    split = assets.get("eval_split", "heldout")
+    if split not in assets["corpus"]:
+        raise KeyError(f"the prepared corpus has no {split!r} split (twin_free with n_valid > 0 "
+                       "makes the validation one)")
+    return split
+
+
 def score_run(run_dir: Path, assets: dict) -> dict:
-    """Greedy accuracy and held-out bits per byte of the exported student (the same scorer for
-    every arm, off- and on-policy)."""
+    """Greedy accuracy, format rate and held-out bits per byte of the exported student (the same
+    scorer for every arm, off- and on-policy), on :func:`eval_split`'s problems."""
     from xdistill.quality.evaluate import bits_per_byte, greedy_accuracy, load_model
     from xdistill.tokenization import load_tokenizer
 
     model, tok = load_model(str(run_dir / "export")), load_tokenizer(assets["tok_student"])
-    acc = greedy_accuracy(model, tok, assets["corpus"]["heldout"])
-    return {"accuracy": acc["accuracy"], "n": acc["n"],
+    split = eval_split(assets)
+    acc = greedy_accuracy(model, tok, assets["corpus"][split])
+    return {"accuracy": acc["accuracy"], "format_rate": acc["format_rate"], "split": split,
+            "n": acc["n"],
             "bpb": bits_per_byte(model, tok, eval_texts(assets)), "examples": acc["examples"]}
 
 
@@ -74,7 +86,8 @@ def accuracy_curve(run_dir: Path, assets: dict, prune: bool = True, tick=None) -
     model = load_model(str(run_dir / "export")) if found else None  # every weight is overwritten
     for i, (step, path) in enumerate(found):
         load_checkpoint(path, model, restore_rng=False)
-        curve.append([step, greedy_accuracy(model, tok, assets["corpus"]["heldout"])["accuracy"]])
+        curve.append([step, greedy_accuracy(model, tok,
+                                            assets["corpus"][eval_split(assets)])["accuracy"]])
         if tick is not None:
             tick(f"scoring checkpoints: {i + 1}/{len(found)} (step {step})")
     if prune and root.is_dir():
@@ -97,7 +110,12 @@ def run_arm(arm: str, seed: int, assets: dict, settings: ArmSettings, out: Path,
     cfg = arm_config(arm, seed, assets, settings, str(run_dir))
     if score_path.exists():
         check_same_config(run_dir, cfg)
-        return json.loads(score_path.read_text())
+        score = json.loads(score_path.read_text())
+        if score.get("split", "heldout") != eval_split(assets):
+            raise RuntimeError(f"{run_dir} was scored on the {score.get('split', 'heldout')!r} "
+                               f"split, this invocation scores {eval_split(assets)!r}; pick "
+                               "another --out")
+        return score
     label = f"{arm} seed {seed}"
     log(f"[{label}] training: {cfg['train']['steps']} steps (log: {run_dir / 'config.log'})")
     t0 = time.perf_counter()

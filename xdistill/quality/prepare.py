@@ -7,8 +7,9 @@ Teachers are trained by the project's own trainer in CE-only mode (``teachers: [
 hashes the task and the preparation settings, so a second call reuses it.
 
 Layout under ``<root>/<key>``: ``corpus/*.jsonl`` + prepared ``corpus/{teacher,student,eval_text}``,
-``tok_teacher/``, ``tok_student/``, ``teacher_big/`` and ``teacher_weak/`` (trainer runs; models
-in ``export/``), ``proj_multitoken.npz``, ``proj_corpus.npz``, ``assets.json`` (paths, teacher
+``tok_teacher/``, ``tok_student/``, ``teacher_big/``, ``teacher_weak/`` and, when an arm asks for
+it, ``teacher_same_big/`` (the same-tokenizer control: the student's tokenizer at the big
+teacher's size and steps) (trainer runs; models in ``export/``), ``proj_multitoken.npz``, ``proj_corpus.npz``, ``assets.json`` (paths, teacher
 accuracies, timings).
 """
 
@@ -56,8 +57,9 @@ def model_config(layers: int, hidden: int) -> dict:
 
 def cache_key(cfg: PrepConfig) -> str:
     d = asdict(cfg)
-    if not d["task"]["answer_noise"]:  # caches made before the option existed stay valid
-        del d["task"]["answer_noise"]
+    for opt in ("answer_noise", "twin_free", "n_valid"):  # caches made before an option
+        if not d["task"][opt]:                              # existed stay valid at its default
+            del d["task"][opt]
     blob = json.dumps(d, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 
@@ -133,6 +135,15 @@ def build_projections(root: Path, tok_s: str, tok_t: str, corpus_jsonl: str) -> 
 
 
 TEACHERS = ("teacher_big", "teacher_weak")
+# teachers over the student's tokenizer, and each one's (layers, hidden, steps) settings
+SAME_TOKENIZER_TEACHERS = ("teacher_weak", "teacher_same_big")
+
+
+def teacher_size(cfg: "PrepConfig", name: str) -> tuple[int, int, int]:
+    """(layers, hidden, steps) of a prepared teacher: the big ones share the big settings."""
+    if name in ("teacher_big", "teacher_same_big"):
+        return cfg.big_layers, cfg.big_hidden, cfg.big_steps
+    return cfg.weak_layers, cfg.weak_hidden, cfg.weak_steps
 
 
 def prepare_all(root: str | Path, cfg: PrepConfig = PrepConfig(), log=say,
@@ -152,16 +163,14 @@ def prepare_all(root: str | Path, cfg: PrepConfig = PrepConfig(), log=say,
         assets = _prepare_base(root, cfg, log)
     missing = [name for name in teachers if name not in assets]
     for name in missing:
-        tok = assets["tok_teacher"] if name == "teacher_big" else assets["tok_student"]
+        tok = assets["tok_student"] if name in SAME_TOKENIZER_TEACHERS else assets["tok_teacher"]
         reused = reusable_teacher(root, assets, name, tok)
         if reused:
             assets[name] = reused
             log(f"[prepare] {name}: reusing {reused['model']} (same teacher settings, corpus "
                 f"and tokenizer; held-out accuracy {reused['accuracy']:.3f})")
             continue
-        layers, hidden, steps = ((cfg.big_layers, cfg.big_hidden, cfg.big_steps)
-                                 if name == "teacher_big" else
-                                 (cfg.weak_layers, cfg.weak_hidden, cfg.weak_steps))
+        layers, hidden, steps = teacher_size(cfg, name)
         t1 = time.perf_counter()
         assets[name] = train_teacher(root / name, tok, assets["corpus"], layers, hidden, steps, cfg,
                                      log=log, watch=watch)
@@ -197,7 +206,8 @@ def reusable_teacher(root: Path, assets: dict, name: str, tok: str) -> dict | No
             continue
         if _teacher_side(other["prep"]) != _teacher_side(assets["prep"]):
             continue
-        other_tok = Path(other["tok_teacher"] if name == "teacher_big" else other["tok_student"])
+        other_tok = Path(other["tok_student"] if name in SAME_TOKENIZER_TEACHERS
+                         else other["tok_teacher"])
         corpus = ("corpus", "teacher.jsonl")
         if (_same_file(mine / "tokenizer.json", other_tok / "tokenizer.json")
                 and _same_file(root.joinpath(*corpus), manifest.parent.joinpath(*corpus))

@@ -13,6 +13,7 @@ import math
 import statistics
 from pathlib import Path
 
+from xdistill.quality.confirm import confirmation_lines
 from xdistill.quality.summary import acc_auc, format_table, read_metrics
 
 
@@ -241,6 +242,7 @@ def render(result: dict, meta: dict) -> str:
              "faster; `-` = no curve.", "",
              *protocol, "",
              *paired_significance(result.get("runs", []), list(summary), base), "",
+             *confirmation_lines(result.get("runs", [])), "",
              *[f"FAILED arm {a}: {e}" for a, e in result.get("failed", {}).items()], "",
              "## Setup (generated)", "", "```",
              json.dumps(meta, indent=1), "```", ""]

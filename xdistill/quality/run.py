@@ -60,6 +60,13 @@ def parse(argv=None):
     p.add_argument("--answer-noise", type=float, default=PrepConfig().task.answer_noise,
                    help="fraction of wrong answers in the student's distillation corpus "
                         "(teachers train on clean answers)")
+    p.add_argument("--twin-free", action="store_true",
+                   help="issue-24 protocol: hold out whole unordered pairs {a, b} (no held-out "
+                        "problem has its swapped twin in training)")
+    p.add_argument("--n-valid", type=int, default=0,
+                   help="twin-free validation problems carved from training (needs --twin-free)")
+    p.add_argument("--eval-split", choices=("heldout", "valid"), default="heldout",
+                   help="score accuracy on the test (held-out) or the validation split")
     p.add_argument("--cont-steps", type=int, default=ArmSettings.cont_steps,
                    help="continuation protocol (cont_* / op_* arms): steps after the CE "
                         "checkpoint of each seed")
@@ -115,11 +122,12 @@ def run_phases(assets, arms, seeds, settings, out, jobs, watch) -> dict:
 
 def teachers_needed(arms) -> list[str]:
     """The prepared teachers the ``arms`` read (``ce`` none, ``same_kd`` only the weak one)."""
-    from xdistill.quality.continued import CONT_ARMS
+    from xdistill.quality.continued import CONT_ARMS, SAME_ARMS
 
     arms = set(arms) | ({"pkl_cont"} if set(arms) & set(CONT_ARMS) else set())
     need = [t for t, users in (("teacher_big", set(ARMS) - {"ce", "same_kd"}),
-                               ("teacher_weak", {"same_kd", "multi"})) if users & arms]
+                               ("teacher_weak", {"same_kd", "multi"}),
+                               ("teacher_same_big", set(SAME_ARMS))) if users & arms]
     return need
 
 
@@ -157,9 +165,15 @@ def _run(args, shown: list[str]) -> int:
     need = teachers_needed(arms)
     watch = Watch(stall_s=args.stall_s)
     base = PrepConfig()
+    if (args.n_valid or args.eval_split == "valid") and not (args.twin_free and args.n_valid):
+        print("error: --n-valid and --eval-split valid need --twin-free and --n-valid > 0",
+              file=sys.stderr)
+        return 2
     prep = replace(base, big_steps=args.teacher_steps,
-                   task=replace(base.task, answer_noise=args.answer_noise))
+                   task=replace(base.task, answer_noise=args.answer_noise,
+                                twin_free=args.twin_free, n_valid=args.n_valid))
     assets = prepare_all(args.cache or out / "prepared", prep, teachers=need, watch=watch)
+    assets = {**assets, "eval_split": args.eval_split}
     settings = replace(ArmSettings(), steps=args.steps, eval_every=args.eval_every,
                        threads=args.threads, temperature=args.temperature,
                        cont_steps=args.cont_steps, cont_lr=args.cont_lr)

@@ -10,8 +10,11 @@ at n = 3 about 2% of the time, and the best of many arms far more often).
   initialisation), two-sided.
 * :func:`holm` -- Holm's step-down adjustment of a family of p-values (the comparisons a protocol
   lists, all of them, whatever came out).
+* :func:`penalty` -- the cross-tokenizer penalty ``1 - cross gain / same gain`` (gains over the
+  same baseline; nan unless the same-tokenizer gain is positive).
 * :func:`compare` -- every listed (arm vs baseline) comparison of one metric, adjusted together;
-  :func:`format_comparisons` renders them as a markdown table.
+  :func:`format_comparisons` renders them as a markdown table (the harness's on-policy
+  confirmation table is :mod:`xdistill.quality.confirm`).
 
 The statistics are written from their definitions; the t distribution's tail comes from
 ``scipy.special.stdtr``. Tests check them against ``scipy.stats`` and hand-computed cases.
@@ -21,14 +24,17 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from scipy.special import stdtr
 
+NAN = float("nan")
 
-@dataclass(frozen=True)
-class TTest:
-    """One two-sided t-test: statistic, degrees of freedom, p-value (nan when undefined)."""
+
+class TTest(NamedTuple):
+    """One two-sided t-test: statistic, degrees of freedom, p-value (also ``t, df, p = test``)."""
 
     t: float
     df: float
@@ -41,10 +47,11 @@ def _two_sided(t: float, df: float) -> float:
     return float(2.0 * stdtr(df, -abs(t)))
 
 
-def welch(a: list[float], b: list[float]) -> TTest:
-    """Welch's t-test of mean(a) - mean(b); needs >= 2 values per side."""
+def welch(a, b) -> TTest:
+    """Welch's t-test of mean(a) - mean(b); ValueError unless each side has >= 2 values."""
+    a, b = list(a), list(b)
     if len(a) < 2 or len(b) < 2:
-        return TTest(float("nan"), float("nan"), float("nan"))
+        raise ValueError(f"Welch's t needs at least 2 values per arm, got {len(a)} and {len(b)}")
     va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
     diff = statistics.fmean(a) - statistics.fmean(b)
     if va + vb == 0:
@@ -55,12 +62,19 @@ def welch(a: list[float], b: list[float]) -> TTest:
     return TTest(t, df, _two_sided(t, df))
 
 
-def paired(a: dict[int, float], b: dict[int, float]) -> TTest:
-    """Paired t-test of a - b over the seeds (keys) both have; needs >= 2 common seeds."""
-    seeds = sorted(set(a) & set(b))
-    d = [a[s] - b[s] for s in seeds]
+def paired(a, b) -> TTest:
+    """Paired t-test of a - b: over the seeds (keys) both have when given mappings, else over
+    two equal-length sequences; ValueError unless there are >= 2 pairs."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        seeds = sorted(set(a) & set(b))
+        d = [a[s] - b[s] for s in seeds]
+    else:
+        a, b = list(a), list(b)
+        if len(a) != len(b):
+            raise ValueError(f"the paired t needs equal-length lists, got {len(a)} and {len(b)}")
+        d = [x - y for x, y in zip(a, b)]
     if len(d) < 2:
-        return TTest(float("nan"), float("nan"), float("nan"))
+        raise ValueError(f"the paired t needs at least 2 pairs, got {len(d)}")
     mean, sd = statistics.fmean(d), statistics.stdev(d)
     df = len(d) - 1
     if sd == 0:
@@ -70,14 +84,34 @@ def paired(a: dict[int, float], b: dict[int, float]) -> TTest:
     return TTest(t, df, _two_sided(t, df))
 
 
-def holm(pvalues: list[float]) -> list[float]:
-    """Holm step-down adjusted p-values, in the input order (nan stays nan and is not counted)."""
+def holm(pvalues):
+    """Holm step-down adjusted p-values: the k-th smallest of m is multiplied by m - k + 1, made
+    monotone, capped at 1. A list gives a list in its order, a mapping a mapping with its keys;
+    nan stays nan and does not count in m."""
+    if isinstance(pvalues, Mapping):
+        keys = list(pvalues)
+        return dict(zip(keys, holm([pvalues[k] for k in keys])))
     idx = sorted((i for i, p in enumerate(pvalues) if not math.isnan(p)), key=lambda i: pvalues[i])
-    m, out, running = len(idx), [float("nan")] * len(pvalues), 0.0
+    m, out, running = len(idx), [NAN] * len(pvalues), 0.0
     for rank, i in enumerate(idx):
         running = max(running, min(1.0, (m - rank) * pvalues[i]))
         out[i] = running
     return out
+
+
+def penalty(cross_gain: float, same_gain: float) -> float:
+    """``1 - cross_gain / same_gain`` (nan unless ``same_gain > 0``)."""
+    if not same_gain > 0:
+        return NAN
+    return 1.0 - cross_gain / same_gain
+
+
+def _or_nan(test, *args) -> TTest:
+    """``test(*args)``, or an all-nan result where it is undefined (fewer than 2 seeds)."""
+    try:
+        return test(*args)
+    except ValueError:
+        return TTest(NAN, NAN, NAN)
 
 
 @dataclass(frozen=True)
@@ -102,7 +136,8 @@ class Comparison:
 def compare(per_seed: dict[str, dict[int, float]], pairs: list[tuple[str, str]], *,
             higher_is_better: bool) -> list[Comparison]:
     """Every (arm, baseline) in ``pairs`` on ``per_seed[arm][seed]``; the Welch and the paired
-    p-values are each Holm-adjusted over the whole list."""
+    p-values are each Holm-adjusted over the whole list (a comparison with fewer than 2 seeds
+    gets nan and does not count)."""
     for arm, base in pairs:
         for name in (arm, base):
             if name not in per_seed:
@@ -112,8 +147,8 @@ def compare(per_seed: dict[str, dict[int, float]], pairs: list[tuple[str, str]],
     for arm, base in pairs:
         a, b = per_seed[arm], per_seed[base]
         gain = sign * (statistics.fmean(a.values()) - statistics.fmean(b.values()))
-        rows.append((arm, base, len(a), len(b), gain, welch(list(a.values()), list(b.values())),
-                     paired(a, b)))
+        rows.append((arm, base, len(a), len(b), gain, _or_nan(welch, a.values(), b.values()),
+                     _or_nan(paired, a, b)))
     wh = holm([r[5].p for r in rows])
     ph = holm([r[6].p for r in rows])
     return [Comparison(*r, welch_holm=w, paired_holm=p) for r, w, p in zip(rows, wh, ph)]
@@ -135,3 +170,7 @@ def format_comparisons(rows: list[Comparison], metric: str, alpha: float = 0.05)
             f"{r.paired.t:.2f} ({r.paired.df:.0f}) | {_p(r.paired.p)} | {_p(r.paired_holm)} | "
             f"{verdict} |")
     return "\n".join(lines) + "\n"
+
+
+__all__ = ["Comparison", "TTest", "compare", "format_comparisons", "holm", "paired", "penalty",
+           "welch"]

@@ -44,10 +44,12 @@ def summarize(runs: list[dict], arms) -> dict:
         if not rs:
             continue
         acc, acc_sd = _mean_std([r["accuracy"] for r in rs])
+        fmt, fmt_sd = _mean_std([r.get("format_rate") for r in rs])  # older scores have none
         bpb, bpb_sd = _mean_std([r["bpb"] for r in rs])
         aucs = [acc_auc(r) for r in rs]
         auc, auc_sd = _mean_std(aucs) if any(a is not None for a in aucs) else (None, None)
-        out[arm] = {"accuracy": acc, "accuracy_std": acc_sd, "bpb": bpb, "bpb_std": bpb_sd,
+        out[arm] = {"accuracy": acc, "accuracy_std": acc_sd, "format_rate": fmt,
+                    "format_rate_std": fmt_sd, "bpb": bpb, "bpb_std": bpb_sd,
                     "acc_auc": auc, "acc_auc_std": auc_sd,
                     "auc_seeds": sum(a is not None for a in aucs),
                     "seeds": len(rs), "train_s": statistics.fmean(r["train_s"] for r in rs)}
@@ -62,13 +64,15 @@ def _pm(mean, std) -> str:
 
 
 def format_table(summary: dict) -> str:
-    """Markdown table: final accuracy, mean accuracy over training (``acc_auc``), bits per byte,
-    mean ± std over seeds."""
-    lines = ["| arm | held-out accuracy | mean accuracy over training | bits per byte | seeds "
-             "| train s/run |", "|---|---|---|---|---|---|"]
+    """Markdown table: final accuracy, format rate (well-formed answers; ``-`` for runs scored
+    before it existed), mean accuracy over training (``acc_auc``), bits per byte, mean ± std over
+    seeds."""
+    lines = ["| arm | held-out accuracy | format rate | mean accuracy over training | bits per "
+             "byte | seeds | train s/run |", "|---|---|---|---|---|---|---|"]
     for arm, s in summary.items():
         auc = _pm(s.get("acc_auc"), s.get("acc_auc_std"))
-        lines.append(f"| {arm} | {_pm(s['accuracy'], s['accuracy_std'])} | {auc} | "
+        fmt = _pm(s.get("format_rate"), s.get("format_rate_std"))
+        lines.append(f"| {arm} | {_pm(s['accuracy'], s['accuracy_std'])} | {fmt} | {auc} | "
                      f"{_pm(s['bpb'], s['bpb_std'])} | {s['seeds']} | {s['train_s']:.0f} |")
     return "\n".join(lines)
 

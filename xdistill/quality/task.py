@@ -15,6 +15,11 @@ Splits (all deterministic in ``seed``):
   independently: a uniformly drawn other sum), like scraped solutions; the teachers' corpus is
   always clean, so the teachers know more than the student's labels;
 * ``eval_text``: passages of the held-out play (bits per byte).
+
+With ``twin_free`` (the issue-24 protocol) whole *unordered* pairs ``{a, b}`` are assigned to one
+side, so no held-out problem has its swapped twin ``b+a`` in training (with the plain shuffle most
+held-out problems do), and ``n_valid`` more pairs are carved out the same way for a validation
+split (:func:`split_pairs_protocol`); the test split is the held-out one.
 """
 
 from __future__ import annotations
@@ -53,6 +58,10 @@ class TaskConfig:
     # occurrence: uniformly among the other sums 0..2*max_operand); teachers' corpus stays clean.
     # 0.5 is the published protocol (the teacher knows more than the labels); 0 = clean answers
     answer_noise: float = 0.5
+    # hold out whole unordered pairs {a, b}: a problem and its swapped twin on the same side
+    twin_free: bool = False
+    # twin-free validation pairs carved from the training side (0 = none; needs twin_free)
+    n_valid: int = 0
 
 
 def problem(a: int, b: int, answer: int | None = None) -> str:
@@ -98,11 +107,35 @@ def shakespeare_passages(max_chars: int, heldout: bool) -> list[str]:
 
 
 def split_pairs(cfg: TaskConfig) -> tuple[np.ndarray, np.ndarray]:
-    """(train pairs [N, 2], held-out pairs [n_heldout, 2]) from one seeded shuffle."""
+    """(train pairs [N, 2], held-out pairs [n_heldout, 2]) from one seeded shuffle; with
+    ``twin_free`` the train side excludes the validation pairs (:func:`split_pairs_protocol`)."""
+    if cfg.twin_free:
+        train, _, test = split_pairs_protocol(cfg)
+        return train, test
+    if cfg.n_valid:
+        raise ValueError("TaskConfig.n_valid needs twin_free = True")
     m = cfg.max_operand + 1
     grid = np.stack(np.meshgrid(np.arange(m), np.arange(m), indexing="ij"), -1).reshape(-1, 2)
     perm = np.random.default_rng([cfg.seed, 1]).permutation(len(grid))
     return grid[perm[cfg.n_heldout:]], grid[perm[:cfg.n_heldout]]
+
+
+def split_pairs_protocol(cfg: TaskConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(train, validation, test) pairs, twin-free: the unordered pairs ``{a, b}`` are shuffled
+    once and dealt to test until it holds ``n_heldout`` problems, then to validation until
+    ``n_valid``, the rest to train (a side may exceed its count by one twin)."""
+    m = cfg.max_operand + 1
+    keys = [(a, b) for a in range(m) for b in range(a, m)]
+    perm = np.random.default_rng([cfg.seed, 5]).permutation(len(keys))
+    sides: list[list[tuple[int, int]]] = [[], [], []]       # test, valid, train
+    wants = (cfg.n_heldout, cfg.n_valid)
+    for k in perm.tolist():
+        a, b = keys[k]
+        both = [(a, b)] if a == b else [(a, b), (b, a)]
+        side = next((i for i in (0, 1) if len(sides[i]) < wants[i]), 2)
+        sides[side] += both
+    arr = [np.asarray(x, dtype=np.int64).reshape(-1, 2) for x in sides]
+    return arr[2], arr[1], arr[0]
 
 
 def documents(pairs: np.ndarray, texts: list[str], cfg: TaskConfig, salt: int,
@@ -146,5 +179,8 @@ def build_corpora(out: Path, cfg: TaskConfig) -> dict:
         "eval_text_jsonl": write_jsonl(out / "eval_text.jsonl", eval_texts[:120]),
     }
     (out / "heldout.json").write_text(json.dumps(held.tolist()), encoding="utf-8")
-    return {**{k: str(v) for k, v in paths.items()}, "heldout": held.tolist(),
+    extra = {}
+    if cfg.twin_free and cfg.n_valid:          # the protocol's validation split (screening)
+        extra["valid"] = split_pairs_protocol(cfg)[1].tolist()
+    return {**{k: str(v) for k, v in paths.items()}, "heldout": held.tolist(), **extra,
             "tokenizer_texts": texts[:400]}

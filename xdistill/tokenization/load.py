@@ -17,6 +17,9 @@
   works too, its weights are not read);
 * a hub name (``org/name``), only when ``HF_HUB_OFFLINE`` is not set.
 
+An asset folder whose source carries no chat template (``gemma3-270m``, ``llama-spm``) gets the
+model's own template shipped in :mod:`xdistill.tokenization.templates`.
+
 Every failure is a :class:`~xdistill.errors.TokenizerError` naming the spec or file.
 """
 
@@ -28,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 from xdistill.errors import TokenizerError
+from xdistill.tokenization.templates import apply_shipped_template, asset_name
 from xdistill.tokenization.tokenizer import Tokenizer
 
 #: pre-tokenizer patterns and special tokens of the tiktoken-format vocabularies (GPT-2, Llama-3)
@@ -163,6 +167,8 @@ def load_tokenizer(spec: str | os.PathLike) -> Tokenizer:
         else:
             hf = _load_path(path)
             source = str(path)
+            if path.is_dir():  # an asset whose source has no chat template: the shipped one
+                apply_shipped_template(hf, asset_name(path))
     except TokenizerError:
         raise
     except Exception as exc:  # transformers/tokenizers/sentencepiece raise many types

@@ -164,7 +164,8 @@ class OnPolicyMode(core.TrainMode):
                               self.mix.cfg.loss.ce_weight > 0)
         total: dict[str, int] = {}
         for _, (indices, _, scored) in micros:
-            for k, n in local_units(self._plan, scored.batch, self.rows(indices)).items():
+            for k, n in local_units(self._plan, scored.batch, self.rows(indices),
+                                    scored.stop_BTs).items():
                 total[k] = total.get(k, 0) + n
         return total
 

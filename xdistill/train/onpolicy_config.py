@@ -62,11 +62,17 @@ class OnPolicyTeacherLoss:
     # dpca / simple_opd: dual clip c: the loss of a negative advantage is at most -c * A
     dual_clip: float = 10.0
     # simple_opd: weight beta of the reference KL(q_theta || q_init) to the initial student
-    # (0 = off; > 0 keeps a frozen copy of the initial student)
-    ref_beta: float = 0.0
+    # (SimpleOPD's published 0.5, one of its two stabilisers; > 0 keeps a frozen copy of the
+    # initial student; 0 = off)
+    ref_beta: float = 0.5
     # bpm / escd: drop chunk starts whose sampled student token is whitespace only (BPM's mask
     # against learning the teacher's whitespace habits)
     mask_whitespace: bool = False
+    # bpm / escd: rule for student tokens longer than the teacher's token at a root (a digit-
+    # splitting teacher's "2" vs the student's "23"): the teacher mass of the on-path token
+    # followed by a suffix that makes a longer student token moves to that token (its covering
+    # mass, one step ahead; xdistill/losses/byteprefix_long.py); false = BPM's plain map
+    long_tokens: bool = True
     # loss of this teacher on mixed-in off-policy batches (loss.offpolicy_lambda > 0), an
     # off-policy kind; "" = derived from kind (same tokenizer: reverse_kl/jsd/topk_kl as is, k1/k3
     # -> forward_kl; cross: pkl (projection route) or exact_kl, k1/k3 -> alm)
@@ -136,14 +142,16 @@ class OnPolicyLossConfig:
     # sequence positions per block when computing losses (bounds memory); null = no blocking
     chunk_size: int | None = 256
     # k1/k3: floor of every sampled-token log-prob (both sides) before the log-ratio; null = off
-    logp_min: float | None = -10.0
+    # (default: a floor makes a unit both models find impossible score ~0, the best advantage
+    # on offer, and k1/k3 collapse into it; not in verl's or Thinking Machines' k1)
+    logp_min: float | None = None
     # k1/k3: symmetric clamp of the per-unit loss (k3) or the advantage (k1); null = off
     loss_max: float | None = 10.0
     # k3: clip of the log-ratio inside exp; null = off
     exp_clip: float | None = 20.0
     # student tokens a cross-tokenizer teacher read but no chunk pairs (bytes it cannot spell):
-    # floor (a policy-gradient penalty as if the teacher gave them log-prob logp_min; one loss
-    # unit each) or ignore (no loss, not counted)
+    # floor (a policy-gradient penalty as if the teacher gave them log-prob logp_min, or -10
+    # when logp_min is null; one loss unit each) or ignore (no loss, not counted)
     unpaired: Literal["floor", "ignore"] = "floor"
     # the student's stop token in the sampled estimators: teacher (scored against the teacher's
     # own end token like any unit) or zero (zero advantage, SimpleOPD's guard against length
@@ -153,6 +161,12 @@ class OnPolicyLossConfig:
     # minus their mean over the micro-batch's units: same expected gradient, less variance when
     # the teacher rates every sample below the student's own likelihood)
     advantage_baseline: Literal["none", "mean"] = "none"
+    # credit of the sampled-token kinds (k1, k3, dpca, simple_opd) from a cross-tokenizer teacher:
+    # token (each side's summed token log-probs per aligned chunk) or byte (each side's
+    # probability of the unit's bytes followed by the boundary the student's tokenization
+    # implies, the stop scored with the content it ends; needs worker.output = logits; see
+    # xdistill/losses/bytecredit.py). A same-tokenizer teacher always uses token credit (exact)
+    credit: Literal["token", "byte"] = "token"
     # reward weighting of samples: weight B * softmax(reward / reward_beta) when the rollouts
     # carry rewards; 0 = off
     reward_beta: float = 0.0
@@ -236,6 +250,12 @@ def validate_onpolicy(cfg: OnPolicyConfig) -> OnPolicyConfig:
         raise ConfigError(f"prompts.num_workers must be >= 0, got {cfg.prompts.num_workers}")
     if cfg.loss.reward_beta < 0:
         raise ConfigError(f"loss.reward_beta must be >= 0, got {cfg.loss.reward_beta}")
+    if cfg.loss.credit == "byte":
+        for i, t in enumerate(cfg.teachers):
+            if t.loss.kind in ("k1", "k3", "dpca", "simple_opd") and t.worker.output != "logits":
+                raise ConfigError(f"teachers.{i}.worker.output: loss.credit = 'byte' needs the "
+                                  f"teacher's full logits (worker.output = 'logits', got "
+                                  f"{t.worker.output!r}) for its {t.loss.kind!r} loss")
     return cfg
 
 

@@ -28,6 +28,7 @@ import torch
 
 from xdistill import distributed as xdist
 from xdistill.errors import ConfigError
+from xdistill.losses.bytecredit import credit_alignment, uses_byte_credit
 from xdistill.losses.chunks import ChunkAlignment
 from xdistill.losses.onpolicy_kinds import FULL_LOGITS_KINDS, KINDS_2026, KindParams
 from xdistill.losses.policy import PPOClip
@@ -58,6 +59,8 @@ class OnPolicyPlan:
     shared: dict = field(default_factory=dict)
     # teacher name -> BytePrefixTables (bpm, escd)
     tables: dict = field(default_factory=dict)
+    # teacher name -> LongTokenTables (bpm, escd with loss.long_tokens)
+    long_tables: dict = field(default_factory=dict)
     # True when some teacher's simple_opd uses the reference KL (needs the initial student)
     needs_reference: bool = False
 
@@ -65,7 +68,8 @@ class OnPolicyPlan:
 def _kind_params(tl, clamps, baseline: str) -> KindParams:
     return KindParams(top_k=tl.top_k, ppo=PPOClip(tl.clip_low, tl.clip_high, tl.dual_clip),
                       adv_clamp=clamps.loss_max, ref_beta=tl.ref_beta,
-                      mask_whitespace=tl.mask_whitespace, baseline=baseline)
+                      mask_whitespace=tl.mask_whitespace, long_tokens=tl.long_tokens,
+                      baseline=baseline)
 
 
 def build_onpolicy_plan(cfg: OnPolicyConfig) -> OnPolicyPlan:
@@ -81,6 +85,7 @@ def build_onpolicy_plan(cfg: OnPolicyConfig) -> OnPolicyPlan:
         plan.teacher_toks[t.name], plan.same_tok[t.name] = tok, same
         plan.specs[t.name] = OnPolicyLossSpec(tl.kind, tl.beta, tl.temperature, tl.cross, clamps,
                                               unpaired=lc.unpaired,
+                                              credit="token" if same else lc.credit,
                                               stop_advantage=lc.stop_advantage,
                                               params=_kind_params(tl, clamps,
                                                                   lc.advantage_baseline),
@@ -92,6 +97,9 @@ def build_onpolicy_plan(cfg: OnPolicyConfig) -> OnPolicyPlan:
                               f"{t.name!r} uses {tok.name!r}, the student {student.name!r}")
         if tl.kind in ("bpm", "escd"):
             plan.tables[t.name] = byteprefix_tables(student, tok)
+            if tl.long_tokens:
+                from xdistill.rollout.bytecredit import build_long_token_tables
+                plan.long_tables[t.name] = build_long_token_tables(student.table, tok.table)
         if tl.kind == "strict_topk" or (not same and tl.kind in ("reverse_kl", "jsd")
                                         and tl.cross == "exact"):
             plan.shared[t.name] = _shared(key, student, tok)
@@ -139,8 +147,11 @@ def teacher_mask(batch, name: str, rows: dict | None):
     return batch.loss_mask_BTs & rows[name].to(batch.loss_mask_BTs.device)[:, None]
 
 
-def local_units(plan: OnPolicyPlan, batch, rows: dict | None = None) -> dict[str, int]:
-    """Loss units of this rank's batch per teacher name (``rows``: per-sample routing)."""
+def local_units(plan: OnPolicyPlan, batch, rows: dict | None = None,
+                stop_BTs=None) -> dict[str, int]:
+    """Loss units of this rank's batch per teacher name (``rows``: per-sample routing;
+    ``stop_BTs``: the student's stop tokens, one unit with the content they end under byte
+    credit)."""
     out = {}
     for name, spec in plan.specs.items():
         view = batch.teacher(name)
@@ -149,7 +160,7 @@ def local_units(plan: OnPolicyPlan, batch, rows: dict | None = None) -> dict[str
                                          None if align is None else view.loss_mask_BTt,
                                          None if align is None else view.s_unpaired_BTs,
                                          student_ids_BTs=batch.input_ids_BTs,
-                                         tables=plan.tables.get(name))
+                                         tables=plan.tables.get(name), stop_BTs=stop_BTs)
     return out
 
 
@@ -176,8 +187,12 @@ def teacher_inputs(plan: OnPolicyPlan, name: str, view, out, s_width: int) -> tu
         logits = logits.float() * out.temperature if out.temperature != 1.0 else logits.float()
         if align is None:
             logits = _fit_width(logits, s_width, name)
+    if uses_byte_credit(spec.credit, spec.kind, align):
+        kw["teacher_logits_BTtV"] = logits         # the covering sums read the full rows
     if spec.kind in KINDS_2026:
         return align, dict(kw, **_kind_inputs(plan, name, spec, out, logits, view))
+    if spec.kind in ("k1", "k3") and "teacher_logits_BTtV" in kw:
+        return align, kw
     if spec.kind in ("k1", "k3"):
         if out.token_logp_BTt is not None and out.temperature == spec.temperature:
             kw["teacher_token_logp_BTt"] = out.token_logp_BTt
@@ -214,7 +229,26 @@ def _kind_inputs(plan, name, spec, out, logits, view) -> dict:
         kw.update(shared_s_idx_N=s_N, shared_t_idx_N=t_N)
     if name in plan.tables:
         kw["tables"] = plan.tables[name]
+    if name in plan.long_tables:
+        kw.update(long_tables=plan.long_tables[name], teacher_ids_BTt=view.input_ids_BTt)
     return kw
+
+
+def byte_credit_terms(plan, name: str, batch, align, stop_BTs, s_mask_BTs):
+    """The byte-credit terms of one cross-tokenizer teacher's batch (host side, then moved)."""
+    from xdistill.rollout.bytecredit import build_byte_terms
+
+    spec, view = plan.specs[name], batch.teacher(name)
+    merged = credit_alignment(spec.kind, spec.stop_advantage, align, stop_BTs, s_mask_BTs,
+                              view.loss_mask_BTt)
+    cpu = (lambda x: None if x is None else x.cpu())  # noqa: E731
+    student, teacher = plan.student_tok, plan.teacher_toks[name]
+    return build_byte_terms(student.table, teacher.table, cpu(batch.input_ids_BTs),
+                            cpu(view.input_ids_BTt), ChunkAlignment(*map(cpu, (
+                                merged.s_chunk_BTs, merged.t_chunk_BTt, merged.chunk_valid_BC,
+                                merged.chunk_exact_BC))), cpu(s_mask_BTs),
+                            cpu(view.loss_mask_BTt), cpu(stop_BTs),
+                            student_key=student.fingerprint, teacher_key=teacher.fingerprint)
 
 
 def onpolicy_losses(plan, logits_BTsVs, batch, outputs, num_valid, metrics, *,
@@ -231,6 +265,9 @@ def onpolicy_losses(plan, logits_BTsVs, batch, outputs, num_valid, metrics, *,
             kw["chunk_size"] = chunk_size
         if spec.kind in KINDS_2026:
             kw.update(behaviour_logp_BTs=behaviour_logp_BTs, ref_logp_BTs=ref_logp_BTs)
+        if uses_byte_credit(spec.credit, spec.kind, align):
+            kw["byte_credit"] = byte_credit_terms(plan, name, batch, align, stop_BTs,
+                                                  teacher_mask(batch, name, rows))
         res = onpolicy_loss(spec, logits_BTsVs, batch.input_ids_BTs,
                             teacher_mask(batch, name, rows), align=align,
                             sample_weight_B=sample_weight_B, stop_BTs=stop_BTs,
@@ -241,6 +278,9 @@ def onpolicy_losses(plan, logits_BTsVs, batch, outputs, num_valid, metrics, *,
         metrics.mean(f"{name}/weight", plan.weights[name])
         for c in counter_keys(spec, align is not None and not view.identity):
             metrics.add(f"{name}/clamp/{c}", float(res.counters.get(c, 0)))
+        if uses_byte_credit(spec.credit, spec.kind, align):
+            g = res.credit_gap_sum
+            metrics.add(f"{name}/credit_gap_sum", g if g == g else 0.0)
         if spec.kind in ("k1", "k3"):
             r = res.mean_logratio
             metrics.add(f"{name}/logratio_sum", r * res.units if r == r else 0.0)
@@ -261,7 +301,8 @@ def loss_and_backward(run, scored, timers, *, backward: bool = True) -> dict:
     from xdistill.train.metrics import StepMetrics
     from xdistill.train.step import all_reduce_counts
 
-    num_valid = all_reduce_counts(local_units(run.plan, scored.batch))
+    num_valid = all_reduce_counts(local_units(run.plan, scored.batch,
+                                              stop_BTs=scored.stop_BTs))
     metrics = StepMetrics()
     scored_step(run, scored, num_valid, timers, metrics, backward=backward)
     out = metrics.reduce()
@@ -328,6 +369,9 @@ def finish_metrics(metrics: dict, plan: OnPolicyPlan) -> dict:
         s = metrics.pop(f"{name}/logratio_sum", None)
         if s is not None:
             metrics[f"{name}/mean_logratio"] = s / max(metrics.get(f"units/{name}", 0), 1)
+        g = metrics.pop(f"{name}/credit_gap_sum", None)
+        if g is not None:  # byte credit: mean measured error log P_ub - log P_lb per unit
+            metrics[f"{name}/credit_gap"] = g / max(metrics.get(f"units/{name}", 0), 1)
     return metrics
 
 

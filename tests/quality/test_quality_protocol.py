@@ -1,0 +1,156 @@
+"""Pieces of the issue-24 protocol (benchmarks/quality/RESULTS.md): twin-free splits and the
+format rate. Pure functions: no processes, no models."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from xdistill.quality import task
+from xdistill.quality.evaluate import well_formed
+
+
+def _twins_in(held, train) -> float:
+    tr = {tuple(p) for p in train.tolist()}
+    return float(np.mean([(b, a) in tr for a, b in held.tolist() if a != b]))
+
+
+def test_plain_split_leaks_swapped_twins_twin_free_does_not():
+    cfg = task.TaskConfig()
+    train, held = task.split_pairs(cfg)
+    assert _twins_in(held, train) > 0.7          # the published protocol's held-out set
+    tf = replace(cfg, twin_free=True, n_valid=120)
+    train, valid, test = task.split_pairs_protocol(tf)
+    for a_side, b_side in ((test, train), (valid, train), (test, valid)):
+        assert _twins_in(a_side, b_side) == 0.0
+        assert not {tuple(p) for p in a_side.tolist()} & {tuple(p) for p in b_side.tolist()}
+    m = cfg.max_operand + 1
+    assert len(train) + len(valid) + len(test) == m * m
+    assert cfg.n_heldout <= len(test) <= cfg.n_heldout + 1
+    assert tf.n_valid <= len(valid) <= tf.n_valid + 1
+    again = task.split_pairs_protocol(tf)
+    assert all((x == y).all() for x, y in zip(again, (train, valid, test)))
+    tr2, te2 = task.split_pairs(tf)                # the trainer-facing pair: train, test
+    assert (tr2 == train).all() and (te2 == test).all()
+
+
+def test_defaults_keep_the_published_split_and_cache_key():
+    from xdistill.quality.prepare import PrepConfig, cache_key
+
+    cfg = task.TaskConfig()
+    m = cfg.max_operand + 1
+    grid = np.stack(np.meshgrid(np.arange(m), np.arange(m), indexing="ij"), -1).reshape(-1, 2)
+    perm = np.random.default_rng([cfg.seed, 1]).permutation(len(grid))
+    train, held = task.split_pairs(cfg)
+    assert (held == grid[perm[:cfg.n_heldout]]).all() and (train == grid[perm[cfg.n_heldout:]]).all()
+    base = PrepConfig()
+    assert cache_key(base) == cache_key(replace(base, task=replace(base.task, twin_free=False)))
+    assert cache_key(base) != cache_key(replace(base, task=replace(base.task, twin_free=True)))
+
+
+def test_format_rate_counts_well_formed_answers():
+    assert well_formed("12.") and well_formed(" 7. Q: 1+1")
+    assert not well_formed("12") and not well_formed("twelve.") and not well_formed(".")
+    assert not well_formed("1 2.")
+
+
+def test_welch_paired_holm_against_scipy_and_by_hand():
+    import math
+
+    import pytest
+    from scipy import stats as sps
+
+    from xdistill.quality.stats import holm, paired, penalty, welch
+
+    x = [0.31, 0.28, 0.40, 0.35, 0.33]
+    y = [0.22, 0.30, 0.25, 0.21, 0.27]
+    t, df, p = welch(x, y)
+    ref = sps.ttest_ind(x, y, equal_var=False)
+    assert t == pytest.approx(ref.statistic, rel=1e-12) and p == pytest.approx(ref.pvalue, rel=1e-9)
+    vx, vy = np.var(x, ddof=1) / 5, np.var(y, ddof=1) / 5
+    assert df == pytest.approx((vx + vy) ** 2 / (vx ** 2 / 4 + vy ** 2 / 4), rel=1e-12)
+    t, df, p = paired(x, y)
+    ref = sps.ttest_rel(x, y)
+    assert t == pytest.approx(ref.statistic, rel=1e-12) and p == pytest.approx(ref.pvalue, rel=1e-9)
+    assert df == 4.0
+    adj = holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.5})
+    # sorted 0.01, 0.03, 0.04, 0.5 -> 0.04, 0.09, max(0.09, 0.08) = 0.09, 0.5
+    assert adj == pytest.approx({"a": 0.04, "c": 0.09, "b": 0.09, "d": 0.5})
+    assert penalty(0.08, 0.10) == pytest.approx(0.2) and math.isnan(penalty(0.1, 0.0))
+    with pytest.raises(ValueError):
+        welch([0.1], [0.2, 0.3])
+
+
+def test_control_teacher_is_prepared_only_for_the_same_tokenizer_arms():
+    from xdistill.quality.prepare import PrepConfig, teacher_size
+    from xdistill.quality.run import teachers_needed
+
+    assert "teacher_same_big" in teachers_needed(["op_k1_same", "cont_ce"])
+    assert "teacher_same_big" not in teachers_needed(["op_k1", "op_bpm", "cont_ce"])
+    cfg = PrepConfig()
+    assert teacher_size(cfg, "teacher_same_big") == teacher_size(cfg, "teacher_big")
+    assert teacher_size(cfg, "teacher_weak") == (cfg.weak_layers, cfg.weak_hidden, cfg.weak_steps)
+
+
+def test_corpora_carry_the_validation_split_and_the_harness_scores_the_chosen_one(tmp_path):
+    import pytest
+
+    from xdistill.quality.harness import eval_split
+    from xdistill.quality.run import main
+
+    cfg = task.TaskConfig(max_operand=9, n_heldout=20, passes=1, twin_free=True, n_valid=16)
+    info = task.build_corpora(tmp_path, cfg)
+    train, valid, test = task.split_pairs_protocol(cfg)
+    assert info["valid"] == valid.tolist() and info["heldout"] == test.tolist()
+    lines = (tmp_path / "teacher.jsonl").read_text()
+    for a, b in valid.tolist() + test.tolist():   # neither split reaches a training corpus
+        assert f"Q: {a}+{b}=?" not in lines
+    assert eval_split({"corpus": info}) == "heldout"
+    assert eval_split({"corpus": info, "eval_split": "valid"}) == "valid"
+    plain = task.build_corpora(tmp_path / "plain", task.TaskConfig(max_operand=9, n_heldout=20,
+                                                                   passes=1))
+    with pytest.raises(KeyError, match="valid"):
+        eval_split({"corpus": plain, "eval_split": "valid"})
+    assert main(["--arms", "cont_ce", "--n-valid", "10", "--no-report",
+                 "--out", str(tmp_path / "out")]) == 2      # needs --twin-free
+
+
+def test_confirmation_table_from_hand_made_runs():
+    import pytest
+    from scipy import stats as sps
+
+    from xdistill.quality.confirm import comparisons, confirmation_lines
+    from xdistill.quality.report import render
+    from xdistill.quality.stats import holm
+
+    seeds = [10, 11, 12, 13, 14]
+    acc = {"cont_ce": [0.30, 0.32, 0.29, 0.31, 0.30],
+           "op_k1": [0.36, 0.39, 0.35, 0.37, 0.38], "op_k1_same": [0.40, 0.41, 0.39, 0.42, 0.40],
+           "op_bpm": [0.30, 0.33, 0.28, 0.31, 0.31], "op_bpm_same": [0.35, 0.36, 0.33, 0.36, 0.34]}
+    fmt = {"op_bpm": 0.85}
+    runs = [{"arm": a, "seed": s, "accuracy": x, "bpb": 3.0, "train_s": 1.0,
+             "format_rate": fmt.get(a, 0.99)} for a, xs in acc.items() for s, x in zip(seeds, xs)]
+    comps = comparisons(runs)
+    assert [(c["kind"], c["teacher"]) for c in comps] == [
+        ("op_bpm", "cross"), ("op_bpm", "same"), ("op_k1", "cross"), ("op_k1", "same")]
+    pw = {}
+    for c in comps:
+        ref = sps.ttest_ind(acc[c["arm"]], acc["cont_ce"], equal_var=False)
+        assert c["welch"][2] == pytest.approx(ref.pvalue, rel=1e-9)
+        assert c["gain"] == pytest.approx(np.mean(acc[c["arm"]]) - np.mean(acc["cont_ce"]))
+        pw[c["kind"], c["teacher"]] = c["welch"][2]
+    adj = holm(pw)
+    assert all(c["welch_holm"] == pytest.approx(adj[c["kind"], c["teacher"]]) for c in comps)
+    k1 = {c["teacher"]: c for c in comps if c["kind"] == "op_k1"}
+    assert k1["same"]["passes"] and k1["cross"]["passes"]
+    bpm_cross = next(c for c in comps if c["arm"] == "op_bpm")
+    assert not bpm_cross["passes"]                      # gain +0.002: nowhere near
+    text = "\n".join(confirmation_lines(runs))
+    pen = 1 - (np.mean(acc["op_k1"]) - 0.304) / (np.mean(acc["op_k1_same"]) - 0.304)
+    assert f"cross-tokenizer penalty of op_k1: {pen:.2f}" in text
+    assert "k1 with the same-tokenizer teacher beats continued CE: yes" in text
+    assert "collapsed (format rate < 0.9 on a seed): op_bpm" in text
+    summary = {a: {"accuracy": 0.3, "accuracy_std": 0.01, "bpb": 3.0, "bpb_std": 0.0,
+                   "seeds": 5, "train_s": 1.0} for a in acc}
+    assert "Confirmation (issue 24)" in render({"summary": summary, "runs": runs}, {})

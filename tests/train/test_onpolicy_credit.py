@@ -1,0 +1,94 @@
+"""Byte-level credit through the on-policy trainer's step (tiny models, CPU).
+
+``loss.credit = byte`` with a cross-tokenizer teacher (a student BPE of 320 ids, a teacher BPE of
+400 ids): rollouts -> scoring -> byte-credit terms -> k1/k3/dpca/simple_opd -> backward. The step
+counts one unit for a stop and the content it ends (k1/k3/dpca), reports the floor counter and
+the measured error of the covering bounds (``<teacher>/credit_gap``),
+gives a finite loss with a gradient, keeps tool spans out of the loss, and a same-tokenizer
+teacher keeps token credit. The math is tested against its float64 reference in
+tests/losses/test_bytecredit.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import onpolicy_helpers as H  # pytest puts this test's folder on sys.path
+import pytest
+
+from xdistill.config import from_dict
+from xdistill.errors import ConfigError
+from xdistill.losses import ChunkAlignment, loss_chunks
+from xdistill.train.onpolicy_config import OnPolicyConfig, validate_onpolicy
+from xdistill.train.step import Timers
+
+
+@pytest.fixture(scope="module")
+def lms(tiny_assets, tmp_path_factory):
+    root = tmp_path_factory.mktemp("credit")
+    return {"same": H.save_lm(root / "same", tiny_assets["tok_s"], seed=1),
+            "cross": H.save_lm(root / "cross", tiny_assets["tok_t"], seed=2),
+            "prompts": H.write_prompts(root / "prompts.jsonl")}
+
+
+def _run(tiny_assets, lms, tmp_path, kind, credit="byte"):
+    from xdistill.train.onpolicy import build_onpolicy_run
+
+    teachers = [H.teacher("cross", tiny_assets["tok_t"], lms["cross"], kind),
+                H.teacher("same", tiny_assets["tok_s"], lms["same"], kind)]
+    d = H.onpolicy_dict(tiny_assets["tok_s"], teachers, lms["prompts"], tmp_path)
+    d["loss"]["credit"] = credit
+    d["rollout"]["max_new_tokens"] = 6           # short answers: some of them stop
+    run = build_onpolicy_run(from_dict(OnPolicyConfig, d))
+    run.pool.start()
+    return run
+
+
+@pytest.mark.parametrize("kind", ["k1", "k3", "dpca", "simple_opd"])
+def test_byte_credit_step(tmp_path, tiny_assets, lms, kind):
+    from xdistill.rollout import rollouts_from_segments
+    from xdistill.train.onpolicy import rollout_batch
+    from xdistill.train.onpolicy_step import loss_and_backward
+
+    run = _run(tiny_assets, lms, tmp_path, kind)
+    try:
+        assert run.plan.specs["cross"].credit == "byte"
+        assert run.plan.specs["same"].credit == "token"   # same tokenizer: token credit is exact
+        run.iters = [iter(run.loaders[0])]
+        _, _, sampled = rollout_batch(run, 1, Timers())
+        ro = rollouts_from_segments(run.plan.student_tok, H.PROMPTS[:4],
+                                    [[(" the king is dead.", True)], [(" and so", True)],
+                                     [(" of love,", True)], [(" 12 men", True)]], finished=True)
+        stopped = run.scorer(ro)
+        results = []
+        for scored in (sampled, stopped):
+            run.model.zero_grad(set_to_none=True)
+            m = loss_and_backward(run, scored, Timers())
+            grads = [p.grad.abs().max() for p in run.model.parameters() if p.grad is not None]
+            results.append((scored, m, grads))
+    finally:
+        run.pool.close()
+    for i, (scored, m, grads) in enumerate(results):
+        view = scored.batch.teacher("cross")
+        al = ChunkAlignment.from_view(view)
+        chunks = int(loss_chunks(al, scored.batch.loss_mask_BTs, view.loss_mask_BTt).sum())
+        n_stop = int(scored.stop_BTs.any(1).sum())
+        units = m["units/cross"] - m["cross/clamp/unpaired"]
+        if kind in ("k1", "k3"):     # one unit for a stop and the content it ends
+            assert units == chunks - n_stop
+        assert math.isfinite(m["cross/loss"]) and "cross/clamp/credit_floor" in m
+        assert m["cross/credit_gap_sum"] >= 0.0 and "same/credit_gap_sum" not in m
+        if i == 0 or kind in ("k1", "k3"):  # segment rollouts carry no behaviour log-probs:
+            assert grads and float(max(grads)) > 0  # the PPO ratio of dpca/simple_opd clips
+    assert int(results[1][0].stop_BTs.any(1).sum()) == 4
+
+
+def test_byte_credit_needs_full_teacher_logits(tiny_assets, lms, tmp_path):
+    teachers = [H.teacher("cross", tiny_assets["tok_t"], lms["cross"], "k1")]
+    teachers[0]["worker"].update(output="topk", top_k=8)
+    d = H.onpolicy_dict(tiny_assets["tok_s"], teachers, lms["prompts"], tmp_path)
+    d["loss"]["credit"] = "byte"
+    with pytest.raises(ConfigError, match="credit = 'byte' needs the teacher's full logits"):
+        validate_onpolicy(from_dict(OnPolicyConfig, d))
+    d["loss"]["credit"] = "token"
+    validate_onpolicy(from_dict(OnPolicyConfig, d))

@@ -1,0 +1,291 @@
+"""Byte-level credit across tokenizers: each model's probability of a unit's *bytes* and boundary.
+
+Legend: B batch, Ts/Tt student/teacher tokens, V vocabulary (either side), C chunks, N loss units,
+K terms, R distinct logit rows, P path tokens (the unit tokens of one side, flattened), Vsort the
+text tokens of a vocabulary sorted by bytes.
+
+**Why.** Per-chunk credit compares ``sum log q(teacher tokens)`` with ``sum log p(student tokens)``.
+A teacher token ``2`` that is merely a *prefix* of the teacher's answer ``23`` carries the
+teacher's probability of every number starting with 2, so a student that writes the single
+token ``2`` (a truncated answer) is rewarded; and a teacher whose ``.`` only ever ends a text puts
+its whole "the text ends here" belief on ``.`` and none on its end token, so per-chunk credit
+punishes the period and rewards the stop.
+
+**What.** For a loss unit ``u`` with bytes ``beta`` (an aligned chunk: identical bytes on both
+sides), the event is "*the text continues with ``beta``, followed by the boundary the student's
+tokenization implies*": no byte string ``e`` in ``E(a)`` follows, where ``a`` is the unit's last
+student token and ``E(a)`` the prefix-free set of minimal suffixes ``e`` such that ``bytes(a) + e``
+is some student token (the student would have written that longer token). A unit that ends with
+the student's stop token (the stop chunk merged with the content chunk it ends: "score the stop
+together with the content it ends") has the event "*``beta`` and then the end of the text*".
+Each model's probability of the event, from its state at the unit's start, follows the
+Byte-Token Representation Lemma (Phan et al., arXiv 2410.09303): the sum, over token sequences
+that *cover* the bytes (all tokens inside but the last, which may stick out), of their
+probabilities (Hayase et al., arXiv 2506.14123, give an efficient algorithm for BPE).
+
+**Bounded lookahead from one forward.** Exact covering needs the model's distribution after
+*every* covering prefix; one forward gives it only along the model's own tokenization
+``t_0 .. t_{n-1}`` of the unit (the on-path tokens; ``pi_m = prod_{i < m} q(t_i)``). At each
+on-path level ``m`` (remaining bytes ``rho_m``) the token ``w`` taken there is classified:
+
+* ``w`` sticks out past ``beta`` (``bytes(w) = rho_m + s``, ``s`` non-empty): the boundary is
+  decided by ``s`` -- met (``s`` starts with no ``e`` and is no strict prefix of one: in the
+  lower bound), violated (``s`` starts with an ``e``: 0), or open (``s`` a strict prefix of an
+  ``e``: in the gap). With a stop, every such ``w`` violates "the text ends here";
+* ``w`` is off the model's path and ends inside or exactly at ``beta`` (its continuation is not
+  computed): in the gap, with weight <= 1;
+* ``w = t_m``: recurse; after the whole unit, the boundary ``1 - sum_e P([e])`` is read from the
+  next on-path row (tokens starting with an ``e``: violated; strict prefixes of an ``e``: gap),
+  or, with a stop, the stop token's own probability.
+
+So ``P_lb = sum_m pi_m ok_m + pi_n B_lb <= P_exact <= P_ub = P_lb + gap``; both bounds come from
+the same forward, the measured error is ``log P_ub - log P_lb`` (counted), and ``P_lb`` is exact
+whenever the model puts no mass off its own path (single-byte extensions, digit-splitting
+vocabularies). The host side (:mod:`xdistill.rollout.bytecredit`) turns the bytes into the terms
+(:class:`ByteTerms`); this module evaluates them in float64 (no gradient).
+
+**Credit.** Both sides get the same treatment, so a teacher identical to the student gives zero:
+the unit's effective teacher log-prob is ``log Q_T(u) - (log Q_S(u) - log p(u))`` with ``Q`` the
+lower bounds and ``log p(u)`` the student's summed token log-probs (the policy's own action), so
+``r_u = log Q_T(u) - log Q_S(u)``. It replaces the per-chunk teacher sum in k1/k3, DPCA and
+SimpleOPD (:func:`chunk_teacher_logp`). Where a side has a role token inside a unit other than
+its final stop, the unit falls back to that side's token credit (one term ``pi_all``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+
+from xdistill.losses.chunks import ChunkAlignment, chunk_sum, loss_chunks
+from xdistill.losses.engine import DEFAULT_CHUNK_SIZE, shift_targets, token_logprobs
+
+# mass kinds of a term
+MASS_RANGE, MASS_ID, MASS_ONE = 0, 1, 2
+# a probability below this is taken as this before its log (float64)
+PROB_FLOOR = 1e-30
+
+
+@dataclass(frozen=True)
+class ByteTerms:
+    """One side's terms: ``P_lb[n] = sum_{k: unit n, lb} sign_k pi_k mass_k``, ``gap[n]`` likewise.
+
+    Built by :func:`xdistill.rollout.bytecredit.build_byte_terms`; int64 unless said.
+    """
+
+    # unit of each term, [K]
+    unit_K: torch.Tensor
+    # +1 / -1 (float64), [K]
+    sign_K: torch.Tensor
+    # True: the term belongs to the gap (upper bound only); False: the lower bound, bool [K]
+    gap_K: torch.Tensor
+    # path prefix pi = exp(sum of path log-probs P[start : start + len]), [K] each
+    path_start_K: torch.Tensor
+    path_len_K: torch.Tensor
+    # mass: kind (MASS_*), distinct row index (into row_b_R/row_t_R), lo/hi (range in the sorted
+    # order, or lo = token id), [K] each
+    kind_K: torch.Tensor
+    row_K: torch.Tensor
+    lo_K: torch.Tensor
+    hi_K: torch.Tensor
+    # distinct logit rows: (b, output position), [R] each
+    row_b_R: torch.Tensor
+    row_t_R: torch.Tensor
+    # path tokens: (b, input position) whose log-probs pi multiplies, [P] each
+    path_b_P: torch.Tensor
+    path_t_P: torch.Tensor
+    # text token ids sorted by bytes, [Vsort]
+    sorted_V: torch.Tensor
+    # number of units
+    num_units: int
+
+    def to(self, device) -> "ByteTerms":
+        return ByteTerms(**{f.name: (getattr(self, f.name).to(device)
+                                     if torch.is_tensor(getattr(self, f.name))
+                                     else getattr(self, f.name)) for f in fields(self)})
+
+
+@dataclass(frozen=True)
+class ByteCredit:
+    """Both sides' terms of one teacher's batch (units: :func:`credit_units` order)."""
+
+    teacher: ByteTerms
+    student: ByteTerms
+
+
+def merge_stop_chunks(align: ChunkAlignment, stop_BTs, s_loss_mask_BTs=None,
+                      t_loss_mask_BTt=None) -> ChunkAlignment:
+    """The alignment with each stop chunk (holding a student stop token) merged into the loss
+    chunk right before it (both must carry loss): one unit "the content, then the end"."""
+    if stop_BTs is None or not bool(stop_BTs.any()) or align.num_chunks < 2:
+        return align
+    ok_BC = loss_chunks(align, s_loss_mask_BTs, t_loss_mask_BTt)
+    C = align.num_chunks
+    hit_BC = chunk_sum(stop_BTs.bool().to(torch.int64), align.s_chunk_BTs, C) > 0
+    merge_BC = torch.zeros_like(hit_BC)
+    merge_BC[:, 1:] = hit_BC[:, 1:] & ok_BC[:, 1:] & ok_BC[:, :-1]
+    if not bool(merge_BC.any()):
+        return align
+
+    def relabel(chunk_BT):
+        c = chunk_BT.clamp(min=0)
+        moved = (chunk_BT >= 0) & merge_BC.gather(1, c)
+        return torch.where(moved, chunk_BT - 1, chunk_BT)
+
+    prev_BC = torch.zeros_like(merge_BC)
+    prev_BC[:, :-1] = merge_BC[:, 1:]
+    return ChunkAlignment(relabel(align.s_chunk_BTs), relabel(align.t_chunk_BTt),
+                          align.chunk_valid_BC.bool() & ~merge_BC,
+                          align.chunk_exact_BC.bool() & ~merge_BC & ~prev_BC)
+
+
+CREDITS = ("token", "byte")
+# the kinds whose units take byte-level credit (spec.credit = "byte", cross-tokenizer teachers)
+BYTE_CREDIT_KINDS = ("k1", "k3", "dpca", "simple_opd")
+
+
+def uses_byte_credit(credit: str, kind: str, align) -> bool:
+    """Byte-level credit applies: ``credit == "byte"``, a sampled-token kind, a cross-tokenizer
+    alignment (a same-tokenizer teacher's token credit is already exact)."""
+    return credit == "byte" and kind in BYTE_CREDIT_KINDS and align is not None
+
+
+def credit_alignment(kind: str, stop_advantage: str, align: ChunkAlignment, stop_BTs,
+                     s_loss_mask_BTs=None, t_loss_mask_BTt=None) -> ChunkAlignment:
+    """The units' alignment under byte-level credit: the stop merged with the content it ends
+    (:func:`merge_stop_chunks`) for k1/k3 with the teacher's stop credit and for dpca; unchanged
+    for simple_opd and ``stop_advantage = "zero"`` (the stop gets no credit there)."""
+    merge = (kind in ("k1", "k3") and stop_advantage == "teacher") or kind == "dpca"
+    return merge_stop_chunks(align, stop_BTs, s_loss_mask_BTs, t_loss_mask_BTt) if merge else align
+
+
+def credit_units(align: ChunkAlignment, s_loss_mask_BTs=None, t_loss_mask_BTt=None):
+    """(b_N, c_N) of the units, in the order of the terms' unit ids (after the stop merge)."""
+    return torch.nonzero(loss_chunks(align, s_loss_mask_BTs, t_loss_mask_BTt), as_tuple=True)
+
+
+def _masses(logits_BTV, terms: ByteTerms, tau: float, block: int) -> torch.Tensor:
+    """mass_K in float64 from the softmax of the distinct rows, ``block`` rows at a time."""
+    K = terms.unit_K.numel()
+    mass_K = torch.ones(K, dtype=torch.float64, device=logits_BTV.device)
+    R = terms.row_b_R.numel()
+    sorted_V = terms.sorted_V
+    for lo in range(0, R, block):
+        hi = min(R, lo + block)
+        sel = (terms.row_K >= lo) & (terms.row_K < hi) & (terms.kind_K != MASS_ONE)
+        if not bool(sel.any()):
+            continue
+        z = logits_BTV[terms.row_b_R[lo:hi], terms.row_t_R[lo:hi]].detach().double() / tau
+        p_nV = torch.softmax(z, dim=-1)
+        cs = torch.cat([torch.zeros_like(p_nV[:, :1]), p_nV.index_select(1, sorted_V)], 1)
+        cs = cs.cumsum(1)
+        k = torch.nonzero(sel, as_tuple=True)[0]
+        r = terms.row_K[k] - lo
+        rng = terms.kind_K[k] == MASS_RANGE
+        val_rng = cs[r, terms.hi_K[k].clamp(max=cs.shape[1] - 1)] - cs[r, terms.lo_K[k].clamp(
+            max=cs.shape[1] - 1)]
+        val_id = p_nV[r, terms.lo_K[k].clamp(max=p_nV.shape[1] - 1)]
+        mass_K[k] = torch.where(rng, val_rng, val_id)
+    return mass_K
+
+
+def byte_logprob(logits_BTV, token_logp_BT, terms: ByteTerms, *, temperature: float = 1.0,
+                 block: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``log P_lb`` [N], ``log P_ub`` [N]) of one side, float64, no gradient (module doc).
+
+    ``token_logp_BT``: that side's log-probs of its own tokens at input positions (at the same
+    temperature). ``P_lb`` is floored at ``PROB_FLOOR`` before the log.
+    """
+    with torch.no_grad():
+        lp_P = token_logp_BT.detach().double()[terms.path_b_P, terms.path_t_P]
+        cum = torch.cat([lp_P.new_zeros(1), lp_P.cumsum(0)])
+        log_pi_K = cum[terms.path_start_K + terms.path_len_K] - cum[terms.path_start_K]
+        val_K = terms.sign_K * torch.exp(log_pi_K) * _masses(logits_BTV, terms, temperature,
+                                                             block)
+        N = terms.num_units
+        lb_N = torch.zeros(N, dtype=torch.float64, device=val_K.device)
+        gap_N = torch.zeros_like(lb_N)
+        lb_N.index_add_(0, terms.unit_K[~terms.gap_K], val_K[~terms.gap_K])
+        gap_N.index_add_(0, terms.unit_K[terms.gap_K], val_K[terms.gap_K])
+        lb_N = lb_N.clamp_min(PROB_FLOOR)
+        return torch.log(lb_N), torch.log(lb_N + gap_N.clamp_min(0.0))
+
+
+@dataclass(frozen=True)
+class CreditStats:
+    """Diagnostics of one byte-credit evaluation (python numbers)."""
+
+    # units scored
+    units: int
+    # units whose teacher lower bound hit PROB_FLOOR
+    teacher_floor: int
+    # mean measured error log P_ub - log P_lb over the units, teacher / student side
+    teacher_gap: float
+    student_gap: float
+
+
+def chunk_teacher_logp(credit: ByteCredit, align: ChunkAlignment, s_loss_mask_BTs,
+                       t_loss_mask_BTt, student_logits_BTsV, student_token_logp_BTs,
+                       teacher_logits_BTtV, teacher_token_logp_BTt, *, temperature: float = 1.0
+                       ) -> tuple[torch.Tensor, CreditStats]:
+    """[B, C] effective teacher log-prob ``log Q_T(u) - log Q_S(u) + log p(u)`` of each unit
+    (``align`` is the stop-merged alignment; 0 off the units; no gradient) and the stats."""
+    b_N, c_N = credit_units(align, s_loss_mask_BTs, t_loss_mask_BTt)
+    N = int(b_N.numel())
+    for side in (credit.teacher, credit.student):
+        if side.num_units != N:
+            raise ValueError(f"byte-credit terms for {side.num_units} units, the alignment has "
+                             f"{N} loss units (build them from the same view, stop and masks)")
+    tau = float(temperature)
+    t_lb, t_ub = byte_logprob(teacher_logits_BTtV, teacher_token_logp_BTt, credit.teacher,
+                              temperature=tau)
+    s_lb, s_ub = byte_logprob(student_logits_BTsV, student_token_logp_BTs, credit.student,
+                              temperature=tau)
+    s_tok_BC = chunk_sum(student_token_logp_BTs.detach().double(), align.s_chunk_BTs,
+                         align.num_chunks)
+    out_BC = torch.zeros(s_tok_BC.shape, dtype=torch.float64, device=s_tok_BC.device)
+    out_BC[b_N, c_N] = t_lb - s_lb + s_tok_BC[b_N, c_N]
+    mean = (lambda x: float(x.mean()) if x.numel() else math.nan)  # noqa: E731
+    stats = CreditStats(N, int((t_lb <= math.log(PROB_FLOOR) + 1e-9).sum()),
+                        mean(t_ub - t_lb), mean(s_ub - s_lb))
+    return out_BC, stats
+
+
+def _input_logprobs(logits_BTV, ids_BT, mask_BT, tau, chunk_size) -> torch.Tensor:
+    """Detached log-probs of the row's own tokens at input positions (0 at position 0)."""
+    with torch.no_grad():
+        out = token_logprobs(logits_BTV.detach(), shift_targets(ids_BT, mask_BT), tau, chunk_size)
+    return torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)
+
+
+def evaluate_byte_credit(kind: str, stop_advantage: str, credit: ByteCredit | None, align,
+                         stop_BTs, student_logits_BTsV, student_ids_BTs, s_loss_mask_BTs,
+                         teacher_logits_BTtV, teacher_ids_BTt, t_loss_mask_BTt=None, *,
+                         temperature: float = 1.0, chunk_size=DEFAULT_CHUNK_SIZE
+                         ) -> tuple[ChunkAlignment, torch.Tensor, CreditStats]:
+    """(the units' alignment, [B, C] effective teacher log-prob per unit, stats) of one
+    cross-tokenizer teacher under byte-level credit; clear errors for missing inputs."""
+    if credit is None:
+        raise ValueError(f"on-policy loss {kind!r} with credit 'byte' needs the byte-credit terms "
+                         "(xdistill.rollout.bytecredit.build_byte_terms)")
+    if teacher_logits_BTtV is None or teacher_ids_BTt is None:
+        raise ValueError(f"on-policy loss {kind!r} with credit 'byte' needs the teacher's full "
+                         "logits (worker.output: logits) and its token ids")
+    merged = credit_alignment(kind, stop_advantage, align, stop_BTs, s_loss_mask_BTs,
+                              t_loss_mask_BTt)
+    tau = float(temperature)
+    s_logp = _input_logprobs(student_logits_BTsV, student_ids_BTs, s_loss_mask_BTs, tau,
+                             chunk_size)
+    t_logp = _input_logprobs(teacher_logits_BTtV, teacher_ids_BTt, None, tau, chunk_size)
+    credit = ByteCredit(credit.teacher.to(t_logp.device), credit.student.to(s_logp.device))
+    t_chunk_BC, stats = chunk_teacher_logp(credit, merged, s_loss_mask_BTs, t_loss_mask_BTt,
+                                           student_logits_BTsV, s_logp, teacher_logits_BTtV,
+                                           t_logp, temperature=tau)
+    return merged, t_chunk_BC, stats
+
+
+__all__ = ["BYTE_CREDIT_KINDS", "CREDITS", "ByteCredit", "ByteTerms", "CreditStats", "MASS_ID", "MASS_ONE", "MASS_RANGE",
+           "PROB_FLOOR", "byte_logprob", "evaluate_byte_credit", "chunk_teacher_logp", "credit_alignment", "credit_units",
+           "merge_stop_chunks", "uses_byte_credit"]

@@ -1,0 +1,97 @@
+"""The issue-24 confirmation table: each kind against continued CE with a cross-tokenizer and a
+same-tokenizer control teacher, Welch and paired t with Holm's correction, the penalty.
+
+Arms: ``op_<kind>`` (cross-tokenizer teacher) and ``op_<kind>_same`` (the control teacher over
+the student's tokenizer), against ``cont_ce``, over the seeds each pair finished. For every
+(kind, teacher): the gain in mean accuracy, Welch's t and the paired t with two-sided p, each
+family of p-values Holm-adjusted over all comparisons in the table; a comparison *passes* when
+both adjusted p are below alpha (0.05) and the gain is positive. Per kind, the cross-tokenizer
+penalty ``1 - cross gain / same gain``; per arm, the lowest final format rate over seeds (a
+kind *collapses* when it is below 0.9 on any seed).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from xdistill.quality.stats import holm, paired, penalty, welch
+
+ALPHA = 0.05
+MIN_FORMAT_RATE = 0.9
+
+
+def _by_arm(runs: list[dict]) -> dict:
+    out: dict = {}
+    for r in runs:
+        if "error" not in r:
+            out.setdefault(r["arm"], {})[r["seed"]] = r
+    return out
+
+
+def comparisons(runs: list[dict], base: str = "cont_ce") -> list[dict]:
+    """One record per (kind, teacher) with both arms and the base finished on >= 2 seeds."""
+    arms = _by_arm(runs)
+    if base not in arms:
+        return []
+    kinds = sorted(a[:-len("_same")] for a in arms if a.endswith("_same") and a[:-5] in arms)
+    out = []
+    for kind in kinds:
+        for teacher, arm in (("cross", kind), ("same", f"{kind}_same")):
+            seeds = sorted(set(arms[arm]) & set(arms[base]))
+            if len(seeds) < 2:
+                continue
+            xs = [arms[arm][s]["accuracy"] for s in seeds]
+            ys = [arms[base][s]["accuracy"] for s in seeds]
+            fmts = [arms[arm][s].get("format_rate") for s in seeds]
+            out.append({"kind": kind, "teacher": teacher, "arm": arm, "seeds": seeds,
+                        "gain": statistics.fmean(xs) - statistics.fmean(ys),
+                        "welch": welch(xs, ys), "paired": paired(xs, ys),
+                        "min_format_rate": (min(fmts) if all(f is not None for f in fmts)
+                                            else None)})
+    keys = [(c["kind"], c["teacher"]) for c in out]
+    for test in ("welch", "paired"):
+        adj = holm({k: c[test][2] for k, c in zip(keys, out)})
+        for k, c in zip(keys, out):
+            c[f"{test}_holm"] = adj[k]
+    for c in out:
+        c["passes"] = c["gain"] > 0 and max(c["welch_holm"], c["paired_holm"]) < ALPHA
+    return out
+
+
+def confirmation_lines(runs: list[dict], base: str = "cont_ce") -> list[str]:
+    """Markdown: the comparison table, the penalties and the decisions (module doc)."""
+    comps = comparisons(runs, base)
+    if not comps:
+        return []
+    lines = ["Confirmation (issue 24): gain over continued CE, Welch and paired t, p Holm-adjusted "
+             f"over the {len(comps)} comparisons; passes = positive gain and both adjusted "
+             f"p < {ALPHA}:", "",
+             "| kind | teacher | seeds | gain | Welch t (p, Holm p) | paired t (p, Holm p) | "
+             "lowest format rate | passes |", "|---|---|---|---|---|---|---|---|"]
+    for c in comps:
+        w, p = c["welch"], c["paired"]
+        fmt = "-" if c["min_format_rate"] is None else f"{c['min_format_rate']:.2f}"
+        lines.append(f"| {c['kind']} | {c['teacher']} | {len(c['seeds'])} | {c['gain']:+.3f} | "
+                     f"{w[0]:+.2f} ({w[2]:.3f}, {c['welch_holm']:.3f}) | "
+                     f"{p[0]:+.2f} ({p[2]:.3f}, {c['paired_holm']:.3f}) | {fmt} | "
+                     f"{'yes' if c['passes'] else 'no'} |")
+    lines.append("")
+    gains = {(c["kind"], c["teacher"]): c["gain"] for c in comps}
+    for kind in sorted({c["kind"] for c in comps}):
+        if (kind, "cross") in gains and (kind, "same") in gains:
+            pen = penalty(gains[kind, "cross"], gains[kind, "same"])
+            text = "undefined (the same-tokenizer gain is not positive)" if pen != pen \
+                else f"{pen:.2f} (goal <= 0.2)"
+            lines.append(f"- cross-tokenizer penalty of {kind}: {text}")
+    collapsed = [c["arm"] for c in comps
+                 if c["min_format_rate"] is not None and c["min_format_rate"] < MIN_FORMAT_RATE]
+    k1 = next((c for c in comps if c["kind"] == "op_k1" and c["teacher"] == "same"), None)
+    if k1 is not None:
+        lines.append(f"- k1 with the same-tokenizer teacher beats continued CE: "
+                     f"{'yes' if k1['passes'] else 'no'}")
+    lines.append(f"- collapsed (format rate < {MIN_FORMAT_RATE} on a seed): "
+                 f"{', '.join(collapsed) or 'none'}")
+    return lines
+
+
+__all__ = ["comparisons", "confirmation_lines"]

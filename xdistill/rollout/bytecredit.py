@@ -1,0 +1,236 @@
+"""Host side of byte-level credit: the terms of each unit's covering probability, from bytes.
+
+Legend: B batch, Ts/Tt student/teacher tokens, C chunks, N units, K terms, V vocabulary.
+
+:mod:`xdistill.losses.bytecredit` explains the event ("the unit's bytes, then the boundary the
+student's tokenization implies", or "then the end of the text" for a unit merged with the
+student's stop) and the bounded lookahead; this module enumerates, per unit and side, the terms
+``sign * pi_m * mass`` of the lower bound and of the gap:
+
+* at on-path level ``m`` (remaining bytes ``rho``; ``pi_m`` = the path probability of the first
+  ``m`` tokens; mass read from the row predicting token ``m``): ``+ range(rho) - exact(rho)
+  - sum_e range(rho + e) - sum_r exact(rho + r)`` (tokens sticking out past the unit whose rest
+  meets the boundary; none with a stop) in the lower bound, and ``+ exact(rho + r)`` (rest still
+  open), ``+ exact(rho)`` off the path and ``+ exact(rho[:k])`` off the path (``0 < k <
+  |rho|``) in the gap;
+* after the whole unit (``pi_n``, the row after the last token): ``1 - sum_e range(e) -
+  sum_r exact(r)`` in the lower bound and ``+ sum_r exact(r)`` in the gap; with a stop, the path
+  through the stop token (``pi_{n+1}``) alone.
+
+``range(x)`` = the text tokens whose bytes start with ``x`` (a contiguous range of the
+byte-sorted vocabulary), ``exact(x)`` = those whose bytes are ``x``, ``e`` ranges over ``E(a)``
+(minimal suffixes turning the unit's last student token ``a`` into a longer student token) and
+``r`` over the non-empty strict prefixes of those suffixes.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+
+import numpy as np
+import torch
+
+from xdistill.losses.bytecredit import (MASS_ID, MASS_ONE, MASS_RANGE, ByteCredit, ByteTerms,
+                                        credit_units)
+from xdistill.tokenization.table import ROLE_TEXT
+
+_INDEX: dict = {}
+
+
+class VocabIndex:
+    """Byte-sorted text tokens of one vocabulary: prefix ranges, exact lookups, extensions."""
+
+    def __init__(self, table):
+        self.table = table
+        ids = np.flatnonzero((table.roles_V == ROLE_TEXT) & (table.lengths_V > 0))
+        pairs = sorted((table.token_bytes(int(i)), int(i)) for i in ids)
+        self.keys = [k for k, _ in pairs]
+        self.sorted_ids = np.asarray([i for _, i in pairs], dtype=np.int64)
+        self.by_bytes: dict[bytes, list[int]] = {}
+        for k, i in pairs:
+            self.by_bytes.setdefault(k, []).append(i)
+        self._ext: dict[int, tuple[tuple[bytes, ...], tuple[bytes, ...]]] = {}
+
+    @classmethod
+    def of(cls, table, key=None) -> "VocabIndex":
+        """Cached per ``key`` (a tokenizer fingerprint) when given."""
+        if key is None:
+            return cls(table)
+        if key not in _INDEX:
+            _INDEX[key] = cls(table)
+        return _INDEX[key]
+
+    def range(self, prefix: bytes) -> tuple[int, int]:
+        """[lo, hi) in sorted order of the tokens whose bytes start with ``prefix``."""
+        n = len(prefix)
+        lo = bisect_left(self.keys, prefix)
+        hi = bisect_right(self.keys, prefix, lo=lo, key=lambda k: k[:n])
+        return lo, hi
+
+    def exact(self, data: bytes) -> list[int]:
+        return self.by_bytes.get(data, [])
+
+    def extensions(self, token_id: int) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+        """(``E``: minimal prefix-free suffixes making ``token_id`` a longer token of this
+        vocabulary, ``R``: their distinct non-empty strict prefixes). Cached."""
+        if token_id not in self._ext:
+            a = self.table.token_bytes(int(token_id))
+            lo, hi = self.range(a)
+            found: list[bytes] = []
+            for k in self.keys[lo:hi]:                 # sorted: a prefix comes before its
+                s = k[len(a):]                         # extensions
+                if s and not (found and s.startswith(found[-1])):
+                    found.append(s)
+            strict = sorted({e[:i] for e in found for i in range(1, len(e))})
+            self._ext[token_id] = (tuple(found), tuple(strict))
+        return self._ext[token_id]
+
+
+class _Terms:
+    """Growing term lists of one side (see :class:`xdistill.losses.bytecredit.ByteTerms`)."""
+
+    def __init__(self, index: VocabIndex):
+        self.index = index
+        self.cols = {k: [] for k in ("unit", "sign", "gap", "ps", "pl", "kind", "row", "lo", "hi")}
+        self.rows: dict[tuple[int, int], int] = {}
+        self.path_b: list[int] = []
+        self.path_t: list[int] = []
+
+    def row(self, b: int, t: int) -> int:
+        return self.rows.setdefault((b, t), len(self.rows))
+
+    def add(self, unit, sign, gap, ps, pl, kind, row=0, lo=0, hi=0):
+        for k, v in zip(self.cols, (unit, sign, gap, ps, pl, kind, row, lo, hi)):
+            self.cols[k].append(v)
+
+    def add_range(self, unit, sign, gap, ps, pl, row, prefix: bytes):
+        lo, hi = self.index.range(prefix)
+        if hi > lo:
+            self.add(unit, sign, gap, ps, pl, MASS_RANGE, row, lo, hi)
+
+    def add_exact(self, unit, sign, gap, ps, pl, row, data: bytes, skip: int = -1):
+        for tid in self.index.exact(data):
+            if tid != skip:
+                self.add(unit, sign, gap, ps, pl, MASS_ID, row, tid, 0)
+
+    def tensors(self, num_units: int) -> ByteTerms:
+        c = self.cols
+        long = lambda x: torch.as_tensor(np.asarray(x, dtype=np.int64))  # noqa: E731
+        rows = sorted(self.rows.items(), key=lambda kv: kv[1])
+        return ByteTerms(long(c["unit"]), torch.as_tensor(np.asarray(c["sign"], np.float64)),
+                         torch.as_tensor(np.asarray(c["gap"], dtype=bool)), long(c["ps"]),
+                         long(c["pl"]), long(c["kind"]), long(c["row"]), long(c["lo"]),
+                         long(c["hi"]), long([b for (b, _), _ in rows]),
+                         long([t for (_, t), _ in rows]), long(self.path_b), long(self.path_t),
+                         torch.as_tensor(self.index.sorted_ids), int(num_units))
+
+
+def _side_terms(T: _Terms, unit: int, b: int, ids: list[int], pos: list[int], stop: bool,
+                ext: tuple) -> None:
+    """Append one unit's terms for one side (module doc); ``ids``/``pos`` the side's unit tokens
+    (the last one the stop token when ``stop``)."""
+    table = T.index.table
+    ps = len(T.path_b)
+    T.path_b += [b] * len(ids)
+    T.path_t += list(pos)
+    content = ids[:-1] if stop else ids
+    n = len(content)
+    text = all(table.roles_V[i] == ROLE_TEXT and table.lengths_V[i] > 0 for i in content)
+    if n == 0 or not text:                             # token credit: pi over every token
+        T.add(unit, 1.0, False, ps, len(ids), MASS_ONE)
+        return
+    E, R = ext
+    pieces = [table.token_bytes(int(i)) for i in content]
+    for m in range(n):
+        rho = b"".join(pieces[m:])
+        row = T.row(b, pos[m] - 1)
+        if not stop:
+            T.add_range(unit, 1.0, False, ps, m, row, rho)
+            T.add_exact(unit, -1.0, False, ps, m, row, rho)
+            for e in E:
+                T.add_range(unit, -1.0, False, ps, m, row, rho + e)
+            for r in R:
+                T.add_exact(unit, -1.0, False, ps, m, row, rho + r)
+                T.add_exact(unit, 1.0, True, ps, m, row, rho + r)
+        T.add_exact(unit, 1.0, True, ps, m, row, rho, skip=content[m] if m == n - 1 else -1)
+        for k in range(1, len(rho)):
+            T.add_exact(unit, 1.0, True, ps, m, row, rho[:k],
+                        skip=content[m] if m < n - 1 else -1)
+    if stop:
+        T.add(unit, 1.0, False, ps, n + 1, MASS_ONE)
+        return
+    T.add(unit, 1.0, False, ps, n, MASS_ONE)
+    nxt = T.row(b, pos[n - 1])
+    for e in E:
+        T.add_range(unit, -1.0, False, ps, n, nxt, e)
+    for r in R:
+        T.add_exact(unit, -1.0, False, ps, n, nxt, r)
+        T.add_exact(unit, 1.0, True, ps, n, nxt, r)
+
+
+def build_byte_terms(student_table, teacher_table, student_ids_BTs, teacher_ids_BTt, align,
+                     s_loss_mask_BTs=None, t_loss_mask_BTt=None, stop_BTs=None, *,
+                     student_key=None, teacher_key=None) -> ByteCredit:
+    """Both sides' terms for the units of ``align`` (already stop-merged:
+    :func:`xdistill.losses.bytecredit.merge_stop_chunks`), in :func:`credit_units` order.
+    ``*_key``: tokenizer fingerprints to cache the vocabulary indexes by."""
+    s_idx = VocabIndex.of(student_table, student_key)
+    t_idx = VocabIndex.of(teacher_table, teacher_key)
+    S, T = _Terms(s_idx), _Terms(t_idx)
+    b_N, c_N = credit_units(align, s_loss_mask_BTs, t_loss_mask_BTt)
+    s_chunk = align.s_chunk_BTs.cpu().numpy()
+    t_chunk = align.t_chunk_BTt.cpu().numpy()
+    s_ids = np.asarray(torch.as_tensor(student_ids_BTs).cpu())
+    t_ids = np.asarray(torch.as_tensor(teacher_ids_BTt).cpu())
+    stop = (np.zeros(s_ids.shape, dtype=bool) if stop_BTs is None
+            else np.asarray(torch.as_tensor(stop_BTs).cpu()).astype(bool))
+    for n, (b, c) in enumerate(zip(b_N.tolist(), c_N.tolist())):
+        s_pos = np.flatnonzero(s_chunk[b] == c).tolist()
+        t_pos = np.flatnonzero(t_chunk[b] == c).tolist()
+        ends = bool(stop[b, s_pos[-1]])
+        a_ids = [int(s_ids[b, i]) for i in s_pos]
+        a = a_ids[-2] if ends and len(a_ids) > 1 else a_ids[-1]
+        ext = s_idx.extensions(a) if s_idx.table.roles_V[a] == ROLE_TEXT else ((), ())
+        _side_terms(S, n, b, a_ids, s_pos, ends, ext)
+        _side_terms(T, n, b, [int(t_ids[b, j]) for j in t_pos], t_pos,
+                    ends and len(t_pos) > 1, ext)
+    N = int(b_N.numel())
+    return ByteCredit(T.tensors(N), S.tensors(N))
+
+
+def build_long_token_tables(student_table, teacher_table):
+    """The tables of BPM/ESCD's long-token rule (:mod:`xdistill.losses.byteprefix_long`): for
+    each teacher text token with the exact bytes of a student token ``u0``, the student's minimal
+    extensions ``v = u0 + e`` that no teacher token's bytes start with (a student token longer
+    than the teacher's: a teacher that has ``v`` maps it already), with the teacher-sorted range
+    of tokens starting with ``e``. A teacher with the student's vocabulary gets no entries."""
+    from xdistill.losses.byteprefix_long import LongTokenTables
+
+    s_idx, t_idx = VocabIndex(student_table), VocabIndex(teacher_table)
+    V = teacher_table.vocab_size
+    counts = np.zeros(V, dtype=np.int64)
+    v_X, lo_X, hi_X = [], [], []
+    for w in t_idx.sorted_ids.tolist():
+        bw = teacher_table.token_bytes(w)
+        same = s_idx.exact(bw)
+        if not same:
+            continue
+        for e in s_idx.extensions(same[0])[0]:
+            lo, hi = t_idx.range(e)
+            t_lo, t_hi = t_idx.range(bw + e)
+            if hi > lo and t_hi == t_lo:     # no teacher token spells v: longer than the teacher's
+                counts[w] += 1
+                v_X.append(s_idx.exact(bw + e)[0])
+                lo_X.append(lo)
+                hi_X.append(hi)
+    order = np.argsort(t_idx.sorted_ids, kind="stable")     # entries in teacher-id order
+    starts = np.concatenate([[0], np.cumsum(counts[t_idx.sorted_ids])])
+    pos = [np.arange(starts[k], starts[k + 1]) for k in order]
+    perm = np.concatenate(pos) if pos else np.zeros(0, dtype=np.int64)
+    long = lambda x: torch.as_tensor(np.asarray(x, dtype=np.int64))  # noqa: E731
+    ptr = np.concatenate([[0], np.cumsum(counts)])
+    return LongTokenTables(long(ptr), long(v_X)[perm], long(lo_X)[perm], long(hi_X)[perm],
+                           long(t_idx.sorted_ids))
+
+
+__all__ = ["VocabIndex", "build_byte_terms", "build_long_token_tables"]
