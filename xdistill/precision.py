@@ -6,10 +6,11 @@ logs the choice and its reason once per process (an explicit dtype never comes h
 * CUDA: bfloat16 when ``torch.cuda.is_bf16_supported()`` (Ampere and newer), else float32;
 * CPU: bfloat16 when torch reports **AMX** tiles (``torch.cpu._is_amx_tile_supported()``: Intel
   Sapphire Rapids and newer, with the OS's permission to use them), else float32. AVX512-BF16
-  alone is *not* enough: on a 2-core Xeon VM with AVX512-BF16 but no AMX (Emerald Rapids, AMX
-  hidden by the hypervisor), oneDNN's ``brg_matmul:avx512_core_bf16`` ran a 1024^3 matmul at
-  0.7x float32 and Gemma-3-270M's forward at 0.74x (``benchmarks/RESULTS.md``, "dtype auto").
-  AVX512-BF16 is still reported in the reason.
+  alone is *not* enough. Measured with 2 threads, one process (``benchmarks/RESULTS.md``,
+  "dtype auto"): a 1024^3 matmul in bfloat16 vs float32 ran 5.7x faster on a Xeon with AMX
+  (1,504 vs 265 GFLOP/s; Gemma-3-270M-shaped forward 2.6x), 0.62x on a Xeon VM with AVX512-BF16
+  but no AMX (oneDNN's ``avx512_core_bf16`` kernel, 167 vs 271 GFLOP/s; the real-pair step was
+  slower in bf16 there), and 0.22x with oneDNN held to AVX512 without bf16 instructions.
 
 What the CPU offers is read from torch (:func:`cpu_bf16_units`), never from a model or CPU name;
 tests replace :func:`cpu_bf16_units` / :func:`cuda_bf16_supported` to check both outcomes.

@@ -152,11 +152,16 @@ def run_variant(variant: str, a: dict, args, root: Path) -> dict:
 
 
 def median_runs(runs: dict) -> dict:
-    """Per variant: its run with the median step time, with the min and max of all its runs."""
+    """Per variant: its run with the median step time, with the min and max of all its runs, and
+    the median over rounds of its step time divided by the reference's in the same round
+    (``paired``: load that changes between rounds cancels)."""
     out = {}
+    ref = runs.get("before", next(iter(runs.values())))
     for name, rs in runs.items():
+        ratios = sorted(r["step"] / q["step"] for r, q in zip(rs, ref))
         rs = sorted(rs, key=lambda r: r["step"])
-        out[name] = dict(rs[(len(rs) - 1) // 2], lo=rs[0]["step"], hi=rs[-1]["step"], n=len(rs))
+        out[name] = dict(rs[(len(rs) - 1) // 2], lo=rs[0]["step"], hi=rs[-1]["step"], n=len(rs),
+                         paired=ratios[(len(ratios) - 1) // 2])
     return out
 
 
@@ -179,12 +184,13 @@ def report(res: dict, args, seconds: float, load: str) -> str:
              f"batch {args.batch} x "
              f"{args.seq_len} student tokens; mean over steps 2..{args.steps}; every variant a fresh "
              f"process; {args.repeats} round(s), median run shown; total {seconds:.0f} s.", "",
-             "| variant | s/step | min-max | x ref | student tok/s | peak RSS (MB) | "
-             + " | ".join(PHASES) + " |", "|---|---|---|---|---|---|" + "---|" * len(PHASES)]
+             "| variant | s/step | min-max | x ref | x ref paired | student tok/s | "
+             "peak RSS (MB) | " + " | ".join(PHASES) + " |",
+             "|---|---|---|---|---|---|---|" + "---|" * len(PHASES)]
     for name, r in res.items():
         split = " | ".join(f"{r['split'][k]:.2f}" for k in PHASES)
         lines.append(f"| {name} | {r['step']:.2f} | {r['lo']:.2f}-{r['hi']:.2f} | "
-                     f"{r['step'] / ref:.2f} | "
+                     f"{r['step'] / ref:.2f} | {r['paired']:.2f} | "
                      f"{r['tokens'] / r['step']:.0f} | {r['peak_mb']:.0f} | {split} |")
     notes = [f"* {name}: {r['note']}" for name, r in res.items() if r.get("note")]
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
