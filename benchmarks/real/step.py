@@ -9,7 +9,8 @@ Every variant is the real trainer (``core.build`` + ``OffPolicyMode`` + ``core.t
 fresh subprocess (its own peak RSS), on the same Shakespeare windows and projection; the table
 gives the mean step time over steps 2.. with its split, the peak RSS, and the ratio to
 ``before`` (the first variant listed when ``before`` is not run). With ``--repeats N`` the
-variants run round-robin N times (so a change in the machine's load hits all of them alike) and
+variants run round-robin N times, each round starting one variant later (so a change in the
+machine's load, or a position in the round, hits all of them alike), and
 each row is the run with the median step time; the spread column gives min-max over the runs.
 The header names the CPU and the bf16 units torch reports on it. Every variant but ``auto`` sets
 the teacher's ``dtype`` and the student's ``param_dtype`` explicitly (float32 unless it says
@@ -217,7 +218,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         a = assets(Path(tmp))
         for i in range(total):
-            name = names[i % len(names)]
+            rnd, k = divmod(i, len(names))
+            name = names[(k + rnd) % len(names)]  # each round starts one variant later
             r = run_variant(name, a, args, Path(tmp))
             runs[name].append(r)
             el = time.perf_counter() - t0

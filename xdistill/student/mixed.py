@@ -92,9 +92,9 @@ def compute_dtype_of(model: nn.Module) -> torch.dtype:
         return shadow.compute_dtype
     for module in model.modules():
         state = getattr(module, "_get_fsdp_state", None)
-        if state is not None:
-            policy = state()._mp_policy
-            if policy.param_dtype is not None:
-                return policy.param_dtype
+        if state is not None:  # FSDP2's private state: read defensively
+            dtype = getattr(getattr(state(), "_mp_policy", None), "param_dtype", None)
+            if dtype is not None:
+                return dtype
             break
     return next(model.parameters()).dtype

@@ -28,6 +28,9 @@ from xdistill.teacher.outputs import LOG_FLOOR
 # 32 MiB blocks, 1.79 s with 128 MiB, 1.77 s for the model's own forward); a block is also never
 # more than half a micro-batch, so the temporaries stay below the output buffer itself
 BLOCK_BYTES = 1 << 27
+# whether torch.mm(..., out_dtype=float32) works on CUDA here (set False at its first failure;
+# untested on a GPU so far, hence the fallback)
+_MM_OUT_DTYPE = [True]
 
 
 class SplitHead:
@@ -74,8 +77,12 @@ class SplitHead:
                 z = out_NV.copy_(z)
         elif out_NV.dtype == w.dtype:
             z = torch.matmul(h, w.t(), out=out_NV)
-        elif h.is_cuda and out_NV.dtype == torch.float32:
-            z = out_NV.copy_(torch.mm(h, w.t(), out_dtype=torch.float32))
+        elif h.is_cuda and out_NV.dtype == torch.float32 and _MM_OUT_DTYPE[0]:
+            try:
+                z = out_NV.copy_(torch.mm(h, w.t(), out_dtype=torch.float32))
+            except (TypeError, RuntimeError, NotImplementedError):  # torch without mm.dtype
+                _MM_OUT_DTYPE[0] = False
+                z = out_NV.copy_(torch.matmul(h, w.t()))
         else:
             z = out_NV.copy_(torch.matmul(h, w.t()))
         if self.softcap is not None:
