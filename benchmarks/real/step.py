@@ -186,13 +186,14 @@ def report(res: dict, args, seconds: float, load: str) -> str:
              f"{args.seq_len} student tokens; mean over steps 2..{args.steps}; every variant a fresh "
              f"process; {args.repeats} round(s), median run shown; total {seconds:.0f} s.", "",
              "| variant | s/step | min-max | x ref | x ref paired | student tok/s | "
-             "peak RSS (MB) | " + " | ".join(PHASES) + " |",
-             "|---|---|---|---|---|---|---|" + "---|" * len(PHASES)]
+             "peak RSS (MB) | " + " | ".join(PHASES) + " | last loss |",
+             "|---|---|---|---|---|---|---|" + "---|" * (len(PHASES) + 1)]
     for name, r in res.items():
         split = " | ".join(f"{r['split'][k]:.2f}" for k in PHASES)
         lines.append(f"| {name} | {r['step']:.2f} | {r['lo']:.2f}-{r['hi']:.2f} | "
                      f"{r['step'] / ref:.2f} | {r['paired']:.2f} | "
-                     f"{r['tokens'] / r['step']:.0f} | {r['peak_mb']:.0f} | {split} |")
+                     f"{r['tokens'] / r['step']:.0f} | {r['peak_mb']:.0f} | {split} | "
+                     f"{r['loss']:.6f} |")
     notes = [f"* {name}: {r['note']}" for name, r in res.items() if r.get("note")]
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
