@@ -67,7 +67,7 @@ def test_bf16_gpu_teacher_inprocess_with_offload(tiny_models):
     ids, mask = random_batch(1000, B=2, Tt=8)
     ref = reference_logits(tiny_models["llama"], ids, mask)
     cfg = TeacherConfig(name="b", model=tiny_models["llama"], dtype="bfloat16", device="cuda",
-                        offload=True)
+                        logits_dtype="bfloat16", offload=True)
     with InProcessClient(cfg) as client:
         assert next(client.engine.model.parameters()).device.type == "cpu"  # offloaded at rest
         with client.forward(_req(ids, mask)) as lease:
