@@ -79,3 +79,22 @@ def test_bf16_gpu_teacher_inprocess_with_offload(tiny_models):
     worker = TeacherWorker(TeacherConfig(name="w", model=tiny_models["llama"], device="cuda",
                                          output="topk", top_k=8))
     assert worker.forward(_req(ids, mask)).topk_idx_BTtK.is_cuda
+
+
+def test_bf16_gpu_teacher_writes_float32_logits_and_auto_picks_bf16(tiny_models, monkeypatch):
+    """On CUDA the bf16 head writes float32 logits (torch.mm with out_dtype, or the widened
+    bf16 product where torch lacks it); dtype auto picks bf16 on a GPU with native bf16."""
+    from xdistill import precision
+
+    ids, mask = random_batch(1000, B=2, Tt=8)
+    ref = reference_logits(tiny_models["llama"], ids, mask)
+    worker = TeacherWorker(TeacherConfig(name="f", model=tiny_models["llama"], dtype="bfloat16",
+                                         device="cuda"))
+    assert worker.split is not None
+    out = worker.forward(_req(ids, mask)).logits_BTtV
+    assert out.is_cuda and out.dtype == torch.float32
+    real = mask[:, :, None].expand_as(ref)
+    torch.testing.assert_close(out.cpu()[real], ref[real], rtol=0.1, atol=0.1)
+    monkeypatch.delenv(precision.ENV_OVERRIDE, raising=False)
+    assert precision.resolve_compute_dtype("auto", "cuda", "t") == (
+        torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32)
