@@ -67,7 +67,6 @@ def test_split_head_equals_the_plain_forward(tmp_path, kind, cfg, output, temper
 _PEAK = """
 import json, sys, torch
 from xdistill.teacher import TeacherConfig, TeacherRequest, TeacherWorker
-from xdistill.teacher.outputs import LOG_FLOOR
 
 def hwm_kib():  # this process's own peak RSS (getrusage's ru_maxrss keeps the parent's from fork)
     with open("/proc/self/status") as f:
