@@ -11,6 +11,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # before torch loads: idle OpenMP threads sleep instead of spinning (see xdistill/__init__.py)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# dtype "auto" (teachers, the student's compute dtype) means float32 in tests on every CPU, so
+# runs compared at float32 tolerances stay comparable on CPUs with AMX (and in the processes the
+# tests start); tests/test_precision.py unsets it to test the detection itself
+os.environ.setdefault("XDISTILL_AUTO_DTYPE", "float32")
 
 import pytest  # noqa: E402
 

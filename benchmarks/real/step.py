@@ -1,15 +1,21 @@
 """Real-pair off-policy step on CPU: Gemma-3-270M teacher -> SmolLM2-135M student (P-KL).
 
     .venv/bin/python benchmarks/real/step.py [--steps 6] [--batch 4] [--seq-len 64]
-        [--variants before,split,threads,projected,pipelined,bf16,eager,cached] [--repeats 1]
+        [--variants before,split,threads,projected,pipelined,bf16,eager,cached,float32,auto]
+        [--repeats 1]
         [--out FILE]
 
 Every variant is the real trainer (``core.build`` + ``OffPolicyMode`` + ``core.train_step``) in a
 fresh subprocess (its own peak RSS), on the same Shakespeare windows and projection; the table
 gives the mean step time over steps 2.. with its split, the peak RSS, and the ratio to
 ``before`` (the first variant listed when ``before`` is not run). With ``--repeats N`` the
-variants run round-robin N times (so a change in the machine's load hits all of them alike) and
-each row is the run with the median step time; the spread column gives min-max over the runs. Variants (each changes one thing from the one above it, except bf16):
+variants run round-robin N times, each round starting one variant later (so a change in the
+machine's load, or a position in the round, hits all of them alike), and
+each row is the run with the median step time; the spread column gives min-max over the runs.
+The header names the CPU and the bf16 units torch reports on it. Every variant but ``auto`` sets
+the teacher's ``dtype`` and the student's ``param_dtype`` explicitly (float32 unless it says
+otherwise), so they mean the same on every CPU. Variants (each changes one thing from the one
+above it, except the last four):
 
 * ``before``    the trainer as it was: in-process teacher computing its full logits through the
                 model's own forward (logits + soft-cap temporaries), OpenMP's spinning wait policy;
@@ -19,13 +25,18 @@ each row is the run with the median step time; the spread column gives min-max o
                 (49k instead of 262k floats per position);
 * ``pipelined`` full logits, the teacher in a subprocess with one thread, scoring the next
                 micro-batch while the student (one thread) computes;
-* ``bf16``      ``threads`` with the teacher's weights in bfloat16 (slower on CPUs without bf16
-                instructions, as here);
+* ``bf16``      ``threads`` with the teacher's weights *and* the student's compute dtype in
+                bfloat16 (float32 master weights and AdamW state): what ``auto`` picks on a device
+                with fast bf16 units, forced (slower on CPUs without AMX);
 * ``eager``     ``threads`` with eager attention in teacher and student instead of transformers'
                 default (SDPA);
 * ``cached``    ``threads`` with the teacher output cache (``worker.cache_mb``) over a one-document
                 corpus packed the same way every epoch (``data.shuffle: false``): from step 2 on
-                every window is a cache hit, the steady state of epochs >= 2 of a multi-epoch run.
+                every window is a cache hit, the steady state of epochs >= 2 of a multi-epoch run;
+* ``float32``   ``threads`` again under this name: teacher and student compute in float32;
+* ``auto``      ``threads`` with ``dtype: auto`` (teacher) and ``param_dtype: auto`` (student),
+                the defaults: bfloat16 where torch reports fast bf16 units, else float32.
+                Compare it with ``float32`` in the same run.
 
 Top-k teacher outputs are not a variant: cross-tokenizer P-KL needs the teacher's full
 distribution (logits or projected); ``output: topk`` serves same-tokenizer ``topk_kl``.
@@ -43,7 +54,8 @@ import tempfile
 import time
 from pathlib import Path
 
-VARIANTS = ("before", "split", "threads", "projected", "pipelined", "bf16", "eager", "cached")
+VARIANTS = ("before", "split", "threads", "projected", "pipelined", "bf16", "eager", "cached",
+            "float32", "auto")
 PHASES = ("data", "teacher", "transport", "student", "loss", "optim")
 
 
@@ -70,9 +82,9 @@ def config(variant: str, a: dict, args, out: Path) -> dict:
     if variant == "pipelined":
         worker.update(placement="subprocess", num_threads=1, slots=2)
         threads = 1
-    if variant == "bf16":
-        worker["dtype"] = "bfloat16"
-    student = {"path": a["student"]}
+    dtype = {"bf16": "bfloat16", "auto": "auto"}.get(variant, "float32")
+    worker["dtype"] = dtype
+    student = {"path": a["student"], "param_dtype": dtype}
     if variant == "eager":
         worker["attn_implementation"] = student["attn_implementation"] = "eager"
     data = {"paths": [a["train"]], "seq_len": args.seq_len, "batch_size": args.batch,
@@ -112,6 +124,13 @@ def child(variant: str, cfg_path: str) -> dict:
         ms = [core.train_step(run, s) for s in range(1, cfg.train.steps + 1)][1:]
         cache = getattr(engine, "cache", None)
         note = "" if cache is None else cache.summary()
+        if variant in ("float32", "bf16", "auto"):
+            from xdistill.student.mixed import compute_dtype_of
+
+            weights = next(engine.model.parameters()).dtype if engine is not None else "?"
+            note = (f"teacher weights {str(weights).removeprefix('torch.')}, student compute "
+                    f"{str(compute_dtype_of(run.model)).removeprefix('torch.')}, master "
+                    f"{str(next(run.model.parameters()).dtype).removeprefix('torch.')}")
     finally:
         run.mode.close()
     mean = lambda k: sum(m.get(k, 0.0) for m in ms) / len(ms)  # noqa: E731
@@ -124,6 +143,7 @@ def run_variant(variant: str, a: dict, args, root: Path) -> dict:
     path = root / f"{variant}.json"
     path.write_text(json.dumps(config(variant, a, args, root / variant)))
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env.pop("XDISTILL_AUTO_DTYPE", None)  # auto means this CPU's detection
     env["OMP_WAIT_POLICY"] = "ACTIVE" if variant in ("before", "split") else "PASSIVE"
     proc = subprocess.run([sys.executable, __file__, "--child", variant, str(path)], env=env,
                           capture_output=True, text=True)
@@ -133,27 +153,47 @@ def run_variant(variant: str, a: dict, args, root: Path) -> dict:
 
 
 def median_runs(runs: dict) -> dict:
-    """Per variant: its run with the median step time, with the min and max of all its runs."""
+    """Per variant: its run with the median step time, with the min and max of all its runs, and
+    the median over rounds of its step time divided by the reference's in the same round
+    (``paired``: load that changes between rounds cancels)."""
     out = {}
+    ref = runs.get("before", next(iter(runs.values())))
     for name, rs in runs.items():
+        ratios = sorted(r["step"] / q["step"] for r, q in zip(rs, ref))
         rs = sorted(rs, key=lambda r: r["step"])
-        out[name] = dict(rs[(len(rs) - 1) // 2], lo=rs[0]["step"], hi=rs[-1]["step"], n=len(rs))
+        out[name] = dict(rs[(len(rs) - 1) // 2], lo=rs[0]["step"], hi=rs[-1]["step"], n=len(rs),
+                         paired=ratios[(len(ratios) - 1) // 2])
     return out
+
+
+def cpu_line() -> str:
+    """The CPU's model name and the bf16 units torch reports on it (what ``auto`` reads)."""
+    from xdistill.precision import cpu_bf16_units, fast_bf16
+
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.exists() else []
+    name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")),
+                platform.processor() or "unknown CPU")
+    units = ", ".join(k for k, v in cpu_bf16_units().items() if v) or "none"
+    return f"{name} (bf16 units torch reports: {units}; auto: {fast_bf16('cpu')[1]})"
 
 
 def report(res: dict, args, seconds: float, load: str) -> str:
     ref = res.get("before", next(iter(res.values())))["step"]
     lines = ["# Real pair, off-policy P-KL step: Gemma-3-270M -> SmolLM2-135M (CPU)", "",
-             f"{platform.machine()}, {os.cpu_count()} cores, no GPU; {load}; batch {args.batch} x "
+             f"{cpu_line()}; {platform.machine()}, {os.cpu_count()} cores, no GPU; {load}; "
+             f"batch {args.batch} x "
              f"{args.seq_len} student tokens; mean over steps 2..{args.steps}; every variant a fresh "
              f"process; {args.repeats} round(s), median run shown; total {seconds:.0f} s.", "",
-             "| variant | s/step | min-max | x ref | student tok/s | peak RSS (MB) | "
-             + " | ".join(PHASES) + " |", "|---|---|---|---|---|---|" + "---|" * len(PHASES)]
+             "| variant | s/step | min-max | x ref | x ref paired | student tok/s | "
+             "peak RSS (MB) | " + " | ".join(PHASES) + " | last loss |",
+             "|---|---|---|---|---|---|---|" + "---|" * (len(PHASES) + 1)]
     for name, r in res.items():
         split = " | ".join(f"{r['split'][k]:.2f}" for k in PHASES)
         lines.append(f"| {name} | {r['step']:.2f} | {r['lo']:.2f}-{r['hi']:.2f} | "
-                     f"{r['step'] / ref:.2f} | "
-                     f"{r['tokens'] / r['step']:.0f} | {r['peak_mb']:.0f} | {split} |")
+                     f"{r['step'] / ref:.2f} | {r['paired']:.2f} | "
+                     f"{r['tokens'] / r['step']:.0f} | {r['peak_mb']:.0f} | {split} | "
+                     f"{r['loss']:.6f} |")
     notes = [f"* {name}: {r['note']}" for name, r in res.items() if r.get("note")]
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
@@ -179,7 +219,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         a = assets(Path(tmp))
         for i in range(total):
-            name = names[i % len(names)]
+            rnd, k = divmod(i, len(names))
+            name = names[(k + rnd) % len(names)]  # each round starts one variant later
             r = run_variant(name, a, args, Path(tmp))
             runs[name].append(r)
             el = time.perf_counter() - t0

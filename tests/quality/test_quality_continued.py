@@ -31,7 +31,8 @@ def test_every_continuation_arm_config_is_valid(assets, tmp_path):
     for arm in CONT_ARMS:
         out = tmp_path / "runs" / arm / "seed0"
         d = cont_config(arm, 0, assets, TINY_ARMS, str(out))
-        assert d["student"] == {"path": str(ce)} and ce_checkpoint(str(out), 0) == ce
+        assert d["student"] == {"path": str(ce), "param_dtype": "float32"}
+        assert ce_checkpoint(str(out), 0) == ce
         path = write_config(d, tmp_path / f"{arm}.yaml")
         if arm_command(arm) == "onpolicy":
             cfg = validate_onpolicy(load_config(OnPolicyConfig, str(path)))

@@ -67,7 +67,7 @@ def test_bf16_gpu_teacher_inprocess_with_offload(tiny_models):
     ids, mask = random_batch(1000, B=2, Tt=8)
     ref = reference_logits(tiny_models["llama"], ids, mask)
     cfg = TeacherConfig(name="b", model=tiny_models["llama"], dtype="bfloat16", device="cuda",
-                        offload=True)
+                        logits_dtype="bfloat16", offload=True)
     with InProcessClient(cfg) as client:
         assert next(client.engine.model.parameters()).device.type == "cpu"  # offloaded at rest
         with client.forward(_req(ids, mask)) as lease:
@@ -99,3 +99,22 @@ def test_two_process_handoff_is_bitwise_equal_to_inprocess(tiny_models, output):
                     x, y = getattr(a.output, f), getattr(b.output, f)
                     assert y.is_cuda and x.dtype == y.dtype and x.shape == y.shape
                     assert torch.equal(x, y), f"{f}: max |diff| {(x.float() - y.float()).abs().max()}"
+
+
+def test_bf16_gpu_teacher_writes_float32_logits_and_auto_picks_bf16(tiny_models, monkeypatch):
+    """On CUDA the bf16 head writes float32 logits (torch.mm with out_dtype, or the widened
+    bf16 product where torch lacks it); dtype auto picks bf16 on a GPU with native bf16."""
+    from xdistill import precision
+
+    ids, mask = random_batch(1000, B=2, Tt=8)
+    ref = reference_logits(tiny_models["llama"], ids, mask)
+    worker = TeacherWorker(TeacherConfig(name="f", model=tiny_models["llama"], dtype="bfloat16",
+                                         device="cuda"))
+    assert worker.split is not None
+    out = worker.forward(_req(ids, mask)).logits_BTtV
+    assert out.is_cuda and out.dtype == torch.float32
+    real = mask[:, :, None].expand_as(ref)
+    torch.testing.assert_close(out.cpu()[real], ref[real], rtol=0.1, atol=0.1)
+    monkeypatch.delenv(precision.ENV_OVERRIDE, raising=False)
+    assert precision.resolve_compute_dtype("auto", "cuda", "t") == (
+        torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32)

@@ -17,6 +17,7 @@ import torch
 
 from xdistill.student.model import build_causal_lm
 from xdistill.teacher import TeacherConfig, TeacherRequest, TeacherWorker
+from xdistill.teacher.outputs import LOG_FLOOR
 
 GEMMA = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
              num_key_value_heads=1, head_dim=8, max_position_embeddings=128,
@@ -98,3 +99,26 @@ def test_262k_vocab_teacher_holds_one_logits_buffer(tmp_path):
           f"{res['plain']['growth_mb']:.0f} MiB, one [B,T,V] float32 = {full_mb:.0f} MiB")
     assert res["split"]["growth_mb"] < 1.6 * full_mb  # the buffer + at most half of it in blocks
     assert res["plain"]["growth_mb"] > res["split"]["growth_mb"] + 0.5 * full_mb
+
+
+@pytest.mark.parametrize("kind,cfg", [("gemma3_text", GEMMA), ("llama", LLAMA)])
+def test_bf16_teacher_head_writes_float32_from_bf16_hidden_states(tmp_path, kind, cfg):
+    """bfloat16 weights, float32 outputs: the split stays active (its check allows bf16
+    rounding), logits are float32 and within bf16 rounding of the model's own bf16 forward, and
+    the token log-probs equal a float64 log-softmax of those float32 logits."""
+    V = 300
+    path = _save(tmp_path, kind, cfg, V)
+    worker = TeacherWorker(TeacherConfig(name="t", model=path, dtype="bfloat16",
+                                         micro_batch_size=2))
+    assert worker.split is not None and worker.info.logits_dtype == torch.float32
+    ids = torch.randint(0, V, (3, 11), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    got = worker.forward(TeacherRequest(0, ids, mask))
+    assert got.logits_BTtV.dtype == torch.float32
+    with torch.no_grad():
+        own = worker.model(input_ids=ids, attention_mask=mask.long()).logits.float()
+    scale = float(own.abs().max())
+    assert float((got.logits_BTtV - own).abs().max()) <= 2.0 ** -7 * scale + 1e-5
+    logp = got.logits_BTtV.double().log_softmax(-1)
+    want = logp[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1).clamp(min=LOG_FLOOR)
+    torch.testing.assert_close(got.token_logp_BTt[:, 1:].double(), want, rtol=1e-5, atol=1e-5)

@@ -58,7 +58,8 @@ def test_ray_teachers_match_plain_forward(ray_cluster, tiny_models):
     model = tiny_models["llama"]
     configs = [_cfg("shm", model=model, micro_batch_size=2),
                _cfg("store", model=model, output="topk", top_k=4, transport="ray"),
-               _cfg("store_bf16", model=model, dtype="bfloat16", transport="ray")]
+               _cfg("store_bf16", model=model, dtype="bfloat16", logits_dtype="bfloat16",
+                    transport="ray")]
     with TeacherPool(configs) as pool:
         assert [c.transport for c in pool.clients.values()] == ["shm", "ray", "ray"]
         assert all(c.pid != os.getpid() for c in pool.clients.values())

@@ -62,13 +62,19 @@ def test_topk_projected_and_temperature(tiny_models):
 
 
 def test_bf16_teacher_and_bf16_logits(tiny_models):
+    """A bfloat16 teacher writes float32 logits by default (logits_dtype auto), bfloat16 ones
+    when asked; both within bf16 rounding of the float32 model."""
     ids, mask = random_batch(1000, B=2, Tt=6)
-    cfg = TeacherConfig(name="b", model=tiny_models["llama"], dtype="bfloat16")
-    out = TeacherWorker(cfg).forward(TeacherRequest(0, ids, mask))
-    assert out.logits_BTtV.dtype == torch.bfloat16
     ref = reference_logits(tiny_models["llama"], ids, mask)
     real = mask[:, :, None].expand_as(ref)
-    torch.testing.assert_close(out.logits_BTtV.float()[real], ref[real], rtol=0.1, atol=0.1)
+    for logits_dtype, want in (("auto", torch.float32), ("bfloat16", torch.bfloat16)):
+        cfg = TeacherConfig(name="b", model=tiny_models["llama"], dtype="bfloat16",
+                            logits_dtype=logits_dtype)
+        worker = TeacherWorker(cfg)
+        assert next(worker.model.parameters()).dtype == torch.bfloat16
+        out = worker.forward(TeacherRequest(0, ids, mask))
+        assert out.logits_BTtV.dtype == want
+        torch.testing.assert_close(out.logits_BTtV.float()[real], ref[real], rtol=0.1, atol=0.1)
 
 
 def test_inprocess_client_and_errors(tiny_models):

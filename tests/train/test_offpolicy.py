@@ -107,6 +107,33 @@ def test_kill_and_resume_is_bitwise(tmp_path, tiny_assets):
         assert lrs[s] == pytest.approx(want, rel=1e-9), s
 
 
+@pytest.mark.integration
+def test_kill_and_resume_is_bitwise_under_auto_bf16(tmp_path, tiny_assets):
+    """dtype auto resolved to bfloat16 (XDISTILL_AUTO_DTYPE stands in for a CPU with AMX in
+    these processes): teachers load in bf16, the student computes in bf16 on float32 master
+    weights, and a run killed after its step-3 checkpoint and resumed ends bitwise equal to the
+    uninterrupted run; the exported weights are the float32 masters."""
+    env = {"XDISTILL_AUTO_DTYPE": "bfloat16"}
+    full = base_config(tiny_assets, tmp_path / "full")
+    full["checkpoint"].update(every=3, export_hf=True)
+    proc = _train(tmp_path, "full", full, env=env)
+    assert "student compute: dtype auto -> bfloat16" in proc.stderr
+    assert "teacher 'cross': dtype auto -> bfloat16" in proc.stderr
+    cut = json.loads(json.dumps(full))
+    cut["train"].update(out_dir=str(tmp_path / "cut"), stop_after=3)
+    _train(tmp_path, "cut", cut, expect_rc=3, env=env)
+    cut["train"]["stop_after"] = 0
+    _train(tmp_path, "cut", cut, extra=["--resume", "auto"], env=env)
+    wa, wb = _weights(tmp_path / "full"), _weights(tmp_path / "cut")
+    assert all(v.dtype == torch.float32 for v in wa.values())
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    f32 = base_config(tiny_assets, tmp_path / "f32")
+    _train(tmp_path, "f32", f32)
+    loss_bf16 = [r["loss"] for r in _train_records(tmp_path / "full")]
+    loss_f32 = [r["loss"] for r in _train_records(tmp_path / "f32")]
+    assert loss_bf16 != loss_f32 and loss_bf16 == pytest.approx(loss_f32, rel=2e-2)
+
+
 def test_real_tokenizers_end_to_end(tmp_path, tiny_assets):
     """GPT-2 student, Qwen2 teacher (exact_kl over the shared vocabulary of aligned 1:1 chunks) +
     GPT-2 teacher (forward KL), real

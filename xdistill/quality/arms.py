@@ -87,8 +87,9 @@ def _teacher(name: str, model: str, tokenizer: str, kind: str, settings: ArmSett
     if continuation:
         loss["continuation"] = True
     return {"name": name, "tokenizer": tokenizer,
+            # float32 pinned (not dtype auto): the published results were measured in float32
             "worker": {"model": model, "placement": "inprocess", "output": "logits",
-                       "micro_batch_size": settings.batch},
+                       "micro_batch_size": settings.batch, "dtype": "float32"},
             "loss": loss}
 
 
@@ -149,7 +150,7 @@ def arm_config(arm: str, seed: int, assets: dict, s: ArmSettings, out_dir: str) 
     corpus = assets["corpus"]
     return {
         "student": {"model_type": "llama", "model_config": model_config(s.layers, s.hidden),
-                    "init_seed": seed},
+                    "init_seed": seed, "param_dtype": "float32"},
         "student_tokenizer": assets["tok_student"],
         "teachers": teachers_for(arm, assets, s),
         "data": {"paths": [corpus["student"]], "seq_len": s.seq_len, "batch_size": s.batch,
@@ -176,7 +177,7 @@ def onpolicy_config(seed: int, assets: dict, s: ArmSettings, out_dir: str) -> di
     cross["loss"] = {"kind": "k1", "weight": 1.0, "temperature": 1.0}
     return {
         "student": {"model_type": "llama", "model_config": model_config(s.layers, s.hidden),
-                    "init_seed": seed},
+                    "init_seed": seed, "param_dtype": "float32"},
         "student_tokenizer": assets["tok_student"],
         "teachers": [cross],
         "prompts": {"paths": [prompts_file(assets)], "batch_size": s.batch * 2},

@@ -80,7 +80,7 @@ def cont_config(arm: str, seed: int, assets: dict, s, out_dir: str) -> dict:
 
     ce = str(ce_checkpoint(out_dir, seed))
     base = arm_config("pkl_cont" if arm == "cont_pkl_cont" else "ce", seed, assets, s, out_dir)
-    base["student"] = {"path": ce}
+    base["student"] = {"path": ce, "param_dtype": "float32"}
     base["train"]["steps"] = s.cont_steps
     base["train"]["log_every"] = max(1, min(10, s.cont_steps // 30))
     base["scheduler"]["warmup_steps"] = max(1, s.cont_steps // 20)
@@ -101,7 +101,7 @@ def cont_config(arm: str, seed: int, assets: dict, s, out_dir: str) -> dict:
     cross["loss"] = loss
     cross["worker"]["micro_batch_size"] = cont_prompts(s)
     return {
-        "student": {"path": ce}, "student_tokenizer": assets["tok_student"],
+        "student": {"path": ce, "param_dtype": "float32"}, "student_tokenizer": assets["tok_student"],
         "teachers": [cross],
         "prompts": {"paths": [prompts_file(assets)], "batch_size": cont_prompts(s),
                     "shuffle": True},

@@ -16,6 +16,7 @@ from xdistill.errors import ConfigError
 
 DTypeName = Literal["float32", "bfloat16", "float16"]
 OptDTypeName = Literal["", "float32", "bfloat16", "float16"]
+ComputeDTypeName = Literal["auto", "", "float32", "bfloat16", "float16"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -48,9 +49,15 @@ class StudentConfig:
     dtype: DTypeName = "float32"
     # attention implementation passed to transformers ("sdpa", "eager", ...); "" = its default
     attn_implementation: str = ""
-    # FSDP2 compute dtype of parameters in forward/backward ("" = the master dtype, no casting)
-    param_dtype: OptDTypeName = ""
-    # FSDP2 dtype of the gradient reduce-scatter ("" = same as param_dtype)
+    # compute dtype of the parameters in forward/backward, cast from the master weights (FSDP2's
+    # MixedPrecisionPolicy on several processes, a per-module cast on one: xdistill.student.mixed);
+    # gradients come back to the master dtype and accumulate there, losses stay float32.
+    # "auto" = bfloat16 where the device has fast bf16 matrix units (CUDA; CPUs whose torch
+    # reports AMX), else the master dtype; the choice and its reason are logged once (see
+    # xdistill.precision). "" = the master dtype (no casting); an explicit dtype always wins
+    param_dtype: ComputeDTypeName = "auto"
+    # dtype of the cross-rank gradient reduce-scatter ("" = same as an explicit param_dtype;
+    # with param_dtype "auto" it is the master dtype, so gradients are summed in float32)
     reduce_dtype: OptDTypeName = ""
     # how gradients combine over data-parallel ranks: "sum" (use with a loss normalised by the
     # global valid-token count, see xdistill.distributed) or "mean" (FSDP's default average)
@@ -72,13 +79,27 @@ class StudentConfig:
             raise ConfigError("student: set either student.path (a local model folder) or "
                               "student.model_type (a fresh model)")
         resolve_dtype(self.dtype, "student.dtype")
-        resolve_dtype(self.param_dtype, "student.param_dtype")
+        if self.param_dtype != "auto":
+            resolve_dtype(self.param_dtype, "student.param_dtype")
         resolve_dtype(self.reduce_dtype, "student.reduce_dtype")
         if self.grad_reduce not in ("sum", "mean"):
             raise ConfigError(f"student.grad_reduce: expected 'sum' or 'mean', got {self.grad_reduce!r}")
         if self.dp_replicate < 1:
             raise ConfigError(f"student.dp_replicate: must be >= 1, got {self.dp_replicate}")
         return self
+
+    def compute_dtypes(self, device: torch.device | str) -> tuple[torch.dtype, torch.dtype]:
+        """(compute dtype, gradient-reduction dtype) on ``device``, ``param_dtype: auto`` and
+        ``""`` resolved (see the field comments)."""
+        from xdistill.precision import resolve_compute_dtype
+
+        master = self.torch_dtype
+        if self.param_dtype == "auto":
+            compute = resolve_compute_dtype("auto", device, "student compute")
+            compute = master if compute == torch.float32 else compute
+            return compute, resolve_dtype(self.reduce_dtype, "student.reduce_dtype") or master
+        compute = resolve_dtype(self.param_dtype, "student.param_dtype") or master
+        return compute, resolve_dtype(self.reduce_dtype, "student.reduce_dtype") or compute
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -7,7 +7,8 @@
 2. calls ``fully_shard`` on every decoder layer, then on the root module (which then owns the
    embeddings, final norm and output layer, tied or not), with a ``MixedPrecisionPolicy``
    (compute dtype ``param_dtype``, gradient reduction in ``reduce_dtype``) and optionally a
-   ``CPUOffloadPolicy``,
+   ``CPUOffloadPolicy``; on one process without a process group, the same mixed precision by
+   a per-module cast (:mod:`xdistill.student.mixed`),
 3. sets the gradient reduction to a *sum* over data-parallel ranks when
    ``StudentConfig.grad_reduce == "sum"`` (see :mod:`xdistill.distributed` for the loss
    normalisation that makes this exact).
@@ -19,11 +20,13 @@ Works with gloo on CPU and NCCL on GPU: FSDP2 moves parameters to the mesh's dev
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from xdistill import distributed as xdist
 from xdistill.errors import ConfigError, XDistillError
-from xdistill.student.config import StudentConfig, resolve_dtype
+from xdistill.student.config import StudentConfig
+from xdistill.student.mixed import apply_shadow_mixed_precision
 
 # attribute paths of the decoder-layer list in common transformers architectures
 KNOWN_LAYER_PATHS = (
@@ -96,8 +99,9 @@ def apply_activation_checkpointing(layers: nn.ModuleList) -> None:
 def _policies(cfg: StudentConfig, mesh):
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
-    param_dtype = resolve_dtype(cfg.param_dtype, "student.param_dtype")
-    reduce_dtype = resolve_dtype(cfg.reduce_dtype, "student.reduce_dtype") or param_dtype
+    compute, reduce = cfg.compute_dtypes(mesh.device_type)
+    param_dtype = None if compute == cfg.torch_dtype else compute
+    reduce_dtype = None if param_dtype is None and reduce == cfg.torch_dtype else reduce
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     if not cfg.cpu_offload:
         return mp, OffloadPolicy()
@@ -107,13 +111,16 @@ def _policies(cfg: StudentConfig, mesh):
     return mp, CPUOffloadPolicy(pin_memory=True)
 
 
-def parallelize_student(model: nn.Module, mesh=None, cfg: StudentConfig | None = None) -> nn.Module:
+def parallelize_student(model: nn.Module, mesh=None, cfg: StudentConfig | None = None,
+                        device: torch.device | str = "cpu") -> nn.Module:
     """Apply activation checkpointing and FSDP2 to ``model`` in place; returns it.
 
     ``mesh``: a 1-D ``("dp_shard",)`` or 2-D ``("dp_replicate", "dp_shard")`` device mesh; None
     builds one from the running process group (:func:`xdistill.distributed.build_device_mesh`).
-    With no process group at all (one plain process) only activation checkpointing is applied:
-    there is nothing to shard, and the model keeps its master dtype (mixed precision is FSDP2's).
+    With no process group at all (one plain process) there is nothing to shard: activation
+    checkpointing is applied, and when the compute dtype (``student.param_dtype`` on ``device``)
+    differs from the master dtype, the one-process equivalent of FSDP2's mixed precision
+    (:mod:`xdistill.student.mixed`): the parameters stay in the master dtype.
     """
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
@@ -126,6 +133,9 @@ def parallelize_student(model: nn.Module, mesh=None, cfg: StudentConfig | None =
     if mesh is None:
         mesh = xdist.build_device_mesh(dp_replicate=cfg.dp_replicate)
     if mesh is None:
+        compute, _ = cfg.compute_dtypes(device)
+        if compute != cfg.torch_dtype:
+            apply_shadow_mixed_precision(model, compute)
         return model
     mp, offload = _policies(cfg, mesh)
     n = len(layers)

@@ -40,8 +40,12 @@ class TeacherConfig:
     name: str = "teacher"
     # local folder of a Hugging Face causal LM (AutoModelForCausalLM.from_pretrained)
     model: str = ""
-    # weights dtype; "auto" keeps the checkpoint's dtype
-    dtype: DTypeName = "float32"
+    # weights (and compute) dtype. "auto" = bfloat16 where `device` has fast bf16 matrix units
+    # (CUDA; CPUs whose torch reports AMX), else float32, whatever dtype the checkpoint was
+    # saved in; the choice and its reason are logged once (xdistill.precision). (Before, "auto"
+    # meant "keep the checkpoint's dtype": the real-model assets are saved in bfloat16, which
+    # made their teachers bf16 even where that is slower.) An explicit dtype always wins
+    dtype: DTypeName = "auto"
     # attention implementation passed to transformers ("sdpa", "eager", ...); "" = its default
     # (sdpa for the supported architectures; the real-pair benchmark measures both)
     attn_implementation: str = ""
@@ -58,7 +62,9 @@ class TeacherConfig:
     temperature: float = 1.0
     # rows per teacher forward; the batch is split into micro-batches of this size
     micro_batch_size: int = 8
-    # dtype of full-logits outputs ("auto" = the model's compute dtype)
+    # dtype of full-logits outputs; "auto" = float32: a bfloat16 teacher's head writes float32
+    # logits from its bfloat16 hidden states, block by block (xdistill.teacher.head). bfloat16
+    # halves the buffer (and the transport) at ~2^-9 relative rounding of every logit
     logits_dtype: DTypeName = "auto"
     # seconds to wait for one teacher forward before raising TeacherError
     timeout_s: float = 300.0

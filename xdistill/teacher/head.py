@@ -28,6 +28,9 @@ from xdistill.teacher.outputs import LOG_FLOOR
 # 32 MiB blocks, 1.79 s with 128 MiB, 1.77 s for the model's own forward); a block is also never
 # more than half a micro-batch, so the temporaries stay below the output buffer itself
 BLOCK_BYTES = 1 << 27
+# whether torch.mm(..., out_dtype=float32) works on CUDA here (set False at its first failure;
+# untested on a GPU so far, hence the fallback)
+_MM_OUT_DTYPE = [True]
 
 
 class SplitHead:
@@ -58,25 +61,48 @@ class SplitHead:
                             use_cache=False).last_hidden_state
 
     def logits(self, h_NH: torch.Tensor, out_NV: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits of ``N`` positions (float32 unless ``out_NV`` says otherwise), soft-capped."""
+        """Logits of ``N`` positions, soft-capped, written into ``out_NV`` when given (else in
+        the weights' dtype).
+
+        A float32 ``out_NV`` from bfloat16 weights: the matmul runs in bfloat16 with float32
+        accumulation. On CUDA it writes float32 directly (``torch.mm(..., out_dtype=float32)``);
+        on CPU torch has no float32-output bfloat16 matmul, so the block's bfloat16 product is
+        widened into ``out_NV`` (one [block, V] temporary, never a full-size one). The soft-cap
+        is then applied in float32."""
         w = self.head.weight
-        if out_NV is not None and out_NV.dtype == w.dtype and self.head.bias is None:
-            z = torch.matmul(h_NH.to(w.dtype), w.t(), out=out_NV)
+        h = h_NH.to(w.dtype)
+        if out_NV is None or self.head.bias is not None:
+            z = self.head(h)
+            if out_NV is not None:
+                z = out_NV.copy_(z)
+        elif out_NV.dtype == w.dtype:
+            z = torch.matmul(h, w.t(), out=out_NV)
+        elif h.is_cuda and out_NV.dtype == torch.float32 and _MM_OUT_DTYPE[0]:
+            try:
+                z = out_NV.copy_(torch.mm(h, w.t(), out_dtype=torch.float32))
+            except (TypeError, RuntimeError, NotImplementedError):  # torch without mm.dtype
+                _MM_OUT_DTYPE[0] = False
+                z = out_NV.copy_(torch.matmul(h, w.t()))
         else:
-            z = self.head(h_NH.to(w.dtype))
+            z = out_NV.copy_(torch.matmul(h, w.t()))
         if self.softcap is not None:
             z.div_(self.softcap).tanh_().mul_(self.softcap)
         return z
 
     @torch.inference_mode()
-    def verify(self, model, device, rtol: float = 1e-4) -> bool:
-        """Whether the split reproduces ``model(...).logits`` on a short probe."""
+    def verify(self, model, device, rtol: float | None = None) -> bool:
+        """Whether the split reproduces ``model(...).logits`` on a short probe: within ``rtol``
+        of the largest logit (default 1e-4 for float32 weights; for 16-bit weights two units of
+        their rounding, 2^-7, since the model soft-caps in 16 bits where the split uses float32)."""
         ids = torch.arange(1, 9, device=device).remainder(self.V)[None]
         mask = torch.ones_like(ids)
         ref = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
-        got = self.logits(self.hidden(ids, mask).reshape(8, -1)).float().view_as(ref)
+        got = torch.empty(8, self.V, dtype=torch.float32, device=device)
+        self.logits(self.hidden(ids, mask).reshape(8, -1), got)
+        if rtol is None:
+            rtol = 1e-4 if self.head.weight.dtype == torch.float32 else 2.0 ** -7
         scale = float(ref.abs().max()) or 1.0
-        return float((got - ref).abs().max()) <= rtol * scale + 1e-5
+        return float((got.view_as(ref) - ref).abs().max()) <= rtol * scale + 1e-5
 
 
 def block_rows(width: int) -> int:
@@ -101,8 +127,9 @@ def fill_from_hidden(split: SplitHead, kind: str, h_nTH: torch.Tensor, ids_nT: t
     for a in range(0, N, step):
         b = min(a + step, N)
         direct = dst_NV is not None and temperature == 1.0
-        z = split.logits(h_NH[a:b], dst_NV[a:b] if direct else None)
-        zf = z.float()
+        # float32 logits of the block (bfloat16 weights included), or the output rows themselves
+        block = dst_NV[a:b] if direct else torch.empty(b - a, V, device=h_NH.device)
+        zf = split.logits(h_NH[a:b], block).float()
         if temperature != 1.0:
             zf = zf / temperature
         if dst_NV is not None and not direct:

@@ -74,6 +74,14 @@ def resolve_dtype(name: str, default: torch.dtype | None = None) -> torch.dtype 
     return _DTYPES[name]
 
 
+def weights_dtype(config: TeacherConfig) -> torch.dtype:
+    """The teacher's weights dtype on its device: ``dtype: auto`` resolved (and logged once) by
+    :func:`xdistill.precision.resolve_compute_dtype`, an explicit dtype as written."""
+    from xdistill.precision import resolve_compute_dtype
+
+    return resolve_compute_dtype(config.dtype, config.device, f"teacher {config.name!r}")
+
+
 class TeacherWorker:
     """Loads ``config.model`` and computes :class:`TeacherOutput` s (see module doc)."""
 
@@ -91,7 +99,7 @@ class TeacherWorker:
             raise TeacherError(f"teacher {config.name!r}: output 'projected' needs a projection")
         self.device = torch.device(config.device)
         self._home = torch.device("cpu") if config.offload else self.device
-        self.model = load_causal_lm(path, dtype=resolve_dtype(config.dtype),
+        self.model = load_causal_lm(path, dtype=weights_dtype(config),
                                     attn_implementation=config.attn_implementation,
                                     trust_remote_code=config.trust_remote_code)
         self.model.eval().requires_grad_(False).to(self._home)
@@ -107,14 +115,13 @@ class TeacherWorker:
         if config.output == "projected":
             self.proj_VsVt = prepare_projection(projection_VsVt, self.device)
             Vs = int(self.proj_VsVt.shape[0])
-        compute = next(self.model.parameters()).dtype
         self.split = self._split_head()
         self.cache = OutputCache(config.cache_mb, config.name) if config.cache_mb > 0 else None
         self.info = TeacherInfo(
             name=config.name, kind=config.output, vocab_size=V, student_vocab_size=Vs,
             top_k=min(config.top_k, V) if config.output == "topk" else 0,
             temperature=float(config.temperature), device=str(self.device),
-            logits_dtype=resolve_dtype(config.logits_dtype, compute), pid=os.getpid())
+            logits_dtype=resolve_dtype(config.logits_dtype, torch.float32), pid=os.getpid())
 
     def _split_head(self):
         """:class:`SplitHead` when it reproduces this model's logits (outputs are then written

@@ -208,12 +208,13 @@ def resolve_device(name: str, env) -> torch.device:
 
 
 def build_student(cfg: OffPolicyConfig, env, device: torch.device):
-    """Load the student, check its vocabulary covers the tokenizer, shard it (FSDP2)."""
+    """Load the student, check its vocabulary covers the tokenizer, shard it (FSDP2) or give
+    it the one-process mixed precision (``student.param_dtype``)."""
     from xdistill.student.model import load_student
     from xdistill.student.parallelize import parallelize_student
 
     model = load_student(cfg.student)
-    model = parallelize_student(model, None, cfg.student)
+    model = parallelize_student(model, None, cfg.student, device=device)
     if not env.distributed:
         model.to(device)
     return model
