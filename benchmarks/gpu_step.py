@@ -135,8 +135,9 @@ def config(variant: str, a: dict, args, out: Path) -> dict:
     """The trainer config of one variant."""
     tiny = args.tiny
     device = "cpu" if tiny else "cuda"
-    worker = {"model": a["cross"], "dtype": "bfloat16", "device": device,
-              "micro_batch_size": args.micro_batch, "output": "logits"}
+    # bf16 full logits as the GPU recipes set them (and as the 2026-11-26 H200 run measured)
+    worker = {"model": a["cross"], "dtype": "bfloat16", "logits_dtype": "bfloat16",
+              "device": device, "micro_batch_size": args.micro_batch, "output": "logits"}
     teacher = {"name": "qwen", "tokenizer": "qwen2", "worker": worker,
                "loss": {"kind": "pkl", "projection": a["proj"]}}
     if variant == "projected":
