@@ -1,4 +1,4 @@
-"""``tools/fetch_assets.py`` / :mod:`xdistill.assets`: cache location, instant reruns, atomic
+"""``tools/fetch_assets.py`` / :mod:`xdistill.assets` (``paths``, ``archive``, ``fetch``): cache location, instant reruns, atomic
 staging, clear download errors, the corpus, the converted pretrained models."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from xdistill import assets
+from xdistill.assets import fetch
 from xdistill.assets import AssetError, asset_dir, assets_complete, ensure_assets
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,14 +64,14 @@ def test_strip_gutenberg():
 def test_staging_is_atomic(tmp_path):
     final = tmp_path / "tokenizers" / "x"
     with pytest.raises(RuntimeError):
-        with assets._Staging(final, force=False) as tmp:
+        with assets.Staging(final, force=False) as tmp:
             (tmp / "tokenizer.json").write_text("{half")
             raise RuntimeError("interrupted")
     assert not final.exists() and list((tmp_path / "tokenizers").iterdir()) == []
-    with assets._Staging(final, force=False) as tmp:
+    with assets.Staging(final, force=False) as tmp:
         (tmp / "tokenizer.json").write_text("{}")
     assert (final / "tokenizer.json").read_text() == "{}"
-    with assets._Staging(final, force=True) as tmp:          # replacing keeps one folder
+    with assets.Staging(final, force=True) as tmp:          # replacing keeps one folder
         (tmp / "tokenizer.json").write_text("[]")
     assert (final / "tokenizer.json").read_text() == "[]"
     assert [p.name for p in (tmp_path / "tokenizers").iterdir()] == ["x"]
@@ -80,10 +81,10 @@ def test_failed_download_names_the_package(tmp_path, monkeypatch):
     def fake_run(cmd, **kwargs):
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found")
 
-    monkeypatch.setattr(assets.subprocess, "run", fake_run)
+    monkeypatch.setattr(fetch.subprocess, "run", fake_run)
     pkg = assets.Package("openai-whisper", "20250625", sdist=True)
     with pytest.raises(AssetError, match=r"openai-whisper==20250625.*No matching distribution"):
-        assets._pip_download(tmp_path, pkg)
+        fetch._pip_download(tmp_path, pkg)
     assert list(tmp_path.iterdir()) == []                     # no partial download left
 
 
@@ -159,8 +160,6 @@ def test_download_progress_never_claims_done_before_pip_is(tmp_path, monkeypatch
     metadata): the heartbeat stays below the total and names the archive pip is finishing."""
     import threading
 
-    import xdistill.assets as assets
-
     pkgs = {"a": assets.Package("pkg-a", "1.0", sdist=False, size=2_000_000),
             "b": assets.Package("pkg-b", "2.0", sdist=True, size=3_000_000)}
     release = threading.Event()
@@ -179,7 +178,7 @@ def test_download_progress_never_claims_done_before_pip_is(tmp_path, monkeypatch
         tmp.rmdir()
         return path
 
-    monkeypatch.setattr(assets, "_pip_download", fake_pip)
+    monkeypatch.setattr(fetch, "_pip_download", fake_pip)
     lines: list[str] = []
     from xdistill import pretrained
 
@@ -187,9 +186,9 @@ def test_download_progress_never_claims_done_before_pip_is(tmp_path, monkeypatch
         def __init__(self, *a, **kw):
             super().__init__(*a, **{**kw, "every": 0.05})
 
-    monkeypatch.setattr(pretrained, "Heartbeat", FastBeat)
+    monkeypatch.setattr(fetch, "Heartbeat", FastBeat)
     threading.Timer(0.4, release.set).start()
-    assets._download_all(tmp_path, pkgs, lines.append)
+    fetch._download_all(tmp_path, pkgs, lines.append)
     beats = [ln for ln in lines if ln.startswith("downloading 2 archives:")]
     assert beats, lines
     assert "1 of 2 archives complete; pip is finishing pkg_b-2.0" in beats[0]

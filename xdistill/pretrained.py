@@ -48,7 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from xdistill.assets import ASSETS_VERSION, AssetError, Archive, Package, _Staging
+from xdistill.assets.archive import Archive, Package, Staging
+from xdistill.assets.paths import ASSETS_VERSION, AssetError
 from xdistill.tokenization.templates import apply_shipped_template
 
 BUILD_VERSION = 1
@@ -267,7 +268,7 @@ def ensure_models(base: Path, arch: dict[str, Archive], *, force: bool = False,
             continue
         t0 = time.perf_counter()
         try:
-            with _Staging(final, force) as tmp:
+            with Staging(final, force) as tmp:
                 build_model(spec, arch, tmp, say)
         except AssetError:
             raise

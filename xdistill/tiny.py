@@ -27,13 +27,13 @@ import json
 import sys
 from pathlib import Path
 
+from xdistill.assets.paths import asset_dir
+
 TINY_LM = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True)
 
 
 def shakespeare_dir() -> Path:
-    from xdistill.assets import asset_dir
-
     return asset_dir() / "corpus" / "shakespeare"
 
 

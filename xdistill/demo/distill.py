@@ -24,6 +24,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from xdistill.assets.paths import asset_dir
 from xdistill.quality import arms as arms_mod
 from xdistill.quality import harness, prepare
 from xdistill.quality.runner import Watch, format_duration, say
@@ -51,8 +52,6 @@ def run(out_dir: str = "runs/demo_distill", *, steps: int | None = None, seeds=(
     """Prepare (cached), train each arm (``jobs`` at a time), print and return
     ``{"summary", "runs", "artifacts"}``. ``steps`` defaults to the harness's budget. A failing
     or stalled run raises :class:`~xdistill.quality.runner.RunFailed` (the CLI prints it)."""
-    from xdistill.assets import asset_dir
-
     t0 = time.perf_counter()
     prep = prep or prepare.PrepConfig(threads=THREADS_PER_RUN)
     settings = settings or replace(arms_mod.ArmSettings(), eval_every=DEMO_EVAL_EVERY,

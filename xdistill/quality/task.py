@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xdistill.assets import asset_dir
+from xdistill.assets.paths import asset_dir
 
 HELDOUT_PLAY = "tempest.txt"
 

@@ -8,7 +8,7 @@
   transformers folder (``AutoModelForCausalLM.from_pretrained``, never the hub), a ``.gguf`` file
   (transformers' ``gguf_file`` support: dequantised, with the GGUF quantizer detached so the
   model trains and saves as a plain model) or the name of a fetched pretrained model asset
-  (``smollm2-135m``, ``gemma3-270m``: :func:`xdistill.assets.model_dir`).
+  (``smollm2-135m``, ``gemma3-270m``: :func:`xdistill.assets.paths.model_dir`).
 * :func:`export_hf` -- write ``config.json`` + safetensors weights (+ the tokenizer) so that
   ``AutoModelForCausalLM.from_pretrained`` and vLLM load the folder directly. Works on a plain
   model and on an FSDP2-sharded one (every rank must call it; the full state dict is gathered to
@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from xdistill import distributed as xdist
+from xdistill.assets.paths import MODEL_NAMES, model_dir
 from xdistill.errors import ConfigError, XDistillError
 from xdistill.student.config import StudentConfig, resolve_dtype
 
@@ -92,8 +93,6 @@ def build_causal_lm(model_type: str, config_kwargs: dict[str, Any], *, seed: int
 def resolve_model_path(spec: str | os.PathLike) -> Path:
     """A model spec as a local path: a pretrained model asset name (``smollm2-135m``) maps to
     its converted folder, anything else is taken as a path (folder or ``.gguf`` file)."""
-    from xdistill.assets import MODEL_NAMES, model_dir
-
     text = os.fspath(spec)
     if text in MODEL_NAMES:
         folder = model_dir(text)

