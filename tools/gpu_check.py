@@ -276,9 +276,11 @@ def junit_summary(path: Path) -> dict:
 def part_commands(args, out: Path, work: Path, left_s: float) -> dict[str, list[str]]:
     py = sys.executable
     tests = [py, "-m", "pytest", "-m", "gpu or multigpu", "-p", "no:cacheprovider", "-v",
-             "--timeout", "100",
+             "--timeout", "180",
              "--continue-on-collection-errors",
              "-o", "addopts=-ra", "--junitxml", str(out / "junit.xml"), "tests"]
+    if args.tests_k:
+        tests[3:3] = ["-k", args.tests_k]
     step = [py, str(REPO / "benchmarks" / "gpu_step.py"), "--out-md", str(out / "step.md"),
             "--out-json", str(work / "step.json"), "--budget-s", str(max(60, int(left_s - 45))),
             "--variants", args.variants]
@@ -307,7 +309,8 @@ def check(args) -> int:
             results["parts"][name] = {"skipped": f"{left:.0f} s of the budget left"}
             continue
         cmd = part_commands(args, out, work, left)[name]
-        limit = min(PART_SHARE.get(name, left), left)
+        share = args.tests_limit_s if name == "tests" and args.tests_limit_s else None
+        limit = min(share or PART_SHARE.get(name, left), left)
         log = (work if name == "env" else out) / f"{name}.log"
         res = run_part(name, cmd, env, log, limit)
         if name == "env" and (work / "env.json").is_file():
@@ -366,6 +369,10 @@ def main(argv=None) -> int:
     ap.add_argument("--parts", default="env,tests,step")
     ap.add_argument("--variants", default="",
                     help="step benchmark variants, in order (default: all; dry run: logits,topk)")
+    ap.add_argument("--tests-k", default="",
+                    help="pytest -k expression for the tests part (e.g. rerun what a lease missed)")
+    ap.add_argument("--tests-limit-s", type=float, default=0.0,
+                    help=f"seconds for the tests part (default {PART_SHARE['tests']:.0f})")
     ap.add_argument("--child-env", metavar="JSON", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child_env:
