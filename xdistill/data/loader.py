@@ -9,6 +9,9 @@ count and worker count resumes with exactly the batches that were not yet consum
 
 from __future__ import annotations
 
+import warnings
+
+from xdistill import child_signals
 from xdistill.data.collator import CrossTokenizerCollator, TeacherSpec
 from xdistill.data.config import DataConfig
 from xdistill.data.dataset import PackedDataset
@@ -45,10 +48,36 @@ def build_collator(cfg: DataConfig, student, teachers: list[TeacherSpec]) -> Cro
                                   pad_to_multiple_of=cfg.pad_to_multiple_of)
 
 
+_LOADER_CLASS: list = []
+
+
+def _loader_class():
+    """``StatefulDataLoader`` whose worker processes start with the stop signals held (see
+    :mod:`xdistill.child_signals`); built on first use, so importing this module stays light."""
+    if not _LOADER_CLASS:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        class SignalSafeLoader(StatefulDataLoader):
+            def _get_iterator(self):
+                with child_signals.held():   # workers start here, with SIGINT/SIGTERM blocked
+                    return super()._get_iterator()
+
+        _LOADER_CLASS.append(SignalSafeLoader)
+    return _LOADER_CLASS[0]
+
+
+def stateful_loader(dataset, **kwargs):
+    """A torchdata ``StatefulDataLoader`` for training: its workers ignore the trainer's stop
+    signals (:mod:`xdistill.child_signals`: Ctrl-C or SIGTERM to the process group stops the run
+    at a step boundary with a checkpoint instead of killing a worker), and torchdata's
+    "'set_vital' is deprecated" warning (printed by its constructor on every run) is silenced."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
+        return _loader_class()(dataset, worker_init_fn=child_signals.worker_init, **kwargs)
+
+
 def build_loader(cfg: DataConfig, student, teachers=(), *, source=None, rank=None, world_size=None):
     """A ``StatefulDataLoader`` yielding :class:`DistillBatch` (see the module docstring)."""
-    from torchdata.stateful_dataloader import StatefulDataLoader
-
     if cfg.batch_size < 1 or cfg.seq_len < 2:
         raise ConfigError(f"data.batch_size must be >= 1 and data.seq_len >= 2 "
                           f"(got {cfg.batch_size}, {cfg.seq_len})")
@@ -59,8 +88,8 @@ def build_loader(cfg: DataConfig, student, teachers=(), *, source=None, rank=Non
         extra = {"prefetch_factor": cfg.prefetch_factor,
                  "multiprocessing_context": worker_start_method(cfg.multiprocessing_context),
                  "timeout": float(cfg.timeout_s)}
-    return StatefulDataLoader(dataset, batch_size=cfg.batch_size, num_workers=workers,
-                              collate_fn=build_collator(cfg, student, list(teachers)), **extra)
+    return stateful_loader(dataset, batch_size=cfg.batch_size, num_workers=workers,
+                           collate_fn=build_collator(cfg, student, list(teachers)), **extra)
 
 
 def worker_start_method(name: str) -> str:

@@ -28,6 +28,7 @@ import traceback
 
 import torch
 
+from xdistill.child_signals import held
 from xdistill.errors import TeacherError, XDistillError
 from xdistill.teacher.config import TeacherConfig
 from xdistill.teacher.host import RayHost, subprocess_main
@@ -265,7 +266,8 @@ class SubprocessClient(_RemoteClient):
                                 name=f"xdistill-teacher-{self.name}",
                                 args=(child, self.engine_factory, self.transport,
                                       self.config.slots, self.config.num_threads))
-        self.proc.start()
+        with held():   # the child ignores the trainer's stop signals from its first instruction
+            self.proc.start()
         child.close()
         self.pid = self.proc.pid
         self.reader = make_reader(self.transport)

@@ -28,6 +28,7 @@ import traceback
 import numpy as np
 import torch
 
+from xdistill.child_signals import ignore_stop_signals
 from xdistill.teacher.transport import make_writer
 from xdistill.teacher.worker import TeacherRequest
 
@@ -58,7 +59,9 @@ class WorkerHost:
 
 def subprocess_main(conn, engine_factory, transport: str, n_slots: int,
                     num_threads: int = 0) -> None:
-    """Entry point of a spawned teacher subprocess (see module doc for the protocol)."""
+    """Entry point of a spawned teacher subprocess (see module doc for the protocol). It ignores
+    the trainer's stop signals (:mod:`xdistill.child_signals`): the trainer ends it."""
+    ignore_stop_signals()
     host = None
     try:
         try:

@@ -371,21 +371,19 @@ def maybe_stop(run: Run, step: int) -> None:
         os._exit(STOP_EXIT_CODE)
 
 
-def train_loop(run: Run) -> dict:
+def train_loop(run: Run, stop) -> dict:
     """Steps ``start_step+1 .. train.steps``; returns the last step's metrics. SIGTERM / Ctrl-C
-    stop it at the next step boundary with a checkpoint (:mod:`xdistill.train.lifecycle`)."""
-    from xdistill.train.lifecycle import StopSignals
-
+    (``stop``: :class:`xdistill.train.lifecycle.StopSignals`) stop it at the next step boundary
+    with a checkpoint."""
     metrics: dict = {}
-    with StopSignals() as stop:
-        for step in range(run.start_step + 1, run.cfg.train.steps + 1):
-            metrics = train_step(run, step)
-            log_metrics(run, step, metrics)
-            check_nonfinite(run, step)
-            after_step(run, step)
-            signum = stop.agreed()
-            if signum:
-                _stop_on_signal(run, step, signum)
+    for step in range(run.start_step + 1, run.cfg.train.steps + 1):
+        metrics = train_step(run, step)
+        log_metrics(run, step, metrics)
+        check_nonfinite(run, step)
+        after_step(run, step)
+        signum = stop.agreed()
+        if signum:
+            _stop_on_signal(run, step, signum)
     if run.finite_steps == 0 and run.cfg.train.steps > run.start_step:
         raise TrainingError(f"no step of this run had a finite loss and gradient "
                             f"({run.cfg.train.steps - run.start_step} steps); nothing was "
@@ -459,7 +457,7 @@ def train(cfg, mode: TrainMode) -> dict:
 
 
 def _run_locked(run: Run) -> dict:
-    from xdistill.train.lifecycle import io_error, trim_logs
+    from xdistill.train.lifecycle import StopSignals, io_error, trim_logs
 
     cfg, mode = run.cfg, run.mode
     maybe_resume(run)
@@ -467,19 +465,22 @@ def _run_locked(run: Run) -> dict:
     run.writer = open_metrics(cfg, mode.console_keys(cfg))
     run.tb = _open_tensorboard(cfg)
     t0 = time.perf_counter()
-    try:
-        mode.start(run)
-        metrics = train_loop(run)
-    finally:
-        mode.close()
-        run.writer.close()
-        if run.tb is not None:
-            run.tb.close()
-    try:
-        exported = export_final(run)
-    except OSError as exc:
-        raise io_error(exc, f"the export under {out_path(cfg, 'export')}") from None
-    _summary(run, metrics, exported, time.perf_counter() - t0)
+    # handlers from before the teachers and loader workers start (a stop signal then ends after
+    # step 1) to the end (one after the last step lets the run finish: its checkpoint is written)
+    with StopSignals() as stop:
+        try:
+            mode.start(run)
+            metrics = train_loop(run, stop)
+        finally:
+            mode.close()
+            run.writer.close()
+            if run.tb is not None:
+                run.tb.close()
+        try:
+            exported = export_final(run)
+        except OSError as exc:
+            raise io_error(exc, f"the export under {out_path(cfg, 'export')}") from None
+        _summary(run, metrics, exported, time.perf_counter() - t0)
     return metrics
 
 

@@ -55,8 +55,7 @@ class _SyncedGenerate:
 
 def prompt_loader(cfg: OnPolicyConfig, rank: int, world: int):
     """A ``StatefulDataLoader`` of ``(indices, prompts)`` batches of this rank's prompt shard."""
-    from torchdata.stateful_dataloader import StatefulDataLoader
-
+    from xdistill.data.loader import stateful_loader
     from xdistill.rollout import PromptDataset, collate_prompts, open_prompts
 
     pc = cfg.prompts
@@ -66,8 +65,8 @@ def prompt_loader(cfg: OnPolicyConfig, rank: int, world: int):
         check_routes(source, [t.name for t in cfg.teachers])
     ds = PromptDataset(source, seed=cfg.train.seed, shuffle=pc.shuffle, rank=rank,
                        world_size=world, epochs=pc.epochs)
-    return StatefulDataLoader(ds, batch_size=pc.batch_size, collate_fn=collate_prompts,
-                              num_workers=pc.num_workers)
+    return stateful_loader(ds, batch_size=pc.batch_size, collate_fn=collate_prompts,
+                           num_workers=pc.num_workers)
 
 
 def check_routes(source, names: list[str]) -> None:
