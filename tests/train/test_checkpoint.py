@@ -180,3 +180,27 @@ def test_sigkill_during_saves_leaves_a_loadable_latest(tmp_path):
     assert latest is not None and int(latest.name.split("_")[1]) >= 3
     model, opt, sched = _fresh()
     assert load_checkpoint(latest, model, opt, sched).step == int(latest.name.split("_")[1])
+
+
+def test_write_error_unwraps_dcp_and_names_the_folder(tmp_path):
+    """DCP wraps a rank's failure in CheckpointException (a BaseException); the one-line error
+    names the folder, the reason and the intact previous checkpoint. (The real full disk is in
+    tests/train/test_lifecycle.py.)"""
+    import errno
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from xdistill.train.checkpoint import write_error
+
+    model, opt, sched = _fresh()
+    save_checkpoint(tmp_path, 1, model, opt, sched)
+    full = CheckpointException("ranks", {0: (OSError(errno.ENOSPC, "No space left on device"), None)})
+    err = write_error(full, checkpoint_dir(tmp_path, 2))
+    assert "\n" not in str(err)
+    assert str(err).startswith(f"writing checkpoint {checkpoint_dir(tmp_path, 2)} failed: no space "
+                               "left on the device; the previous checkpoint ")
+    assert str(checkpoint_dir(tmp_path, 1)) in str(err)
+    pos = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    assert "is the disk full?" in str(write_error(pos, checkpoint_dir(tmp_path, 2)))
+    assert write_error(RuntimeError("shape mismatch"), checkpoint_dir(tmp_path, 2)) is None
+    assert write_error(CheckpointException("x", {0: (KeyError("k"), None)}), tmp_path) is None

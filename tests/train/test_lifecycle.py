@@ -125,17 +125,73 @@ def test_unwritable_out_dir_is_one_line(tmp_path, tiny_assets, capsys):
     assert rc == 2 and "train.out_dir" in err and "not writable" in err and err.count("\n") == 1
 
 
-def test_full_disk_while_checkpointing_is_one_line(tmp_path, tiny_assets, capsys, monkeypatch):
-    import xdistill.train.checkpoint as ck
+# A real size-limited file system, not a mock. In order of preference (we are not root on every
+# machine): a tmpfs of 1000 KiB mounted in a private user + mount namespace (`unshare -rm`: works
+# here and on most Linux machines; the disk really fills up, ENOSPC, exactly as in the issue);
+# else RLIMIT_FSIZE on the training process (a real kernel limit: writes past it fail with EFBIG;
+# SIGXFSZ ignored). A checkpoint of the tiny run is ~600 KB, so the second one cannot fit.
+TMPFS_SCRIPT = """
+set -e
+mount -t tmpfs -o size=1000k tmpfs "$MNT"
+set +e
+"$PY" -m xdistill train offpolicy --config "$CFG" train.out_dir="$MNT/run" 2> "$T/a.err"
+echo $? > "$T/a.rc"
+cp -a "$MNT/run" "$T/after"
+mount -o remount,size=16m "$MNT"
+"$PY" -m xdistill train offpolicy --config "$CFG" train.out_dir="$MNT/run" 2> "$T/b.err"
+echo $? > "$T/b.rc"
+"""
 
-    def full(*args, **kwargs):
-        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1088 vs 988")
 
-    monkeypatch.setattr(ck, "save_checkpoint", full)
+def _can_mount_tmpfs(where: Path) -> bool:
+    where.mkdir()
+    try:
+        return subprocess.run(["unshare", "-rm", "mount", "-t", "tmpfs", "-o", "size=64k",
+                               "tmpfs", str(where)], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _full_disk_runs(tmp: Path, cfg: Path) -> tuple[int, str, int, str, Path]:
+    """(rc, stderr) of a run whose second checkpoint does not fit, the same of the rerun with
+    room again, and the run folder as the failed run left it."""
+    mnt = tmp / "mnt"
+    if _can_mount_tmpfs(mnt):
+        env = _env({"MNT": str(mnt), "PY": sys.executable, "CFG": str(cfg), "T": str(tmp)})
+        subprocess.run(["unshare", "-rm", "sh", "-c", TMPFS_SCRIPT], env=env, timeout=600,
+                       check=True)
+        read = lambda name: (tmp / name).read_text()  # noqa: E731
+        return int(read("a.rc")), read("a.err"), int(read("b.rc")), read("b.err"), tmp / "after"
+    import resource
+
+    def limited():   # runs in the child before exec
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
+
+    cmd = [sys.executable, "-m", "xdistill", "train", "offpolicy", "--config", str(cfg)]
+    first = subprocess.run(cmd + ["train.steps=2"], env=_env(), capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-3000:]
+    a = subprocess.run(cmd, env=_env(), capture_output=True, text=True, preexec_fn=limited)
+    shutil.copytree(tmp / "run", tmp / "after")
+    b = subprocess.run(cmd, env=_env(), capture_output=True, text=True)
+    return a.returncode, a.stderr, b.returncode, b.stderr, tmp / "after"
+
+
+@pytest.mark.integration
+def test_full_disk_while_checkpointing_is_one_line_and_keeps_the_last_checkpoint(tmp_path,
+                                                                                 tiny_assets):
     cfg = base_config(tiny_assets, tmp_path / "run")
-    cfg["train"]["steps"] = 1
-    rc = cli_main(["train", "offpolicy", "--config", str(write_config(tmp_path / "c.yaml", cfg))])
-    last = capsys.readouterr().err.strip().splitlines()[-1]   # (logging of earlier steps above)
-    assert rc == 2 and last.startswith("xdistill: error: writing the checkpoint of step 1"), last
-    assert "is the disk full?" in last
-    assert os.path.isdir(tmp_path / "run")
+    cfg["train"].update(steps=4, log_samples=False)
+    cfg["checkpoint"]["every"] = 2
+    rc, err, rc2, err2, after = _full_disk_runs(tmp_path, write_config(tmp_path / "c.yaml", cfg))
+    assert rc == 2, err[-4000:]
+    assert "Traceback" not in err, err[-4000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("xdistill: error: writing checkpoint ") and "step_0000004 failed: " in last
+    assert "disk full" in last or "no space left" in last or "file-size limit" in last, last
+    assert "step_0000002 is intact" in last, last
+    # the atomic write kept the previous checkpoint and left nothing of the failed one
+    assert [p.name for p in sorted((after / "checkpoints").iterdir())] == ["step_0000002"]
+    assert (after / "checkpoints" / "step_0000002" / "COMPLETE").is_file()
+    assert rc2 == 0, err2[-4000:]   # with room again the same command resumes from it
+    assert "resumed from" in err2 and "step_0000002 at step 2" in err2, err2[-3000:]

@@ -14,8 +14,10 @@ Atomicity: everything is written into ``step_XXXXXXX.tmp/``; when every rank has
 barrier), rank 0 fsyncs, writes ``COMPLETE`` and renames the folder to ``step_XXXXXXX`` (an
 atomic rename on POSIX file systems). A crash at any point leaves either a ``.tmp`` folder (ignored
 by :func:`latest_checkpoint` and deleted by the next save) or a finished checkpoint; the previous
-good checkpoint is never touched before the new one is complete. Keep-last-N pruning runs after
-the rename. With several nodes, ``root`` must be on a file system all ranks share.
+good checkpoint is never touched before the new one is complete. A failed write (a full disk:
+``ENOSPC``, or torch's ``inline_container.cc ... unexpected pos``, also inside DCP's
+``CheckpointException``) removes the ``.tmp`` folder and raises one :class:`CheckpointError` line
+naming the folder and the intact previous checkpoint. Keep-last-N pruning runs after the rename. With several nodes, ``root`` must be on a file system all ranks share.
 
 Works on one plain process (no process group) and with FSDP2 (sharded DTensor states through
 ``get_state_dict``/``set_state_dict``). The ``.pt`` files are loaded with ``weights_only=False``
@@ -25,6 +27,7 @@ Works on one plain process (no process group) and with FSDP2 (sharded DTensor st
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import random
@@ -219,6 +222,24 @@ def save_checkpoint(root: str | os.PathLike, step: int, model: nn.Module,
     root = Path(root)
     final = checkpoint_dir(root, step)
     tmp = final.with_name(final.name + ".tmp")
+    try:
+        _write_all(root, tmp, final, step, model, optimizer, scheduler, dataloader_state, extra)
+    except (OSError, RuntimeError, CheckpointException) as exc:   # CheckpointException: a
+        err = write_error(exc, final)                              # BaseException (DCP)
+        if err is None:
+            raise
+        if xdist.is_main_process():
+            shutil.rmtree(tmp, ignore_errors=True)   # free what the failed write took
+        raise err from None
+    if xdist.is_main_process():
+        prune_checkpoints(root, keep_last)
+    xdist.barrier()
+    return final
+
+
+def _write_all(root: Path, tmp: Path, final: Path, step: int, model, optimizer, scheduler,
+               dataloader_state, extra) -> None:
+    """Every write of :func:`save_checkpoint` up to the atomic rename of ``tmp`` to ``final``."""
     if xdist.is_main_process():
         _prepare_tmp(root, tmp)
     xdist.barrier()
@@ -240,9 +261,41 @@ def save_checkpoint(root: str | os.PathLike, step: int, model: nn.Module,
                 "has_optimizer": optimizer is not None, "has_scheduler": scheduler is not None,
                 "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "torch": torch.__version__}
         _finalize(tmp, final, meta)
-        prune_checkpoints(root, keep_last)
-    xdist.barrier()
-    return final
+
+
+_WRITE_FAILED = ("unexpected pos", "PytorchStreamWriter", "file write failed", "inline_container")
+
+
+def write_error(exc: BaseException, final: Path) -> CheckpointError | None:
+    """One line for a failed checkpoint write: the folder, the reason (a full disk shows as
+    ENOSPC, or from torch's zip writer as ``inline_container.cc ... unexpected pos``, also inside
+    DCP's ``CheckpointException``) and the previous checkpoint, which the atomic write kept
+    intact. None when ``exc`` is no I/O failure (it should propagate unchanged)."""
+    inner = _dcp_inner(exc)
+    if isinstance(inner, OSError):
+        reason = {errno.ENOSPC: "no space left on the device",
+                  errno.EFBIG: "a file grew past the file-size limit (ulimit -f)",
+                  errno.EDQUOT: "the disk quota is exceeded"}.get(inner.errno,
+                                                                  inner.strerror or str(inner))
+    else:
+        text = (str(inner).strip().splitlines() or [type(inner).__name__])[0][:200]
+        if not isinstance(inner, RuntimeError) or not any(s in text for s in _WRITE_FAILED):
+            return None
+        reason = f"a write failed, is the disk full? ({text})"
+    previous = latest_checkpoint(final.parent)
+    kept = (f"the previous checkpoint {previous} is intact" if previous is not None
+            else "no earlier checkpoint exists")
+    return CheckpointError(f"writing checkpoint {final} failed: {reason}; {kept} (free space, "
+                           "then run the same command again to resume)")
+
+
+def _dcp_inner(exc: BaseException) -> BaseException:
+    """The first rank's underlying exception of a DCP CheckpointException (else ``exc``)."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(exc, CheckpointException) and failures:
+        wrapped = sorted(failures.items())[0][1]
+        return wrapped[0] if isinstance(wrapped, tuple) else wrapped
+    return exc
 
 
 def _read_rank_state(path: Path, world: int, strict_world_size: bool) -> dict[str, Any] | None:
@@ -265,8 +318,8 @@ def _dcp_reason(exc: BaseException) -> str:
     """The first rank's underlying error of a DCP CheckpointException (else the message)."""
     failures = getattr(exc, "failures", None)
     if failures:
-        rank, wrapped = sorted(failures.items())[0]
-        inner = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+        rank = sorted(failures)[0]
+        inner = _dcp_inner(exc)
         return f"rank {rank}: {type(inner).__name__}: {inner}"
     return f"{type(exc).__name__}: {exc}"
 

@@ -233,18 +233,11 @@ def save(run: Run, step: int) -> None:
 
     extra = {"mode": run.mode.kind, "global_batch_size": run.cfg.train.global_batch_size,
              **run.mode.checkpoint_extra(run.cfg)}
-    try:
-        run.last_checkpoint = save_checkpoint(
-            out_path(run.cfg, "checkpoints"), step, run.model, run.optimizer, run.scheduler,
-            dataloader_state=run.mode.loader_states(step), extra=extra,
-            keep_last=run.cfg.checkpoint.keep_last)
-    except (OSError, RuntimeError) as exc:
-        from xdistill.train.lifecycle import io_error
-
-        err = io_error(exc, f"the checkpoint of step {step} under {out_path(run.cfg, 'checkpoints')}")
-        if err is None:
-            raise
-        raise err from None
+    # a failed write (full disk) is one CheckpointError line; the previous checkpoint stays
+    run.last_checkpoint = save_checkpoint(
+        out_path(run.cfg, "checkpoints"), step, run.model, run.optimizer, run.scheduler,
+        dataloader_state=run.mode.loader_states(step), extra=extra,
+        keep_last=run.cfg.checkpoint.keep_last)
 
 
 def _set_sync(model, on: bool) -> None:

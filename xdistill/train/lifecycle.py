@@ -12,8 +12,9 @@ unwritable ``out_dir``.
   Ctrl-C aborts at once.
 * :func:`trim_logs`: a resumed run replays the steps after its checkpoint; the records of those
   steps are dropped from ``metrics.jsonl`` and ``samples_rank<R>.jsonl`` first.
-* :func:`io_error`: a failed checkpoint write (``inline_container.cc ... unexpected pos`` when the
-  disk is full, ``OSError``) as one :class:`~xdistill.train.checkpoint.CheckpointError` line.
+* :func:`io_error`: a failed write of the export (``inline_container.cc ... unexpected pos`` when
+  the disk is full, ``OSError``) as one :class:`~xdistill.train.checkpoint.CheckpointError` line
+  (a failed checkpoint write: :func:`xdistill.train.checkpoint.write_error`).
 """
 
 from __future__ import annotations
