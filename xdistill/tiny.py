@@ -71,7 +71,7 @@ def make_corpus(out: Path, n_train: int = 400, n_eval: int = 40, max_chars: int 
         raw = out / f"{split}.jsonl"
         raw.parent.mkdir(parents=True, exist_ok=True)
         raw.write_text("".join(json.dumps({"text": d}) + "\n" for d in part), encoding="utf-8")
-        prepare([raw], out / split, progress=False)
+        prepare([raw], out / split, progress=False, overwrite=True)
         paths.append(out / split)
     return paths[0], paths[1]
 

@@ -121,7 +121,7 @@ def test_hung_ray_actor_times_out(ray_cluster):
                        engine_factory=functools.partial(SleepEngine, 1000.0))
     with client:
         t0 = time.monotonic()
-        with pytest.raises(TeacherError, match=r"did not answer step 0 within 1.5 s"):
+        with pytest.raises(TeacherError, match=r"did not answer request 0 within 1.5 s"):
             client.forward(_req(ids, mask))
         assert time.monotonic() - t0 < 10.0
         with pytest.raises(TeacherError, match="unusable"):

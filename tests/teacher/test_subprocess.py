@@ -135,7 +135,7 @@ def test_hung_worker_times_out_and_is_killed():
     cfg = TeacherConfig(name="sleepy", placement="subprocess", timeout_s=1.0)
     with SubprocessClient(cfg, engine_factory=functools.partial(SleepEngine, 1000.0)) as client:
         t0 = time.monotonic()
-        with pytest.raises(TeacherError, match=r"did not answer step 0 within 1 s \(hung\?\)"):
+        with pytest.raises(TeacherError, match=r"did not answer request 0 within 1 s \(hung\?\)"):
             client.forward(_one())
         assert 0.9 < time.monotonic() - t0 < 5.0
         assert not client.proc.is_alive()

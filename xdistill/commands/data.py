@@ -2,7 +2,8 @@
 
 ``prepare`` converts jsonl / parquet / arrow / text / chat files into memory-mappable arrow IPC
 shards plus ``index.json`` (see :mod:`xdistill.data.prepare`); rerunning it with unchanged inputs
-does nothing. ``info`` prints a prepared directory's index summary.
+does nothing. ``info`` prints a prepared directory's index summary; ``info --verify`` also reads
+every document as training does (:mod:`xdistill.data.verify`) and names the first bad file/row.
 """
 
 from __future__ import annotations
@@ -34,9 +35,26 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("--max-doc-mb", type=float, default=0.5,
                       help="split text documents longer than this many MiB into pieces (at a "
                            "blank line, newline or space; 0 = never; default: 0.5)")
+    prep.add_argument("--overwrite", action="store_true",
+                      help="replace an output that is a file or a dataset prepared from other "
+                           "inputs or options (without it, either is an error)")
     prep.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    info = sub.add_parser("info", help="summarise a prepared directory")
-    info.add_argument("directory")
+    info = sub.add_parser("info", help="summarise a prepared directory; --verify reads every "
+                                      "document as training does")
+    info.add_argument("directory", help="a prepared directory (with --verify: any data path "
+                                        "training accepts)")
+    info.add_argument("--verify", action="store_true",
+                      help="fetch and decode every document the way training does and report the "
+                           "first bad file and row (a damaged shard, invalid UTF-8, a conversation "
+                           "with no role of --loss-roles)")
+    info.add_argument("--text-column", default="text", help="with --verify: data.text_column")
+    info.add_argument("--messages-column", default="messages",
+                      help="with --verify: data.messages_column")
+    info.add_argument("--invalid-utf8", default="error", choices=["error", "replace"],
+                      help="with --verify: data.invalid_utf8")
+    info.add_argument("--loss-roles", nargs="+", default=["assistant"],
+                      help="with --verify: data.loss_roles (default: assistant)")
+    info.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     return parser
 
 
@@ -60,17 +78,31 @@ def main(argv: list[str] | None = None) -> int:
                                invalid_utf8=args.invalid_utf8,
                                shard_bytes=max(1, int(args.shard_mb * (1 << 20))),
                                max_doc_bytes=int(args.max_doc_mb * (1 << 20)),
-                               progress=not args.quiet)
+                               progress=not args.quiet, overwrite=args.overwrite)
         state = "wrote" if wrote else "up to date"
         print(f"{args.output}: {state}: {_summary(index)}")
         return 0
-    path = Path(args.directory) / "index.json"
-    try:
-        index = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise DataError(f"cannot read {path}: {exc}") from None
-    from xdistill.data.prepare import check_shards
+    return _info(args)
 
-    check_shards(args.directory, index)   # a truncated or missing shard is an error, not "fine"
-    print(_summary(index))
+
+def _info(args) -> int:
+    path = Path(args.directory) / "index.json"
+    index = None
+    if not args.verify or path.is_file():
+        try:
+            index = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise DataError(f"cannot read {path}: {exc}") from None
+        from xdistill.data.prepare import check_shards
+
+        check_shards(args.directory, index)   # a truncated or missing shard is an error
+        print(_summary(index))
+    if args.verify:
+        from xdistill.data.verify import verify_documents
+
+        n = verify_documents(args.directory, text_column=args.text_column,
+                             messages_column=args.messages_column, invalid_utf8=args.invalid_utf8,
+                             loss_roles=args.loss_roles, progress=not args.quiet)
+        print(f"{args.directory}: verified {n['documents']} documents ({n['text']} text, "
+              f"{n['chat']} chat, {n['empty']} empty): every row reads as training reads it")
     return 0

@@ -21,7 +21,8 @@ class DataConfig:
     messages_column: str = "messages"
     # invalid UTF-8 in a text column: "error" (names the file and row) or "replace" (U+FFFD)
     invalid_utf8: Literal["error", "replace"] = "error"
-    # student tokens per window (documents are packed and split to fill windows of this length)
+    # student tokens per window (documents are packed and split to fill windows of this length;
+    # a resume may change it: the data continues at the next unread token, in the new windows)
     seq_len: int = 2048
     # windows per batch on each data-parallel rank
     batch_size: int = 8

@@ -62,13 +62,21 @@ class PackedDataset(ShardedSourceDataset):
         return {"epoch": 0, "pos": 0, "off": 0, "windows": 0, "skipped_empty": 0}
 
     # ------------------------------------------------------------------ iteration
+    def _where(self, i: int) -> str:
+        """Document ``i`` for error messages: ``FILE row R`` when the source can tell."""
+        locate = getattr(self.source, "locate", None)
+        if locate is None:
+            return f"document {i}"
+        path, row = locate(i)
+        return f"{path} row {row}"
+
     def _fetch(self, i: int):
         doc = self.source.get(i) if hasattr(self.source, "get") else self.source[i]
-        return doc if isinstance(doc, str) else as_conversation(doc, f"document {i}")
+        return doc if isinstance(doc, str) else as_conversation(doc, self._where(i))
 
     def _encode(self, doc_index: int, doc):
         return encode_document(self.student, doc_index, doc, loss_roles=self.loss_roles,
-                               end_of_turn=self.end_of_turn)
+                               end_of_turn=self.end_of_turn, where=self._where(doc_index))
 
     def __iter__(self):
         shard, num_shards = self.shard()

@@ -9,6 +9,8 @@ count and worker count resumes with exactly the batches that were not yet consum
 
 from __future__ import annotations
 
+import threading
+import time
 import warnings
 
 from xdistill import child_signals
@@ -16,7 +18,10 @@ from xdistill.data.collator import CrossTokenizerCollator, TeacherSpec
 from xdistill.data.config import DataConfig
 from xdistill.data.dataset import PackedDataset
 from xdistill.data.source import DocumentSource
-from xdistill.errors import ConfigError, DataError
+from xdistill.errors import ConfigError, DataError, XDistillError
+from xdistill.log import get_logger, rank
+
+log = get_logger("data")
 
 
 def _dist_position(rank, world_size) -> tuple[int, int]:
@@ -102,24 +107,59 @@ def worker_start_method(name: str) -> str:
     return "spawn" if torch.cuda.is_initialized() else "fork"
 
 
+def describe_loader(loader) -> str:
+    """What a training loader reads and how, for the start-up log (rank 0)."""
+    ds = loader.dataset
+    source = getattr(ds, "source", None)
+    files = getattr(source, "files", [])
+    parts = [f"{len(source):,} documents" if source is not None else "documents"]
+    if files:
+        parts[0] += f" in {len(files)} file(s) under {files[0].parent}"
+    if hasattr(ds, "window_len"):
+        parts.append(f"batches of {loader.batch_size} x {ds.window_len} tokens")
+    workers = loader.num_workers
+    ctx = loader.multiprocessing_context
+    how = getattr(ctx, "get_start_method", lambda: None)() if ctx is not None else None
+    parts.append(f"{workers} worker process(es)" + (f" ({how})" if how else "") if workers
+                 else "loaded in the training process")
+    return ", ".join(parts)
+
+
 class WatchedIterator:
-    """``next()`` over a loader that turns the loader's worker timeout into one clear error.
+    """``next()`` over a loader with one-line errors and a word while the first batch is late.
 
     With ``num_workers > 0`` and ``timeout`` set, torch raises a bare ``RuntimeError`` when no
     batch arrives in time; this names the loader, the worker the batch was expected from and the
-    config key to change. Every other error passes through unchanged.
+    config key to change. An :class:`~xdistill.errors.XDistillError` raised in a worker arrives as
+    its own one-line message (:func:`unwrap_worker_error`). Until the first batch arrives, a line
+    is logged every ``heartbeat_s`` seconds (the first run compiles the aligner, ~30 s).
+    Every other error passes through unchanged.
     """
 
-    def __init__(self, loader, name: str = "data"):
-        self.loader, self.name = loader, name
-        self._it = iter(loader)
+    def __init__(self, loader, name: str = "data", heartbeat_s: float = 10.0):
+        self.loader, self.name, self.heartbeat_s = loader, name, heartbeat_s
+        self._first = True
+        try:
+            self._it = iter(loader)   # workers start; one that fails to restore its state raises
+        except XDistillError as exc:
+            raise unwrap_worker_error(exc) from None
 
     def __iter__(self):
         return self
 
     def __next__(self):
+        if self._first:
+            self._first = False
+            with _Heartbeat(f"waiting for the first batch of the {self.name} loader",
+                            self.heartbeat_s):
+                return self._next()
+        return self._next()
+
+    def _next(self):
         try:
             return next(self._it)
+        except XDistillError as exc:
+            raise unwrap_worker_error(exc) from None
         except RuntimeError as e:
             if "timed out" not in str(e):
                 raise
@@ -140,6 +180,55 @@ class WatchedIterator:
         return (f"no batch from the {self.name} loader for {self.loader.timeout:.0f} s (waiting "
                 f"on {who}); a worker is stuck or too slow. Raise data.timeout_s (0 disables the "
                 "watchdog) if batches legitimately take this long")
+
+
+def unwrap_worker_error(exc: XDistillError) -> XDistillError:
+    """The error a loader worker raised, as its own one-line message.
+
+    torch re-raises a worker's exception in the training process as the same class, built from
+    ``"Caught DataError in DataLoader worker process 0.\nOriginal Traceback ..."``: 17-32 lines
+    with the message at the bottom. The message is recovered from that text (the last
+    ``<module>.<class>: `` line of the worker's traceback); other errors are returned as they are.
+    """
+    text = str(exc)
+    if "in DataLoader worker process" not in text or "Original Traceback" not in text:
+        return exc
+    cls = type(exc)
+    marker = f"{cls.__module__}.{cls.__qualname__}: "
+    at = text.rfind(marker)
+    if at < 0:
+        return exc
+    try:
+        return cls(text[at + len(marker):].strip())
+    except Exception:   # noqa: BLE001 - a subclass with another constructor: keep the original
+        return exc
+
+
+class _Heartbeat:
+    """Logs ``what`` with the seconds waited every ``every`` seconds until the block ends (rank 0;
+    then one line with the total, when it logged at all)."""
+
+    def __init__(self, what: str, every: float):
+        self.what, self.every = what, every
+        self._done = threading.Event()
+        self._beats = 0
+
+    def _run(self, t0: float) -> None:
+        while not self._done.wait(self.every):
+            self._beats += 1
+            log.info("%s: %.0f s", self.what, time.monotonic() - t0)
+
+    def __enter__(self):
+        self._t0 = time.monotonic()
+        if self.every > 0 and rank() == 0:
+            threading.Thread(target=self._run, args=(self._t0,), daemon=True,
+                             name="xdistill-heartbeat").start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        if self._beats and exc[0] is None:
+            log.info("%s: done after %.1f s", self.what, time.monotonic() - self._t0)
 
 
 class DataLoaderTimeout(DataError):

@@ -158,9 +158,19 @@ def encode_text(student, text: str, size: int = LONG_DOC_CHARS):
     return np.concatenate(ids), np.concatenate(starts), np.concatenate(ends), phantom
 
 
+def check_roles_message(where: str, roles, loss_roles) -> str:
+    """The error of a conversation none of whose roles is trained (ShareGPT's human/gpt...)."""
+    example = next((r for r in ("gpt", "bot", "model", "assistant") if r in roles), sorted(roles)[-1])
+    return (f"{where}: chat roles {sorted(roles)} include none of data.loss_roles "
+            f"{sorted(loss_roles)}, so it would carry no loss; set the role(s) to train, e.g. "
+            f"data.loss_roles=[{example}], or rename the roles in the data (human -> user, "
+            "gpt -> assistant)")
+
+
 def encode_document(student, doc_index: int, doc, *, loss_roles=DEFAULT_LOSS_ROLES,
-                    end_of_turn: bool = True) -> _DocEnc | None:
-    """Tokenize one document (text or conversation) with the student; None when it is empty."""
+                    end_of_turn: bool = True, where: str | None = None) -> _DocEnc | None:
+    """Tokenize one document (text or conversation) with the student; None when it is empty.
+    ``where`` names it in errors (e.g. ``"FILE row R"``; default ``"document <doc_index>"``)."""
     if isinstance(doc, str):
         if not doc.strip():
             return None
@@ -170,10 +180,8 @@ def encode_document(student, doc_index: int, doc, *, loss_roles=DEFAULT_LOSS_ROL
             return None
         roles = {r for r, _ in doc}
         if not roles & frozenset(loss_roles):
-            raise DataError(f"document {doc_index}: chat roles {sorted(roles)} include none of "
-                            f"data.loss_roles {sorted(loss_roles)}: it would carry no loss (map "
-                            "the roles, e.g. human -> user and gpt -> assistant, or set "
-                            "data.loss_roles)")
+            raise DataError(check_roles_message(where or f"document {doc_index}", roles,
+                                                loss_roles))
         rendered = render_chat(student, doc)
         text = rendered.text
         chat = (ChatInfo(tuple(doc), rendered.spans_M2, rendered.n_bytes), rendered)

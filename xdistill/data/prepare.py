@@ -95,12 +95,15 @@ def detect_format(path: Path, fmt: str) -> str:
 
 
 # ---------------------------------------------------------------------------- readers
+UTF8_HINT = "pass --invalid-utf8 replace to substitute U+FFFD"
+
+
 def _decode(raw: bytes, opts, where: str) -> tuple[str, bool]:
     """(text, whether invalid bytes were replaced) under the invalid_utf8 policy."""
     try:
         return raw.decode("utf-8"), False
     except UnicodeDecodeError:
-        return decode_utf8(raw, opts["invalid_utf8"], where), True
+        return decode_utf8(raw, opts["invalid_utf8"], where, UTF8_HINT), True
 
 
 def _record_doc(obj, text_column: str, messages_column: str, where: str):
@@ -112,8 +115,14 @@ def _record_doc(obj, text_column: str, messages_column: str, where: str):
         return obj[text_column]
     if messages_column in obj and obj[messages_column] is not None:
         return as_conversation(obj[messages_column], where)
+    nulls = [k for k in (text_column, messages_column) if k in obj]
+    if nulls:   # the key is there, its value is null
+        raise DataError(f"{where}: {' and '.join(repr(k) for k in nulls)} "
+                        f"{'is' if len(nulls) == 1 else 'are'} null; give the document's text "
+                        f"(or its {messages_column!r} list), or drop the line")
     raise DataError(f"{where}: no {text_column!r} or {messages_column!r} key; keys found: "
-                    f"{', '.join(map(str, obj)) or 'none'}")
+                    f"{', '.join(map(str, obj)) or 'none'} (--text-column / --messages-column "
+                    "name others)")
 
 
 def _read_jsonl(path, opts):
@@ -264,7 +273,7 @@ def _doc_bytes(doc, where: str, policy: str):
     except UnicodeEncodeError:
         if policy != "replace":
             raise DataError(f"{where}: text is not valid Unicode (lone surrogate); "
-                            f"set invalid_utf8=replace to substitute U+FFFD") from None
+                            f"{UTF8_HINT}") from None
         fix = lambda t: t.encode("utf-8", "replace").decode("utf-8")  # noqa: E731
         doc = fix(doc) if isinstance(doc, str) else tuple((r, fix(c)) for r, c in doc)
         return _doc_bytes(doc, where, "error")
@@ -424,12 +433,36 @@ def _install(tmp: Path, out: Path, index: dict) -> None:
     os.replace(tmp_index, out / "index.json")
 
 
+def _check_output(out: Path, overwrite: bool) -> None:
+    """An existing file, or a dataset prepared from other (or changed) inputs or options, is
+    replaced only with ``overwrite``; otherwise a DataError says what is there."""
+    if out.exists() and not out.is_dir():
+        if not overwrite:
+            raise DataError(f"output {out} exists and is not a directory; choose another output "
+                            "directory (-o), or pass --overwrite to replace the file")
+        out.unlink()
+        return
+    try:
+        index = json.loads((out / "index.json").read_text())
+    except (OSError, ValueError):
+        return
+    if not overwrite:
+        sources = ", ".join(s.get("path", "?") for s in index.get("sources", [])[:3]) or "?"
+        raise DataError(f"output {out} already holds a prepared dataset ({index.get('documents', '?')}"
+                        f" documents from {sources}) of other inputs or options (or inputs changed "
+                        "since); choose another output directory (-o), or pass --overwrite to "
+                        "replace it")
+
+
 def prepare(inputs, out_dir, *, text_column: str = "text", messages_column: str = "messages",
             fmt: str = "auto", invalid_utf8: str = "error", shard_bytes: int = 256 << 20,
-            max_doc_bytes: int = MAX_DOC_BYTES, progress: bool = True) -> tuple[dict, bool]:
+            max_doc_bytes: int = MAX_DOC_BYTES, progress: bool = True,
+            overwrite: bool = False) -> tuple[dict, bool]:
     """Convert ``inputs`` into shards under ``out_dir``; returns ``(index, wrote)``.
 
-    ``wrote`` is False when the output was already up to date (nothing was touched).
+    ``wrote`` is False when the output was already up to date (nothing was touched). An output
+    that is a file, or a dataset prepared from other inputs or options, is an error unless
+    ``overwrite``.
     """
     if fmt not in FORMATS:
         raise DataError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
@@ -446,10 +479,14 @@ def prepare(inputs, out_dir, *, text_column: str = "text", messages_column: str 
     options = dict(opts, format=fmt, shard_bytes=shard_bytes)
     fingerprint = fingerprint_inputs(files, options)
     out = Path(out_dir)
-    current = _up_to_date(out, fingerprint)
+    current = _up_to_date(out, fingerprint) if out.is_dir() else None
     if current is not None:
         return current, False
-    out.mkdir(parents=True, exist_ok=True)
+    _check_output(out, overwrite)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"cannot create output directory {out}: {exc.strerror or exc}") from None
     tmp = Path(tempfile.mkdtemp(prefix=".prepare-", dir=out))
     try:
         index = _convert(files, fmt, tmp, opts, shard_bytes, progress)

@@ -69,6 +69,10 @@ class ShardedSourceDataset(IterableDataset):
         expected = self._layout()
         if layout is not None and list(layout) != expected:
             what, rows, keep = self._words
+            if layout[3] != expected[3]:
+                raise DataError(f"cannot resume: the checkpoint's {what} state is a position in "
+                                f"{layout[3]} {rows}, the {what} now has {expected[3]}; resume on "
+                                f"the same {keep}, or start afresh (--resume none)")
             raise DataError(f"cannot resume {what} state saved as (shard, shards, seed, {rows}) = "
                             f"{tuple(layout)} in layout {tuple(expected)}: keep ranks, "
                             f"num_workers, seed and {keep} unchanged to resume exactly")

@@ -40,15 +40,50 @@ PARQUET_SUFFIXES = (".parquet",)
 INDEX_NAME = "index.json"
 
 
-def decode_utf8(raw: bytes, policy: str, where: str) -> str:
-    """Decode ``raw`` as UTF-8 under ``policy`` ("error" | "replace"); errors name ``where``."""
+def decode_utf8(raw: bytes, policy: str, where: str,
+                hint: str = "set data.invalid_utf8=replace to substitute U+FFFD") -> str:
+    """Decode ``raw`` as UTF-8 under ``policy`` ("error" | "replace"); errors name ``where`` and
+    end with ``hint`` (the option that changes the policy where the caller reads it)."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         if policy == "replace":
             return raw.decode("utf-8", errors="replace")
-        raise DataError(f"{where}: invalid UTF-8 at byte {exc.start} "
-                        f"(set invalid_utf8=replace to substitute U+FFFD)") from None
+        raise DataError(f"{where}: invalid UTF-8 at byte {exc.start} ({hint})") from None
+
+
+CORRUPT_HINT = ("the shard is corrupt: prepare the data again (`xdistill data info --verify` "
+                "reports the first bad row)")
+
+
+def _offsets_ok(arr, start: int, stop: int, limit: int | None = None) -> bool:
+    """Whether the offsets of rows ``start..stop-1`` of a binary/string/list array ``arr`` are
+    ordered and inside its data (``limit``: the child's length for a list). Arrow reads them
+    unchecked: a corrupt offset made a loader worker abort (``std::length_error``)."""
+    t = arr.type
+    large = pa.types.is_large_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_list(t)
+    buffers = arr.buffers()
+    if limit is None:
+        limit = buffers[2].size if len(buffers) > 2 and buffers[2] is not None else 0
+    offs = np.frombuffer(buffers[1], dtype=np.int64 if large else np.int32)
+    window = offs[arr.offset + start: arr.offset + stop + 1]
+    return (len(window) == stop - start + 1 and int(window[0]) >= 0
+            and int(window[-1]) <= limit and bool(np.all(np.diff(window) >= 0)))
+
+
+def _chat_row_ok(chunk, j: int) -> bool:
+    """The offsets a chat row's ``as_py()`` follows: the list, then each string field."""
+    values = chunk.values
+    if not _offsets_ok(chunk, j, j + 1, len(values)):
+        return False
+    offs = np.frombuffer(chunk.buffers()[1], dtype=np.int32)
+    lo, hi = int(offs[chunk.offset + j]), int(offs[chunk.offset + j + 1])
+    return all(_offsets_ok(values.field(k), values.offset + lo, values.offset + hi)
+               for k in range(values.type.num_fields)
+               if pa.types.is_binary(values.type.field(k).type)
+               or pa.types.is_string(values.type.field(k).type)
+               or pa.types.is_large_string(values.type.field(k).type)
+               or pa.types.is_large_binary(values.type.field(k).type))
 
 
 def _open_arrow(path: Path) -> pa.Table:
@@ -57,10 +92,12 @@ def _open_arrow(path: Path) -> pa.Table:
     try:
         mm = pa.memory_map(str(path), "r")
         try:
-            return pa.ipc.open_file(mm).read_all()
+            table = pa.ipc.open_file(mm).read_all()
         except pa.ArrowInvalid:
             mm.seek(0)
-            return pa.ipc.open_stream(mm).read_all()
+            table = pa.ipc.open_stream(mm).read_all()
+        table.validate()   # buffer sizes against lengths (cheap; row offsets: see _offsets_ok)
+        return table
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
         raise DataError(f"corrupt or unreadable arrow shard {path}: {exc}") from None
 
@@ -135,6 +172,8 @@ class DocumentSource:
         self.messages_column = messages_column
         self.invalid_utf8 = invalid_utf8
         self.files, expected = resolve_files(paths)
+        # written by `xdistill data prepare` (valid UTF-8 by construction: bad bytes = corruption)
+        self.prepared = expected is not None
         self._shards: list[_Shard] | None = None
         shards = self._open()
         counts = [int(s.chunk_offsets[-1]) for s in shards]
@@ -206,11 +245,19 @@ class DocumentSource:
         j = row - int(shard.chunk_offsets[c])
         where = f"{shard.path} row {row}"
         if shard.text is not None:
-            value = shard.text[c][j]
+            chunk = shard.text[c]
+            if not _offsets_ok(chunk, j, j + 1):   # checked before arrow follows them
+                raise DataError(f"{where}: text offsets out of range; {CORRUPT_HINT}")
+            value = chunk[j]
             if value.is_valid:
-                return decode_utf8(value.as_py(), self.invalid_utf8, where)
+                hint = CORRUPT_HINT if self.prepared else None
+                return decode_utf8(value.as_py(), self.invalid_utf8, where,
+                                   *([hint] if hint else []))
         if shard.chat is not None:
-            value = shard.chat[c][j]
+            chunk = shard.chat[c]
+            if not _chat_row_ok(chunk, j):
+                raise DataError(f"{where}: chat message offsets out of range; {CORRUPT_HINT}")
+            value = chunk[j]
             if value.is_valid:
                 try:
                     return as_conversation(value.as_py(), where)

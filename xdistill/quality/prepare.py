@@ -69,7 +69,8 @@ def prepare_corpora(root: Path, cfg: PrepConfig) -> dict:
 
     info = task.build_corpora(root / "corpus", cfg.task)
     for name in ("teacher", "student", "eval_text"):
-        prepare([info[f"{name}_jsonl"]], root / "corpus" / name, progress=False)
+        prepare([info[f"{name}_jsonl"]], root / "corpus" / name, progress=False,
+                overwrite=True)
         info[name] = str(root / "corpus" / name)
     return info
 

@@ -223,7 +223,7 @@ class _RemoteClient(TeacherClient):
         if msg[0] == "error":
             self._ring.release(slot)
             first = msg[2].strip().splitlines()[-1]
-            raise teacher_error(f"{self._where()} raised at step {step}: {first}", msg[2])
+            raise teacher_error(f"{self._where()} raised on request {step}: {first}", msg[2])
         reply = msg[1]
         try:
             tensors = self.reader.read(slot, reply["meta"])
@@ -320,7 +320,7 @@ class SubprocessClient(_RemoteClient):
                                  "(hung?); the worker was killed")
 
     def _receive_one(self, step: int, deadline: float, timeout: float) -> None:
-        self._store(self._recv(deadline, timeout, f"step {step}"))
+        self._store(self._recv(deadline, timeout, f"request {step}"))
 
     def _kill(self) -> None:
         if self.proc.is_alive():
@@ -421,7 +421,7 @@ class RayClient(_RemoteClient):
 
     def _receive_one(self, step: int, deadline: float, timeout: float) -> None:
         ref = self._refs.pop(step)
-        self._store(self._get(ref, deadline, timeout, f"step {step}"))
+        self._store(self._get(ref, deadline, timeout, f"request {step}"))
 
     def _kill(self) -> None:
         import ray

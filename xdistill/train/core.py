@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from xdistill import distributed as xdist
-from xdistill.errors import XDistillError
+from xdistill.errors import TeacherError, XDistillError
 from xdistill.log import get_logger, init_logging
 from xdistill.metrics import MetricsWriter
 from xdistill.train.metrics import StepMetrics, first_nonfinite
@@ -115,6 +115,9 @@ class TrainMode:
 
     def checkpoint_extra(self, cfg) -> dict:
         return {}
+
+    def check_resume(self, cfg, path: Path, extra: dict) -> None:
+        """Refuse (or warn about) a checkpoint whose data differs from this run's."""
 
     def close(self) -> None:
         pass
@@ -205,6 +208,7 @@ def maybe_resume(run: Run) -> None:
         return
     state = load_checkpoint(path, run.model, run.optimizer, run.scheduler,
                             strict_world_size=run.cfg.checkpoint.strict_world_size)
+    run.mode.check_resume(run.cfg, path, state.extra)
     loader_states = state.dataloader_state or []
     if state.dataloader_state is None and not run.cfg.checkpoint.strict_world_size:
         log.warning("%s: written by another number of ranks; model, optimizer and scheduler "
@@ -370,7 +374,10 @@ def train_loop(run: Run, stop) -> dict:
     with a checkpoint."""
     metrics: dict = {}
     for step in range(run.start_step + 1, run.cfg.train.steps + 1):
-        metrics = train_step(run, step)
+        try:
+            metrics = train_step(run, step)
+        except TeacherError as exc:   # a teacher counts requests: name the training step too
+            raise TeacherError(f"step {step}: {exc}") from exc
         log_metrics(run, step, metrics)
         check_nonfinite(run, step)
         after_step(run, step)

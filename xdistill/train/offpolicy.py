@@ -73,6 +73,7 @@ class OffPolicyMode(core.TrainMode):
         lookahead = 0
         if self.pool is not None and run.cfg.train.pipeline_teachers and self.pool.has_remote:
             lookahead = max(0, self.pool.remote_slots - 1)
+        _log_data_start(self.loaders)
         iters = [WatchedIterator(ld) for ld in self.loaders]
         self.stream = MicroBatchStream(iters, self.loaders, run.accum, self.pool, lookahead,
                                        last_step=run.cfg.train.steps)
@@ -124,7 +125,30 @@ class OffPolicyMode(core.TrainMode):
                                                "optim")]
 
     def checkpoint_extra(self, cfg) -> dict:
-        return {"data_ranks": self.shards}
+        return {"data_ranks": self.shards, "data_seq_len": cfg.data.seq_len,
+                "data_documents": self._documents()}
+
+    def _documents(self) -> int | None:
+        source = getattr(self.loaders[0].dataset, "source", None) if self.loaders else None
+        return len(source) if source is not None else None
+
+    def check_resume(self, cfg, path, extra: dict) -> None:
+        """Other data (another document count) is refused before any loader worker starts; another
+        ``data.seq_len`` is allowed (the loader state is a document and token position, so the
+        data continues at the next unread token in windows of the new length) and logged."""
+        from xdistill.train.checkpoint import CheckpointError
+
+        had, has = extra.get("data_documents"), self._documents()
+        if had is not None and has is not None and had != has:
+            raise CheckpointError(
+                f"{path} was written while training on {had} documents, data.paths {cfg.data.paths} "
+                f"now hold {has}: its data position means nothing in other data; resume with the "
+                "same data.paths, or start afresh (--resume none, or another train.out_dir)")
+        seq_len = extra.get("data_seq_len")
+        if seq_len is not None and seq_len != cfg.data.seq_len and xdist.is_main_process():
+            log.warning("resuming %s (data.seq_len %d) with data.seq_len %d: the data continues at "
+                        "the next unread token, in windows of the new length", path.name, seq_len,
+                        cfg.data.seq_len)
 
     def close(self) -> None:
         try:
@@ -133,6 +157,21 @@ class OffPolicyMode(core.TrainMode):
         finally:
             if self.pool is not None:
                 self.pool.close()
+
+
+def _log_data_start(loaders) -> None:
+    """What the loaders read, and whether the first batch must compile the aligner (rank 0)."""
+    if not loaders or not xdist.is_main_process():
+        return
+    from xdistill.align.api import kernels_cached
+    from xdistill.data.loader import describe_loader
+
+    log.info("data: %s%s", describe_loader(loaders[0]),
+             f" (x {len(loaders)} data shards)" if len(loaders) > 1 else "")
+    if not kernels_cached():
+        log.info("the token aligner is not compiled yet (first run after an install or an edit of "
+                 "xdistill/align): the first batch compiles it with numba, ~30 s on 2 CPU cores; "
+                 "later runs load it from numba's cache")
 
 
 def run_offpolicy(cfg: OffPolicyConfig) -> dict:
