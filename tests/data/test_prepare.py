@@ -72,10 +72,43 @@ def test_missing_text_key_names_keys(tmp_path):
         prepare([tmp_path / "x.jsonl"], tmp_path / "o", progress=False)
 
 
+def test_a_null_text_says_it_is_null(tmp_path):
+    """It said "no 'text' or 'messages' key; keys found: text"."""
+    (tmp_path / "n.jsonl").write_text('{"text": "fine"}\n{"text": null}\n')
+    with pytest.raises(DataError, match=r"n.jsonl line 2: 'text' is null; give the document's "
+                                        r"text \(or its 'messages' list\), or drop the line$"):
+        prepare([tmp_path / "n.jsonl"], tmp_path / "o", progress=False)
+
+
+def test_output_onto_a_file_or_another_dataset_needs_overwrite(tmp_path, capsys):
+    """Onto a file it was a traceback (FileExistsError); onto another dataset it replaced it
+    silently. The same inputs are still prepared again in place (see the idempotence test)."""
+    src = _write_inputs(tmp_path)
+    target = tmp_path / "notes.txt"
+    target.write_text("my notes")
+    cmd = ["data", "prepare", str(src / "a.jsonl"), "-o", str(target), "-q"]
+    assert cli_main(cmd) == 2
+    err = capsys.readouterr().err
+    assert err == (f"xdistill: error: output {target} exists and is not a directory; choose "
+                   "another output directory (-o), or pass --overwrite to replace the file\n")
+    assert target.read_text() == "my notes"
+    assert cli_main(cmd + ["--overwrite"]) == 0 and (target / "index.json").is_file()
+    capsys.readouterr()
+    other = ["data", "prepare", str(src / "c.txt"), "-o", str(target), "-q"]
+    assert cli_main(other) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"output {target} already holds a dataset prepared from " \
+        f"other inputs (2 documents from {src / 'a.jsonl'})" in err and "--overwrite" in err
+    assert cli_main(other + ["--overwrite"]) == 0
+    assert "1 documents" in capsys.readouterr().out
+
+
 def test_invalid_utf8_policy(tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"good line\nbad \xff\xfe byte\n")
-    with pytest.raises(DataError, match=r"bad.txt line 2: invalid UTF-8 at byte 4"):
+    # the hint names the flag of `data prepare` (it said invalid_utf8=replace, a config key)
+    with pytest.raises(DataError, match=r"bad.txt line 2: invalid UTF-8 at byte 4 \(pass "
+                                        r"--invalid-utf8 replace to substitute U\+FFFD\)$"):
         prepare([bad], tmp_path / "o", fmt="text-lines", progress=False)
     index, _ = prepare([bad], tmp_path / "o", fmt="text-lines", invalid_utf8="replace", progress=False)
     assert index["replaced_invalid_utf8"] == 1

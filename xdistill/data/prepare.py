@@ -433,9 +433,10 @@ def _install(tmp: Path, out: Path, index: dict) -> None:
     os.replace(tmp_index, out / "index.json")
 
 
-def _check_output(out: Path, overwrite: bool) -> None:
-    """An existing file, or a dataset prepared from other (or changed) inputs or options, is
-    replaced only with ``overwrite``; otherwise a DataError says what is there."""
+def _check_output(out: Path, files: list[Path], overwrite: bool) -> None:
+    """An existing file, or a dataset prepared from other input files, is replaced only with
+    ``overwrite``; otherwise a DataError says what is there. (The same inputs, changed or with
+    other options, are prepared again in place.)"""
     if out.exists() and not out.is_dir():
         if not overwrite:
             raise DataError(f"output {out} exists and is not a directory; choose another output "
@@ -446,12 +447,12 @@ def _check_output(out: Path, overwrite: bool) -> None:
         index = json.loads((out / "index.json").read_text())
     except (OSError, ValueError):
         return
-    if not overwrite:
-        sources = ", ".join(s.get("path", "?") for s in index.get("sources", [])[:3]) or "?"
-        raise DataError(f"output {out} already holds a prepared dataset ({index.get('documents', '?')}"
-                        f" documents from {sources}) of other inputs or options (or inputs changed "
-                        "since); choose another output directory (-o), or pass --overwrite to "
-                        "replace it")
+    sources = [s.get("path") for s in index.get("sources", [])]
+    if not overwrite and sources != [str(f) for f in files]:
+        shown = ", ".join(map(str, sources[:3])) + (", ..." if len(sources) > 3 else "")
+        raise DataError(f"output {out} already holds a dataset prepared from other inputs "
+                        f"({index.get('documents', '?')} documents from {shown or '?'}); choose "
+                        "another output directory (-o), or pass --overwrite to replace it")
 
 
 def prepare(inputs, out_dir, *, text_column: str = "text", messages_column: str = "messages",
@@ -482,7 +483,7 @@ def prepare(inputs, out_dir, *, text_column: str = "text", messages_column: str 
     current = _up_to_date(out, fingerprint) if out.is_dir() else None
     if current is not None:
         return current, False
-    _check_output(out, overwrite)
+    _check_output(out, files, overwrite)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -57,11 +57,26 @@ class WorkerHost:
             close()
 
 
+def _thread_lock_for_progress_bars() -> None:
+    """tqdm (the model-loading bars) otherwise creates a multiprocessing lock, a named semaphore
+    registered with the trainer's resource tracker: a teacher killed after a timeout never
+    unregisters it, and the tracker printed a "leaked semaphore" warning after the error line."""
+    try:
+        import threading
+
+        import tqdm
+
+        tqdm.tqdm.set_lock(threading.RLock())
+    except ImportError:   # pragma: no cover - tqdm is a dependency
+        pass
+
+
 def subprocess_main(conn, engine_factory, transport: str, n_slots: int,
                     num_threads: int = 0) -> None:
     """Entry point of a spawned teacher subprocess (see module doc for the protocol). It ignores
     the trainer's stop signals (:mod:`xdistill.child_signals`): the trainer ends it."""
     ignore_stop_signals()
+    _thread_lock_for_progress_bars()
     host = None
     try:
         try:
