@@ -1,17 +1,15 @@
 """Run bookkeeping (xdistill/train/lifecycle.py): no replayed steps in the logs after a resume,
-one live run per out_dir, SIGTERM saves a checkpoint and ends in one line, a full disk or an
-unwritable out_dir is one line."""
+one live run per out_dir, a full disk (a real one) or an unwritable out_dir is one line. Stop
+signals (SIGTERM, Ctrl-C, to the process or its group): tests/train/test_stop_signals.py."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -77,43 +75,6 @@ def test_second_live_run_on_one_out_dir_is_refused_and_a_dead_holder_is_not(tmp_
         proc.kill()
         proc.wait(timeout=30)
     acquire_run_lock(out).close()   # the killed holder's lock went with its process
-
-
-def test_sigterm_saves_a_checkpoint_and_exits_in_one_line(tmp_path, tiny_assets):
-    cfg = base_config(tiny_assets, tmp_path / "run")
-    cfg["train"].update(steps=500, num_threads=2, log_every=1)
-    cfg["data"]["num_workers"] = 1
-    path = write_config(tmp_path / "c.yaml", cfg)
-    cmd = [sys.executable, "-m", "xdistill", "train", "offpolicy", "--config", str(path)]
-    env = _env({"OMP_NUM_THREADS": None})
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    metrics = tmp_path / "run" / "metrics.jsonl"
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None and len(_maybe_steps(metrics)) < 2:
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
-    assert "Traceback" not in err
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("xdistill: error: stopped by SIGTERM after step "), last
-    step = int(last.split("after step ")[1].split(";")[0])
-    assert (tmp_path / "run" / "checkpoints" / f"step_{step:07d}").is_dir()
-    assert _steps(metrics)[-1] == step
-    rc = subprocess.run(cmd + [f"train.steps={step + 1}"], env=env, capture_output=True,
-                        text=True, timeout=300)
-    assert rc.returncode == 0, rc.stderr[-3000:]
-    assert _steps(metrics) == list(range(1, step + 2))
-
-
-def _maybe_steps(path: Path) -> list[int]:
-    from xdistill.errors import XDistillError
-
-    try:
-        return _steps(path)
-    except (OSError, ValueError, XDistillError):
-        return []
 
 
 def test_unwritable_out_dir_is_one_line(tmp_path, tiny_assets, capsys):
