@@ -200,3 +200,16 @@ def test_forked_loader_worker_aligns_after_parent_ran_openmp(mode, tmp_path):
                          timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-1] == str(4 * 8 * 32)
+
+
+def test_kernels_cached_is_false_on_an_empty_numba_cache(tmp_path):
+    """The trainer says the first batch compiles the aligner (~30 s) when this is False."""
+    from pathlib import Path
+
+    repo = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), PYTHONPATH=os.pathsep.join(
+        filter(None, [repo, os.environ.get("PYTHONPATH")])))
+    code = "from xdistill.align.api import kernels_cached; print(kernels_cached())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]

@@ -47,3 +47,60 @@ def test_other_errors_pass_through():
     it = WatchedIterator(StatefulDataLoader(_Bad(), batch_size=None, num_workers=0))
     with pytest.raises(RuntimeError, match="corrupt shard x.arrow row 3"):
         next(it)
+
+
+class _Raises(IterableDataset):
+    """A data error in the worker, as a damaged shard raises it."""
+
+    def __iter__(self):
+        from xdistill.errors import DataError
+
+        raise DataError("/data/shard-00003.arrow row 17: text offsets out of range")
+        yield  # pragma: no cover
+
+
+def test_a_worker_error_arrives_as_its_own_one_line_message():
+    """torch re-raised it as "Caught DataError in DataLoader worker process 0. Original
+    Traceback ..." (17-32 lines, the message at the bottom)."""
+    from xdistill.data.loader import stateful_loader
+    from xdistill.errors import DataError
+
+    it = WatchedIterator(stateful_loader(_Raises(), batch_size=None, num_workers=1))
+    with pytest.raises(DataError) as err:
+        next(it)
+    assert str(err.value) == "/data/shard-00003.arrow row 17: text offsets out of range"
+
+
+class _Slow(IterableDataset):
+    def __iter__(self):
+        time.sleep(0.35)
+        yield 1
+
+
+def test_a_late_first_batch_is_announced():
+    """28 s of silence before step 1 (the aligner compiling): a line every heartbeat_s."""
+    import logging
+
+    class _Lines(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.INFO)
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    logger, handler = logging.getLogger("xdistill.data"), _Lines()
+    logger.addHandler(handler)
+    level, logger.level = logger.level, logging.INFO
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        it = WatchedIterator(StatefulDataLoader(_Slow(), batch_size=None), heartbeat_s=0.1)
+        assert int(next(it)) == 1
+    finally:
+        logger.removeHandler(handler)
+        logger.level = level
+    lines = handler.lines
+    assert lines[0] == "waiting for the first batch of the data loader: 0 s"
+    assert lines[-1].startswith("waiting for the first batch of the data loader: done after 0.")
+    assert 2 <= len(lines) <= 5, lines
