@@ -68,7 +68,8 @@ def _check_chunks(batch, view, s_table, t_table, lossy):
 def test_teacher_tokens_cover_the_student_bytes(get_tokenizer, s_name, t_name):
     s_tok, t_tok = get_tokenizer(s_name), get_tokenizer(t_name)
     windows = _windows(s_tok, TEXTS)
-    batch = CrossTokenizerCollator(s_tok, [TeacherSpec("t", t_tok)])(windows)
+    # no BOS on either side here (Mistral adds its <s> by default): rows compare byte for byte
+    batch = CrossTokenizerCollator(s_tok, [TeacherSpec("t", t_tok, add_bos=False)])(windows)
     view = batch.teacher("t")
     assert batch.input_ids_BTs.shape[1] == 64 and not view.identity
     _check_chunks(batch, view, s_tok.table, t_tok.table, t_tok.lossy)
@@ -124,7 +125,7 @@ def test_bos_on_both_sides_is_a_chunk_and_one_sided_is_unaligned(get_tokenizer):
     s_tok, t_tok = get_tokenizer("llama3"), get_tokenizer("mistral")
     windows = _windows(s_tok, TEXTS[:2], add_bos=True)
     batch = CrossTokenizerCollator(s_tok, [TeacherSpec("b", t_tok, add_bos=True),
-                                           TeacherSpec("n", t_tok)])(windows)
+                                           TeacherSpec("n", t_tok, add_bos=False)])(windows)
     assert torch.all(batch.input_ids_BTs[:, 0] == s_tok.bos_id)
     both, one = batch.teacher("b"), batch.teacher("n")
     assert torch.all(both.input_ids_BTt[:, 0] == t_tok.bos_id)
@@ -194,3 +195,20 @@ def test_chat_without_any_loss_role_is_an_error_naming_the_roles(get_tokenizer):
     ok = list(PackedDataset(docs, get_tokenizer("gpt2"), 512, shuffle=False, epochs=1,
                             loss_roles=["assistant", "gpt"]))   # the roles named: both trained
     assert [int(seg.loss_T.sum()) > 0 for w in ok for seg in w.segments] == [True, True]
+
+
+def test_chat_templates_that_write_the_bos_get_one_bos(get_tokenizer):
+    """Gemma's and Mistral's templates write their BOS; the window BOS they default to is not
+    added again, on the student's side nor on a teacher's."""
+    gemma, mistral, gpt2 = (get_tokenizer(n) for n in ("gemma3-270m", "mistral", "gpt2"))
+    for student in (gemma, mistral):
+        windows = _windows(student, CHATS, seq_len=512, add_bos=None)
+        batch = CrossTokenizerCollator(student, [])(windows)
+        assert [int((row == student.bos_id).sum()) for row in batch.input_ids_BTs] == [2]
+        assert int(batch.input_ids_BTs[0, 0]) == student.bos_id                # one per chat
+        assert int(batch.input_ids_BTs[0, 1]) != student.bos_id
+    windows = _windows(gpt2, CHATS, seq_len=512, add_bos=None)
+    view = CrossTokenizerCollator(gpt2, [TeacherSpec("g", gemma)])(windows).teacher("g")
+    row = view.input_ids_BTt[0][view.attention_mask_BTt[0]]
+    assert int(row[0]) == gemma.bos_id and int(row[1]) != gemma.bos_id
+    assert int((row == gemma.bos_id).sum()) == 2

@@ -3,11 +3,12 @@
     xdistill eval --config run.yaml [key=value ...]
         the off-policy run's held-out evaluation (eval.paths) at step 0: the student's loss and
         bits per byte, each teacher's loss term and coverage -- what training starts from
-    xdistill eval --model M --data DIR [--tokenizer T] [--bos] [--seq-len N] [--batch N]
-                  [--batches N]
+    xdistill eval --model M --data DIR [--tokenizer T] [--bos | --no-bos] [--seq-len N]
+                  [--batch N] [--batches N]
         bits per byte of any causal LM (folder, .gguf file or asset name such as gemma3-270m) on
         prepared data; compare a teacher with a student before distilling (a teacher must know
-        more than the student)
+        more than the student). Windows start with the BOS when the model adds one by default
+        (Gemma does, SmolLM2 does not); --bos / --no-bos override that.
 
 Prints one JSON object (and a readable line on stderr).
 """
@@ -28,7 +29,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="a causal LM: folder, .gguf file or asset name")
     p.add_argument("--data", nargs="+", help="prepared data (xdistill data prepare) to score on")
     p.add_argument("--tokenizer", default="", help="tokenizer spec (default: the model's)")
-    p.add_argument("--bos", action="store_true", help="start every window with the BOS token")
+    p.add_argument("--bos", action=argparse.BooleanOptionalAction, default=None,
+                   help="start every window with the BOS token (default: as the model does)")
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--batches", type=int, default=8)
@@ -47,7 +49,7 @@ def score_model(args) -> dict:
     model = load_causal_lm(args.model)
     out = model_bits_per_byte(model, tok, args.data, seq_len=args.seq_len, batch_size=args.batch,
                               batches=args.batches, add_bos=args.bos)
-    return {"model": args.model, "tokenizer": tok.name, **out}
+    return {"model": args.model, "tokenizer": tok.name, "add_bos": out.pop("add_bos"), **out}
 
 
 def score_run(args) -> dict:

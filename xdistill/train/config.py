@@ -66,8 +66,9 @@ class TeacherRunConfig:
     # most teacher tokens per window (longer windows are cut at a byte boundary shared with the
     # student); null = no limit
     max_len: int | None = None
-    # prepend this teacher's BOS token to each of its rows (e.g. Gemma needs its <bos>; a
-    # student whose declared BOS is a chat marker does not); null = follow data.add_bos
+    # prepend this teacher's BOS token to each of its rows; null = the teacher model's own
+    # default (Gemma adds its <bos>, SmolLM2 and GPT-2 add none); true/false override it (a
+    # value unlike the model's default is logged once as a warning)
     add_bos: bool | None = None
     # the teacher worker: model folder, placement, output kind, transport, timeouts
     worker: TeacherConfig = field(default_factory=TeacherConfig)
