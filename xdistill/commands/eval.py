@@ -54,22 +54,13 @@ def score_model(args) -> dict:
 
 def score_run(args) -> dict:
     from xdistill.config import load_config
-    from xdistill.train import core
     from xdistill.train.config import OffPolicyConfig
-    from xdistill.train.offpolicy import OffPolicyMode
+    from xdistill.train.offpolicy import evaluate_offpolicy
 
     cfg = load_config(OffPolicyConfig, args.config, list(args.overrides))
     if not cfg.eval.paths:
         raise ConfigError(f"{args.config}: eval.paths is empty: nothing to evaluate on")
-    cfg.eval.every = 0 if cfg.eval.every < 0 else cfg.eval.every
-    cfg.checkpoint.resume = cfg.checkpoint.resume or ""
-    run = core.build(cfg, OffPolicyMode())
-    try:
-        if run.mode.pool is not None:
-            run.mode.pool.start()
-        return run.mode.evaluate(run, 0)
-    finally:
-        run.mode.close()
+    return evaluate_offpolicy(cfg)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -348,11 +348,13 @@ def log_metrics(run: Run, step: int, metrics: dict) -> None:
                 run.tb.add_scalar(k, v, step)
 
 
-def after_step(run: Run, step: int) -> None:
-    """Evaluation, checkpoint and the debugging stop, when due after optimizer step ``step``."""
+def after_step(run: Run, step: int) -> dict:
+    """Evaluation, checkpoint and the debugging stop, when due after optimizer step ``step``;
+    returns the evaluation's figures (empty when none was due)."""
     cfg = run.cfg
     last = step == cfg.train.steps
     every = getattr(getattr(cfg, "eval", None), "every", -1)
+    out = None
     if (every > 0 and step % every == 0) or (last and every >= 0):
         out = run.mode.evaluate(run, step)
         if out:
@@ -360,6 +362,7 @@ def after_step(run: Run, step: int) -> None:
     if (cfg.checkpoint.every > 0 and step % cfg.checkpoint.every == 0) or last:
         save(run, step)
     maybe_stop(run, step)
+    return out or {}
 
 
 def maybe_stop(run: Run, step: int) -> None:
@@ -372,8 +375,9 @@ def maybe_stop(run: Run, step: int) -> None:
 
 
 def train_loop(run: Run) -> dict:
-    """Steps ``start_step+1 .. train.steps``; returns the last step's metrics. SIGTERM / Ctrl-C
-    stop it at the next step boundary with a checkpoint (:mod:`xdistill.train.lifecycle`)."""
+    """Steps ``start_step+1 .. train.steps``; returns the last step's metrics (with its
+    evaluation's, when one ran). SIGTERM / Ctrl-C stop it at the next step boundary with a
+    checkpoint (:mod:`xdistill.train.lifecycle`)."""
     from xdistill.train.lifecycle import StopSignals
 
     metrics: dict = {}
@@ -382,7 +386,7 @@ def train_loop(run: Run) -> dict:
             metrics = train_step(run, step)
             log_metrics(run, step, metrics)
             check_nonfinite(run, step)
-            after_step(run, step)
+            metrics.update(after_step(run, step))
             signum = stop.agreed()
             if signum:
                 _stop_on_signal(run, step, signum)

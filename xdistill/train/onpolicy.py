@@ -274,7 +274,8 @@ def _rollout_metrics(metrics, ro, scored) -> None:
 
 
 def run_onpolicy(cfg: OnPolicyConfig, reward_fn=None) -> dict:
-    """Build, resume, train, export; returns the final metrics (rank 0's view).
+    """Train ``cfg`` (an :class:`OnPolicyConfig`): build, resume, train, export; returns the
+    final step's metrics (rank 0's view: ``loss``, ``<teacher>/loss``, rollout statistics).
 
     ``reward_fn(rollouts) -> float[B]`` (optional) attaches task rewards to every rollout batch;
     with ``loss.reward_beta > 0`` they weight the samples.
