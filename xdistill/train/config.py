@@ -118,8 +118,15 @@ class TrainConfig:
     # write a hash of every window (off-policy) or response (on-policy) each rank trains on to
     # out_dir/samples_rank<R>.jsonl
     log_samples: bool = False
-    # also log metrics to TensorBoard (out_dir/tb) when the tensorboard package is installed
+    # also log metrics to TensorBoard (out_dir/tb); needs the tensorboard package (pip install
+    # 'xdistill[tracking]'; when it is missing a warning says so and the run goes on)
     tensorboard: bool = True
+    # also log metrics to Weights & Biases: "off", "offline" (out_dir/wandb, no network; `wandb
+    # sync` uploads it later) or "online" (after `wandb login`); needs the wandb package
+    # (xdistill[tracking]); WANDB_MODE=offline keeps an online run offline
+    wandb: Literal["off", "offline", "online"] = "off"
+    # W&B project of the run (train.wandb)
+    wandb_project: str = "xdistill"
     # debugging: after the checkpoint of this step, exit at once with code 3 (simulates a crash;
     # 0 = never)
     stop_after: int = 0

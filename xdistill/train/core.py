@@ -136,7 +136,8 @@ class Run:
     accum: int = 1
     start_step: int = 0
     writer: MetricsWriter | None = None
-    tb: object = None
+    # TensorBoard / W&B (xdistill.train.trackers), rank 0 only
+    trackers: object = None
     # non-finite steps in a row, and finite steps taken by this process
     nonfinite_streak: int = 0
     finite_steps: int = 0
@@ -342,10 +343,8 @@ def log_metrics(run: Run, step: int, metrics: dict) -> None:
     if run.writer is not None and (step % every == 0
                                    or any(k.startswith("eval/") for k in metrics)):
         run.writer.write(step, metrics)
-    if run.tb is not None:
-        for k, v in metrics.items():
-            if isinstance(v, (int, float)):
-                run.tb.add_scalar(k, v, step)
+    if run.trackers is not None:
+        run.trackers.log(step, metrics)
 
 
 def after_step(run: Run, step: int) -> dict:
@@ -418,14 +417,13 @@ def open_metrics(cfg, keys: list[str]) -> MetricsWriter:
     return MetricsWriter(out / "metrics.jsonl", enabled=main, console_keys=keys)
 
 
-def _open_tensorboard(cfg):
-    if not cfg.train.tensorboard or not xdist.is_main_process():
+def _open_trackers(cfg):
+    if not xdist.is_main_process():
         return None
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except Exception:  # tensorboard not installed: skip silently
-        return None
-    return SummaryWriter(str(out_path(cfg, "tb")))
+    from xdistill.config import to_dict
+    from xdistill.train.trackers import open_trackers
+
+    return open_trackers(cfg, out_path(cfg), to_dict(cfg))
 
 
 def export_final(run: Run) -> Path | None:
@@ -469,7 +467,7 @@ def _run_locked(run: Run) -> dict:
     maybe_resume(run)
     trim_logs(out_path(cfg), run.start_step)
     run.writer = open_metrics(cfg, mode.console_keys(cfg))
-    run.tb = _open_tensorboard(cfg)
+    run.trackers = _open_trackers(cfg)
     t0 = time.perf_counter()
     try:
         mode.start(run)
@@ -477,8 +475,8 @@ def _run_locked(run: Run) -> dict:
     finally:
         mode.close()
         run.writer.close()
-        if run.tb is not None:
-            run.tb.close()
+        if run.trackers is not None:
+            run.trackers.close()
     try:
         exported = export_final(run)
     except OSError as exc:
