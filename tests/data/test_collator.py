@@ -185,15 +185,21 @@ def test_conversation_split_across_windows_keeps_masks_and_bytes(get_tokenizer):
 
 
 def test_chat_without_any_loss_role_is_an_error_naming_the_roles(get_tokenizer):
-    """ShareGPT-style roles (human/gpt) with loss_roles [assistant] once trained at loss 0."""
+    """ShareGPT-style roles (human/gpt) with loss_roles [assistant] once trained at loss 0; now an
+    unknown role is an error naming it, and a conversation without a trained role is one too."""
     from xdistill.errors import DataError
 
     docs = [CHATS[0], [("human", "What is 2+2?"), ("gpt", "It is 4.")]]
-    with pytest.raises(DataError, match=r"document 1: chat roles \['gpt', 'human'\] include none "
-                                        r"of data.loss_roles \['assistant'\]"):
+    with pytest.raises(DataError, match=r"document 1: message 0 has the unknown chat role "
+                                        r"'human'; accepted roles: system, developer, user, "
+                                        r"assistant, tool \(map others, e.g. human -> user"):
         _windows(get_tokenizer("gpt2"), docs, seq_len=512)
+    with pytest.raises(DataError, match=r"document 0: chat roles \['system', 'user'\] include "
+                                        r"none of data.loss_roles \['assistant'\]"):
+        _windows(get_tokenizer("gpt2"), [[("system", "Be brief."), ("user", "Hi.")]])
+    docs[1] = [("user", "What is 2+2?"), ("gpt", "It is 4.")]
     ok = list(PackedDataset(docs, get_tokenizer("gpt2"), 512, shuffle=False, epochs=1,
-                            loss_roles=["assistant", "gpt"]))   # the roles named: both trained
+                            loss_roles=["assistant", "gpt"]))   # a role named there: accepted
     assert [int(seg.loss_T.sum()) > 0 for w in ok for seg in w.segments] == [True, True]
 
 
@@ -212,3 +218,26 @@ def test_chat_templates_that_write_the_bos_get_one_bos(get_tokenizer):
     row = view.input_ids_BTt[0][view.attention_mask_BTt[0]]
     assert int(row[0]) == gemma.bos_id and int(row[1]) != gemma.bos_id
     assert int((row == gemma.bos_id).sum()) == 2
+
+
+def test_an_unknown_role_in_prepared_data_names_role_file_and_row(get_tokenizer, tmp_path):
+    """One ``wizard`` message among user/assistant ones was rendered silently; now the error
+    names the role, the shard file and row, and the accepted roles."""
+    import json
+
+    from xdistill.data.prepare import prepare
+    from xdistill.data.source import DocumentSource
+    from xdistill.errors import DataError
+
+    rows = [{"messages": [{"role": r, "content": c} for r, c in conv]} for conv in CHATS]
+    rows.append({"messages": [{"role": "user", "content": "Hi"},
+                              {"role": "wizard", "content": "Abracadabra."},
+                              {"role": "assistant", "content": "Hello."}]})
+    src = tmp_path / "chats.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    prepare([src], tmp_path / "data", progress=False)
+    source = DocumentSource([tmp_path / "data"])
+    with pytest.raises(DataError, match=r"\.arrow row 2: message 1 has the unknown chat role "
+                                        r"'wizard'; accepted roles: system, developer, user, "
+                                        r"assistant, tool"):
+        list(PackedDataset(source, get_tokenizer("gpt2"), 512, shuffle=False, epochs=1))

@@ -19,11 +19,19 @@ get different numbers of windows; distributed trainers should use ``epochs=None`
 
 from __future__ import annotations
 
-from xdistill.data.chat import as_conversation
+from xdistill.data.chat import CHAT_ROLES, as_conversation
 from xdistill.data.packing import DEFAULT_LOSS_ROLES, encode_document, pack
 from xdistill.data.sharding import ShardedSourceDataset
 from xdistill.errors import DataError
 from xdistill.tokenization.bos import resolve_add_bos
+
+
+def doc_where(source, i: int) -> str:
+    """Where document ``i`` of ``source`` is, for messages: its file and row when known."""
+    if hasattr(source, "locate"):
+        path, row = source.locate(i)
+        return f"{path} row {row}"
+    return f"document {i}"
 
 
 class PackedDataset(ShardedSourceDataset):
@@ -58,6 +66,7 @@ class PackedDataset(ShardedSourceDataset):
         self.window_len, self.seed, self.shuffle = int(window_len), int(seed), bool(shuffle)
         self.rank, self.world_size, self.epochs = int(rank), int(world_size), epochs
         self.add_bos, self.loss_roles, self.end_of_turn = add_bos, frozenset(loss_roles), end_of_turn
+        self.roles = CHAT_ROLES + tuple(sorted(self.loss_roles - set(CHAT_ROLES)))
         self._init_state()
 
     @staticmethod
@@ -67,7 +76,9 @@ class PackedDataset(ShardedSourceDataset):
     # ------------------------------------------------------------------ iteration
     def _fetch(self, i: int):
         doc = self.source.get(i) if hasattr(self.source, "get") else self.source[i]
-        return doc if isinstance(doc, str) else as_conversation(doc, f"document {i}")
+        if isinstance(doc, str):
+            return doc
+        return as_conversation(doc, doc_where(self.source, i), self.roles)
 
     def _encode(self, doc_index: int, doc):
         return encode_document(self.student, doc_index, doc, loss_roles=self.loss_roles,
