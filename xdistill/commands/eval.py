@@ -19,11 +19,12 @@ import argparse
 import json
 import sys
 
+from xdistill.commands import plain
 from xdistill.errors import ConfigError
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="xdistill eval", description=__doc__,
+    p = argparse.ArgumentParser(prog="xdistill eval", description=plain(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="an off-policy run config: evaluate it at step 0")
     p.add_argument("--model", help="a causal LM: folder, .gguf file or asset name")

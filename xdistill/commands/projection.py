@@ -16,9 +16,11 @@ import sys
 import time
 from pathlib import Path
 
+from xdistill.commands import plain
+
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="xdistill projection", description=__doc__,
+    parser = argparse.ArgumentParser(prog="xdistill projection", description=plain(__doc__),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="action", required=True)
     b = sub.add_parser("build", help="build a projection matrix (.npz + .json sidecar)")

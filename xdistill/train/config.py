@@ -154,6 +154,10 @@ class CheckpointConfig:
     resume: str = "auto"
     # write a Hugging Face model folder (save_pretrained + tokenizer) to out_dir/export at the end
     export_hf: bool = True
+    # dtype of the exported weights: "auto" = the student model's own (the dtype / torch_dtype
+    # of its config.json, e.g. bfloat16 for SmolLM2; the training dtype for a fresh student or
+    # a .gguf), or "float32", "bfloat16", "float16"
+    export_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     # resuming with another number of ranks than the checkpoint's: true = an error; false = load
     # the model, optimizer and scheduler only (per-rank RNG and data-loader states start fresh)
     strict_world_size: bool = True

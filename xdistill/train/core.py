@@ -427,12 +427,15 @@ def _open_trackers(cfg):
 
 
 def export_final(run: Run) -> Path | None:
-    """The Hugging Face export of the student to ``<out_dir>/export`` (``checkpoint.export_hf``)."""
+    """The Hugging Face export of the student to ``<out_dir>/export`` (``checkpoint.export_hf``),
+    in ``checkpoint.export_dtype`` (auto: the student model's own dtype)."""
     if not run.cfg.checkpoint.export_hf:
         return None
-    from xdistill.student.model import export_hf
+    from xdistill.student.model import export_dtype, export_hf
 
-    return export_hf(run.model, out_path(run.cfg, "export"), run.plan.student_tok, overwrite=True)
+    dtype = export_dtype(run.cfg.checkpoint.export_dtype, run.cfg.student.path)
+    return export_hf(run.model, out_path(run.cfg, "export"), run.plan.student_tok, dtype=dtype,
+                     overwrite=True)
 
 
 def build(cfg, mode: TrainMode) -> Run:
