@@ -471,6 +471,10 @@ def _run_locked(run: Run) -> dict:
     trim_logs(out_path(cfg), run.start_step)
     run.writer = open_metrics(cfg, mode.console_keys(cfg))
     run.trackers = _open_trackers(cfg)
+    if xdist.is_main_process():
+        from xdistill.train.report import start_line
+
+        log.info(start_line(run))
     t0 = time.perf_counter()
     try:
         mode.start(run)

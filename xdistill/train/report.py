@@ -1,0 +1,42 @@
+"""Run reports on the console: the one-line start banner of a run.
+
+``start: train offpolicy | student llama (fresh, 2.1M params, gpt2 tokenizer) | teachers qwen
+(qwen2, exact_kl), gpt (gpt2, forward_kl) | cpu, 1 process x 2 threads | steps 1..24 of 24 |
+out runs/offpolicy_tiny_cpu``: what runs, where, for how many steps and where it writes, before
+the first step (rank 0).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def _student(run) -> str:
+    cfg = run.cfg
+    what = cfg.student.path or f"{cfg.student.model_type} (fresh)"
+    params = sum(p.numel() for p in run.model.parameters())
+    return f"student {what}, {params / 1e6:.1f}M params, {run.plan.student_tok.name} tokenizer"
+
+
+def _teachers(cfg) -> str:
+    parts = []
+    for t in cfg.teachers:
+        kind = getattr(t.loss, "kind", "")
+        parts.append(f"{t.name} ({t.tokenizer or Path(t.worker.model).name}, {kind}, "
+                     f"{t.worker.placement})")
+    return "teachers " + ", ".join(parts) if parts else "no teachers (CE only)"
+
+
+def start_line(run) -> str:
+    """The start banner of ``run`` (a :class:`xdistill.train.core.Run`, after resume)."""
+    cfg, env = run.cfg, run.env
+    procs = f"{env.world_size} process{'es' if env.world_size != 1 else ''}"
+    where = f"{run.device}, {procs} x {torch.get_num_threads()} threads"
+    first, last = run.start_step + 1, cfg.train.steps
+    steps = f"steps {first}..{last} of {last}" if first <= last else f"no steps left ({last} done)"
+    if run.start_step:
+        steps += f" (resumed at step {run.start_step})"
+    return " | ".join([f"start: train {run.mode.kind}", _student(run), _teachers(cfg), where,
+                       steps, f"out {cfg.train.out_dir}"])
