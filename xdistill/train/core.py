@@ -488,20 +488,8 @@ def _run_locked(run: Run) -> dict:
         exported = export_final(run)
     except OSError as exc:
         raise io_error(exc, f"the export under {out_path(cfg, 'export')}") from None
-    _summary(run, metrics, exported, time.perf_counter() - t0)
+    if xdist.is_main_process():
+        from xdistill.train.report import end_line
+
+        log.info(end_line(run, metrics, exported, time.perf_counter() - t0))
     return metrics
-
-
-def _summary(run: Run, metrics: dict, exported: Path | None, seconds: float) -> None:
-    if not xdist.is_main_process():
-        return
-    steps = run.cfg.train.steps - run.start_step
-    parts = [f"done: {steps} step(s) in {seconds:.1f} s"]
-    if "loss" in metrics:
-        parts.append(f"final loss {metrics['loss']:.4g}")
-    parts.append(f"metrics {out_path(run.cfg, 'metrics.jsonl')}")
-    if run.last_checkpoint is not None:
-        parts.append(f"checkpoint {run.last_checkpoint}")
-    if exported is not None:
-        parts.append(f"export {exported}")
-    log.info("; ".join(parts))

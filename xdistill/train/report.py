@@ -1,4 +1,4 @@
-"""Run reports on the console: the one-line start banner of a run.
+"""Run reports on the console: the one-line start banner and end summary of a run.
 
 ``start: train offpolicy | student llama (fresh, 2.1M params, gpt2 tokenizer) | teachers qwen
 (qwen2, exact_kl), gpt (gpt2, forward_kl) | cpu, 1 process x 2 threads | steps 1..24 of 24 |
@@ -40,3 +40,18 @@ def start_line(run) -> str:
         steps += f" (resumed at step {run.start_step})"
     return " | ".join([f"start: train {run.mode.kind}", _student(run), _teachers(cfg), where,
                        steps, f"out {cfg.train.out_dir}"])
+
+
+def end_line(run, metrics: dict, exported: Path | None, seconds: float) -> str:
+    """The end-of-run summary: steps and time, final loss, where metrics, checkpoint and export
+    are."""
+    steps = run.cfg.train.steps - run.start_step
+    parts = [f"done: {steps} step(s) in {seconds:.1f} s"]
+    if "loss" in metrics:
+        parts.append(f"final loss {metrics['loss']:.4g}")
+    parts.append(f"metrics {Path(run.cfg.train.out_dir) / 'metrics.jsonl'}")
+    if run.last_checkpoint is not None:
+        parts.append(f"checkpoint {run.last_checkpoint}")
+    if exported is not None:
+        parts.append(f"export {exported}")
+    return "; ".join(parts)
