@@ -24,8 +24,9 @@ def warnings_seen(caplog):
     bos_mod._WARNED.clear()
     try:
         with caplog.at_level(logging.WARNING, logger="xdistill"):
-            yield lambda: list(dict.fromkeys(r.getMessage() for r in caplog.records
-                                             if r.levelno == logging.WARNING))
+            # each record once (it may reach caplog twice: this handler and propagation)
+            yield lambda: [r.getMessage() for r in {id(r): r for r in caplog.records}.values()
+                           if r.levelno == logging.WARNING]
     finally:
         logger.removeHandler(caplog.handler)
         bos_mod._WARNED.clear()

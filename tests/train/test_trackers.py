@@ -92,7 +92,7 @@ def test_a_missing_tracker_package_is_one_warning(tmp_path, monkeypatch, caplog)
     assert trackers.names == []
     trackers.log(1, {"loss": 1.0})
     trackers.close()
-    seen = list(dict.fromkeys(r.getMessage() for r in caplog.records))
+    seen = [r.getMessage() for r in {id(r): r for r in caplog.records}.values()]
     assert len(seen) == 2, seen
     assert "train.tensorboard is on but the tensorboard package is not installed" in seen[0]
     assert "train.wandb (offline) is on but the wandb package is not installed" in seen[1]

@@ -17,7 +17,8 @@ def _student(run) -> str:
     cfg = run.cfg
     what = cfg.student.path or f"{cfg.student.model_type} (fresh)"
     params = sum(p.numel() for p in run.model.parameters())
-    return f"student {what}, {params / 1e6:.1f}M params, {run.plan.student_tok.name} tokenizer"
+    size = f"{params / 1e6:.1f}M" if params >= 1e6 else f"{params / 1e3:.0f}k"
+    return f"student {what}, {size} params, {run.plan.student_tok.name} tokenizer"
 
 
 def _teachers(cfg) -> str:
