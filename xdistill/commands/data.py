@@ -11,11 +11,12 @@ import argparse
 import json
 from pathlib import Path
 
+from xdistill.commands import plain
 from xdistill.errors import DataError
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="xdistill data", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="xdistill data", description=plain(__doc__).splitlines()[0])
     sub = parser.add_subparsers(dest="action", required=True)
     prep = sub.add_parser("prepare", help="convert input files into arrow shards + index.json")
     prep.add_argument("inputs", nargs="+", help="input files or directories")
