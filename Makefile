@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	# torch first and pinned: pip takes the local 2.13.0+cpu wheel, never a CUDA build
 	$(PIP) install --quiet "torch>=2.6,<2.14"
-	$(PIP) install --quiet -e ".[ray,test,plot]"
+	$(PIP) install --quiet -e ".[ray,test,plot,tracking]"
 	$(PYTHON) tools/check_env.py
 	touch $(STAMP)
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Tiny CPU smoke run of configs/offpolicy_tiny_cpu.yaml (a few minutes on 2 cores).
+# Tiny CPU smoke run of configs/offpolicy_tiny_cpu.yaml (~2 minutes on 2 cores, the tiny assets
+# built first: see the config's header).
 # Needs the fetched tokenizers (tools/fetch_assets.py) and the Shakespeare corpus asset.
 set -euo pipefail
 cd "$(dirname "$0")/.."

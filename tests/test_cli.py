@@ -96,3 +96,20 @@ def test_tiny_recipe_without_its_assets_says_how_to_build_them(tmp_path, capsys,
         assert "runs/tiny_assets" in err and "does not exist" in err and err.count("\n") == 1
         assert "build them once with `python -m xdistill.tiny`" in err, err
     assert (root / "configs" / "prompts_tiny.jsonl").is_file()
+
+
+def test_command_help_is_plain_text(capsys):
+    """``train --help`` once showed its docstring's reST (````x````, ``:func:`a.b```)."""
+    import pytest
+
+    for name in COMMANDS:
+        with pytest.raises(SystemExit) as exit_:
+            main([name, "--help"])
+        assert exit_.value.code == 0
+        out = capsys.readouterr().out
+        for markup in ("``", ":func:", ":class:", ":mod:", ":meth:"):
+            assert markup not in out, (name, markup)
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert "runs xdistill.train.offpolicy.run_offpolicy." in " ".join(
+        capsys.readouterr().out.split())

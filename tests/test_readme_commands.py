@@ -37,9 +37,8 @@ NOT_RUN = {"make test": "this test is part of it (and it is the install step)",
 
 
 def readme_commands() -> list[str]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
     lines = []
-    for block in text.split("```")[1::2]:
+    for block in fenced_blocks(ROOT / "README.md"):
         for line in block.splitlines():
             line = line.split("  #", 1)[0].strip()
             if not line or line.startswith("#"):
@@ -73,18 +72,36 @@ def as_argv(line: str) -> list[str]:
     return argv
 
 
-def test_readme_commands_run_as_written(tmp_path):
-    lines = readme_commands()
-    assert any(line.startswith("torchrun ") for line in lines)
-    assert sum(" train " in f" {line} " for line in lines) >= 3
+def fenced_blocks(path: Path, lang: str = "") -> list[str]:
+    """The fenced code blocks of a markdown file (only those opened with ```<lang> if given)."""
+    blocks = []
+    for block in path.read_text(encoding="utf-8").split("```")[1::2]:
+        first, _, body = block.partition("\n")
+        if not lang or first.strip() == lang:
+            blocks.append(body)
+    return blocks
+
+
+def scratch_root(tmp_path: Path) -> dict:
+    """``tmp_path`` made to look like the repository root (``configs/`` linked); returns the
+    environment the documented commands run with (repository first on ``PYTHONPATH``, no hub, no
+    ``OMP_NUM_THREADS``)."""
     (tmp_path / "configs").symlink_to(ROOT / "configs")
-    (tmp_path / "my_corpus.jsonl").write_text("".join(
-        json.dumps({"text": f"Document {i}: the quick brown fox, {i * 7} times."}) + "\n"
-        for i in range(20)), encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "WORLD_SIZE")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                PYTHONPATH=os.pathsep.join(
                    filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])))
+    return env
+
+
+def test_readme_commands_run_as_written(tmp_path):
+    lines = readme_commands()
+    assert any(line.startswith("torchrun ") for line in lines)
+    assert sum(" train " in f" {line} " for line in lines) >= 3
+    env = scratch_root(tmp_path)
+    (tmp_path / "my_corpus.jsonl").write_text("".join(
+        json.dumps({"text": f"Document {i}: the quick brown fox, {i * 7} times."}) + "\n"
+        for i in range(20)), encoding="utf-8")
     took, output = {}, {}
     for line in lines:
         argv = as_argv(line)

@@ -18,7 +18,11 @@ heartbeat every 10 s; results are written after every part, so a kill keeps what
              rank), projection ops on CUDA (multigpu tests skip themselves with one GPU);
 3. ``step``  ``benchmarks/gpu_step.py``: the off-policy step at real model shapes (random-init
              Llama-3.2-1B-shaped student, Qwen2.5-1.5B-shaped teacher, 8 x 2048 tokens, bf16) with
-             full logits / projected / top-k teacher outputs and over CUDA IPC.
+             full logits / projected / top-k teacher outputs and over CUDA IPC;
+4. ``cpu``   (only when asked: ``--parts cpu``) ``benchmarks/real/step.py --random-init`` on the
+             host CPU, GPU hidden, 2 cores (``taskset``): the real-pair step (Gemma-3-270M ->
+             SmolLM2-135M shapes) float32 vs ``dtype: auto``, 2 rounds; on a CPU with AMX-BF16
+             this is the bf16 speed-up the 2-core development machines (no AMX) cannot show.
 
 Writes ``gpu_check.json`` and ``gpu_check.md`` (plus ``tests.log``, ``junit.xml``, ``step.log``,
 ``step.md``: six files) into ``--out``. ``--dry-run`` runs the same parts on CPU: the environment, the GPU
@@ -46,11 +50,14 @@ REPO = Path(__file__).resolve().parents[1]
 # scipy, tokenizers, sentencepiece, tiktoken, pytest, hypothesis ... are there)
 WHEELS = ("torchdata==0.11.0", "gguf==0.19.0")
 TOKENIZERS = ("gpt2", "qwen2", "llama3")  # small real tokenizers the GPU tests and benchmark use
+CPU_MODELS = ("gemma3-270m", "smollm2-135m")  # the cpu part's real pair (configs + tokenizers)
+CPU_PROJECTION = "proj_smollm2_gemma3.npz"
 BUNDLE_LIMIT_MB = 64.0                    # what travels to the GPU machine, the tree included
 DEFAULT_BUDGET_S = 480.0
 # seconds at most per part; "step" gets the rest. On an H200 machine (2026-11-26) env took 11 s,
 # the 9 GPU tests > 210 s (~30 s per trainer CLI run there), a step variant 50-90 s
 PART_SHARE = {"env": 30.0, "tests": 200.0}
+PARTS = ("env", "tests", "step", "cpu")
 
 
 def say(msg: str) -> None:
@@ -82,7 +89,11 @@ def prepare(bundle: Path) -> dict:
         for t in TOKENIZERS:
             tar.add(root / "tokenizers" / t, arcname=f"tokenizers/{t}")
         tar.add(root / "corpus" / "shakespeare", arcname="corpus/shakespeare")
+        for m in CPU_MODELS:    # configs and tokenizers only: the cpu part random-initialises
+            tar.add(root / "models" / m, arcname=f"models/{m}",
+                    filter=lambda ti: None if ti.name.endswith(".safetensors") else ti)
     build_projection(bundle / "proj_llama3_qwen2.npz")
+    cpu_projection(bundle / CPU_PROJECTION)
     size = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file()) / 2**20
     tree = tracked_tree_mb()
     info = {"bundle_mb": round(size, 2), "tree_mb": round(tree, 2),
@@ -103,6 +114,17 @@ def build_projection(path: Path) -> None:
     gpu_step = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_step)
     gpu_step.build_projection(path)
+
+
+def cpu_projection(path: Path) -> None:
+    """The cpu part's SmolLM2 <- Gemma-3 projection (``benchmarks/real/step.py``'s), built here."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("real_step", REPO / "benchmarks" / "real" /
+                                                  "step.py")
+    real_step = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(real_step)
+    real_step.build_projection(path)
 
 
 def tracked_tree_mb() -> float:
@@ -149,7 +171,7 @@ def env_report() -> dict:
 
     out = {"python": platform.python_version(), "torch": torch.__version__,
            "cuda_build": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
-           "cpu_count": os.cpu_count()}
+           "cpu_count": os.cpu_count(), **cpu_model()}
     for mod in ("transformers", "numba", "numpy", "torchdata", "pyarrow", "tokenizers"):
         try:
             out[mod] = __import__(mod).__version__
@@ -171,6 +193,16 @@ def env_report() -> dict:
     else:
         out["cpu_bf16_matmul_tflops"] = round(matmul_rate("cpu", 512), 3)
     return out
+
+
+def cpu_model() -> dict:
+    """The host CPU's model name and its bf16 instruction flags (``/proc/cpuinfo``)."""
+    info = Path("/proc/cpuinfo")
+    text = info.read_text() if info.exists() else ""
+    name = next((ln.split(":", 1)[1].strip() for ln in text.splitlines()
+                 if ln.startswith("model name")), "unknown")
+    flags = sorted({f for f in text.split() if f.startswith("amx") or f == "avx512_bf16"})
+    return {"cpu_model": name, "cpu_bf16_flags": flags}
 
 
 def matmul_rate(device: str, n: int) -> float:
@@ -291,8 +323,16 @@ def part_commands(args, out: Path, work: Path, left_s: float) -> dict[str, list[
         tests.append("--collect-only")
         step += ["--tiny", "--steps", "2", "--batch", "2", "--micro-batch", "1",
                  "--seq-len", "128", "--workers", "1"]
+    cpu = [py, str(REPO / "benchmarks" / "real" / "step.py"), "--random-init", "--variants",
+           "float32,auto", "--repeats", "2", "--out", str(out / "cpu_step.md")]
+    if args.bundle and (Path(args.bundle) / CPU_PROJECTION).is_file():
+        cpu += ["--projection", str(Path(args.bundle) / CPU_PROJECTION)]
+    if args.dry_run:
+        cpu += ["--steps", "2", "--batch", "1", "--seq-len", "16", "--repeats", "1"]
+    if shutil.which("taskset"):      # 2 cores, as the machines the CPU numbers come from
+        cpu = ["taskset", "-c", "0,1", *cpu]
     return {"env": [py, str(Path(__file__).resolve()), "--child-env", str(work / "env.json")],
-            "tests": tests, "step": step}
+            "tests": tests, "step": step, "cpu": cpu}
 
 
 def check(args) -> int:
@@ -302,7 +342,7 @@ def check(args) -> int:
     t0 = time.perf_counter()
     env = child_env(Path(args.bundle) if args.bundle else None)
     results: dict = {"dry_run": args.dry_run, "budget_s": args.budget_s, "parts": {}}
-    parts = [p for p in ("env", "tests", "step") if p in args.parts.split(",")]
+    parts = [p for p in PARTS if p in args.parts.split(",")]
     for name in parts:
         left = args.budget_s - (time.perf_counter() - t0)
         if left < 30:
@@ -312,7 +352,8 @@ def check(args) -> int:
         share = args.tests_limit_s if name == "tests" and args.tests_limit_s else None
         limit = min(share or PART_SHARE.get(name, left), left)
         log = (work if name == "env" else out) / f"{name}.log"
-        res = run_part(name, cmd, env, log, limit)
+        res = run_part(name, cmd, {**env, "CUDA_VISIBLE_DEVICES": ""} if name == "cpu" else env,
+                       log, limit)
         if name == "env" and (work / "env.json").is_file():
             res["report"] = json.loads((work / "env.json").read_text())
         if name == "tests" and not args.dry_run:
@@ -351,8 +392,9 @@ def markdown(results: dict, out: Path) -> str:
         lines += [f"* FAILED `{f['test']}`: {f['message']}" for f in summary["failures"]]
         if summary.get("unfinished"):
             lines.append(f"* killed at the part's limit while running `{summary['unfinished']}`")
-    if (out / "step.md").is_file():
-        lines += ["", (out / "step.md").read_text(encoding="utf-8")]
+    for md in ("step.md", "cpu_step.md"):
+        if (out / md).is_file():
+            lines += ["", (out / md).read_text(encoding="utf-8")]
     return "\n".join(lines) + "\n"
 
 
@@ -366,7 +408,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="run every part on CPU, tiny sizes")
     ap.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
                     help="seconds for the whole check; later parts shrink to fit")
-    ap.add_argument("--parts", default="env,tests,step")
+    ap.add_argument("--parts", default="env,tests,step",
+                    help=f"comma-separated, from {', '.join(PARTS)}")
     ap.add_argument("--variants", default="",
                     help="step benchmark variants, in order (default: all; dry run: logits,topk)")
     ap.add_argument("--tests-k", default="",

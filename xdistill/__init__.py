@@ -9,6 +9,18 @@ process holds a core, every parallel region then waits for a descheduled spinner
 (2 cores, one of them busy): a tiny model's 24-token generation took 5.8 s with 2 torch threads
 against 0.25 s with 1 thread; with the passive policy, 0.26 s with 2 threads. Set the variable
 yourself (e.g. ``OMP_WAIT_POLICY=ACTIVE``) to keep OpenMP's default.
+
+The Python API (``docs/python_api.md``), imported on first use::
+
+    cfg = xdistill.load_config(xdistill.OffPolicyConfig, "configs/offpolicy_tiny_cpu.yaml",
+                               ["train.steps=50"])       # or config_from_dict(cls, {...})
+    final = xdistill.run_offpolicy(cfg)                  # -> the final step's metrics
+    xdistill.run_onpolicy(cfg)                           # an OnPolicyConfig
+    xdistill.evaluate_offpolicy(cfg)                     # a run's held-out figures at step 0
+    xdistill.model_bits_per_byte(model, tok, paths)      # any causal LM (load_causal_lm)
+    proj = xdistill.build_projection(student_tok, teacher_tok, xdistill.BuildConfig())
+    res = xdistill.align_pair(s_ids, t_ids, student_tok.table, teacher_tok.table)
+    xdistill.projected_kl(student_logits, teacher_logits, xdistill.ChunkAlignment.from_view(res), W)
 """
 
 import os as _os
@@ -18,3 +30,66 @@ if "torch" not in _sys.modules and "numba" not in _sys.modules:
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
+
+#: public name -> "module:attribute", imported on first access (``import xdistill`` stays cheap)
+_API = {
+    # configs and training
+    "load_config": "xdistill.config:load_config",
+    "config_from_dict": "xdistill.config:from_dict",
+    "OffPolicyConfig": "xdistill.train.config:OffPolicyConfig",
+    "OnPolicyConfig": "xdistill.train.onpolicy_config:OnPolicyConfig",
+    "run_offpolicy": "xdistill.train.offpolicy:run_offpolicy",
+    "run_onpolicy": "xdistill.train.onpolicy:run_onpolicy",
+    # evaluation and models
+    "evaluate_offpolicy": "xdistill.train.offpolicy:evaluate_offpolicy",
+    "model_bits_per_byte": "xdistill.train.evaluate:model_bits_per_byte",
+    "load_causal_lm": "xdistill.student.model:load_causal_lm",
+    "export_hf": "xdistill.student.model:export_hf",
+    # tokenizers
+    "load_tokenizer": "xdistill.tokenization.load:load_tokenizer",
+    "Tokenizer": "xdistill.tokenization.tokenizer:Tokenizer",
+    # projections
+    "BuildConfig": "xdistill.projection.build:BuildConfig",
+    "build_projection": "xdistill.projection.build:build_projection",
+    "save_projection": "xdistill.projection.artifact:save_projection",
+    "load_projection": "xdistill.projection.artifact:load_projection",
+    # the aligner
+    "align_pair": "xdistill.align.api:align_pair",
+    "align_batch": "xdistill.align.api:align_batch",
+    "AlignmentResult": "xdistill.align.api:AlignmentResult",
+    # losses, for one's own training loop
+    "ChunkAlignment": "xdistill.losses.chunks:ChunkAlignment",
+    "projection_from_csr": "xdistill.losses.cross:projection_from_csr",
+    "projected_kl": "xdistill.losses.cross:projected_kl",
+    "exact_kl": "xdistill.losses.cross:exact_kl",
+    "alm": "xdistill.losses.alm:alm",
+    "uld": "xdistill.losses.uld:uld",
+    "gold_hybrid": "xdistill.losses.uld:gold_hybrid",
+    "forward_kl": "xdistill.losses.divergences:forward_kl",
+    "reverse_kl": "xdistill.losses.divergences:reverse_kl",
+    "jsd": "xdistill.losses.divergences:jsd",
+    "cross_entropy": "xdistill.losses.divergences:cross_entropy",
+    "MultiTeacherLoss": "xdistill.losses.multi_teacher:MultiTeacherLoss",
+    # errors
+    "XDistillError": "xdistill.errors:XDistillError",
+    "ConfigError": "xdistill.errors:ConfigError",
+}
+
+__all__ = ["__version__", *_API]
+
+
+def __getattr__(name: str):
+    """The public API, imported on first use (module docstring; ``docs/python_api.md``)."""
+    target = _API.get(name)
+    if target is None:
+        raise AttributeError(f"module 'xdistill' has no attribute {name!r}")
+    import importlib
+
+    module, attr = target.split(":")
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_API))

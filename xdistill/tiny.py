@@ -130,7 +130,9 @@ def pretrain(folder: Path, texts: list[str], steps: int, seq_len: int = 64, lr: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
+    from xdistill.commands import plain
+
+    parser = argparse.ArgumentParser(description=plain(__doc__),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/tiny_assets", help="output folder")
     parser.add_argument("--train-steps", type=int, default=40, help="CE steps per teacher")

@@ -2,8 +2,12 @@
 
     .venv/bin/python benchmarks/real/step.py [--steps 6] [--batch 4] [--seq-len 64]
         [--variants before,split,threads,projected,pipelined,bf16,eager,cached,float32,auto]
-        [--repeats 1]
+        [--repeats 1] [--random-init] [--projection NPZ]
         [--out FILE]
+
+``--random-init`` times random-initialised models of the two real architectures (same shapes,
+same step cost) where only the assets' configs and tokenizers exist, as on the GPU check's
+machine (``tools/gpu_check.py --parts cpu``).
 
 Every variant is the real trainer (``core.build`` + ``OffPolicyMode`` + ``core.train_step``) in a
 fresh subprocess (its own peak RSS), on the same Shakespeare windows and projection; the table
@@ -59,19 +63,48 @@ VARIANTS = ("before", "split", "threads", "projected", "pipelined", "bf16", "eag
 PHASES = ("data", "teacher", "transport", "student", "loss", "optim")
 
 
-def assets(root: Path) -> dict:
-    from xdistill.assets import model_dir
-    from xdistill.projection import BuildConfig, build_projection, save_projection
-    from xdistill.tiny import make_corpus
+def build_projection(path: Path) -> Path:
+    """The SmolLM2 <- Gemma-3 projection every variant reads (``multitoken,exact``, top 4)."""
+    from xdistill.projection import BuildConfig, save_projection
+    from xdistill.projection import build_projection as build
     from xdistill.tokenization import load_tokenizer
+
+    proj = build(load_tokenizer("smollm2-135m"), load_tokenizer("gemma3-270m"),
+                 BuildConfig(methods=("multitoken", "exact"), top_k=4))
+    save_projection(proj, path)
+    return path
+
+
+def random_model(name: str, root: Path) -> str:
+    """A random-initialised model of asset ``name``'s architecture (its ``config.json``), saved
+    as a float32 Hugging Face folder under ``root``: step timings need the shapes, not the
+    weights (a machine that gets only the tokenizers and configs, e.g. ``tools/gpu_check.py``)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from xdistill.assets import model_dir
+
+    torch.manual_seed(0)
+    cfg = AutoConfig.from_pretrained(model_dir(name))
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    out = root / f"random_{name}"
+    model.save_pretrained(out)
+    return str(out)
+
+
+def assets(root: Path, args) -> dict:
+    from xdistill.assets import model_dir
+    from xdistill.tiny import make_corpus
 
     train, _ = make_corpus(root / "corpus", n_train=120, n_eval=4, max_chars=600)
     one, _ = make_corpus(root / "one_doc", n_train=1, n_eval=1, max_chars=600)
-    proj = build_projection(load_tokenizer("smollm2-135m"), load_tokenizer("gemma3-270m"),
-                            BuildConfig(methods=("multitoken", "exact"), top_k=4))
-    save_projection(proj, root / "proj.npz")
-    return {"train": str(train), "one_doc": str(one), "proj": str(root / "proj.npz"),
-            "student": str(model_dir("smollm2-135m")), "teacher": str(model_dir("gemma3-270m"))}
+    proj = Path(args.projection) if args.projection else build_projection(root / "proj.npz")
+    if args.random_init:
+        student, teacher = (random_model(n, root) for n in ("smollm2-135m", "gemma3-270m"))
+    else:
+        student, teacher = (str(model_dir(n)) for n in ("smollm2-135m", "gemma3-270m"))
+    return {"train": str(train), "one_doc": str(one), "proj": str(proj),
+            "student": student, "teacher": teacher}
 
 
 def config(variant: str, a: dict, args, out: Path) -> dict:
@@ -181,7 +214,9 @@ def cpu_line() -> str:
 def report(res: dict, args, seconds: float, load: str) -> str:
     ref = res.get("before", next(iter(res.values())))["step"]
     lines = ["# Real pair, off-policy P-KL step: Gemma-3-270M -> SmolLM2-135M (CPU)", "",
-             f"{cpu_line()}; {platform.machine()}, {os.cpu_count()} cores, no GPU; {load}; "
+             f"{cpu_line()}; {platform.machine()}, {os.cpu_count()} cores "
+             f"({len(os.sched_getaffinity(0))} usable by this process), run on the CPU; {load}; "
+             f"{'random-initialised models of the real shapes; ' if args.random_init else ''}"
              f"batch {args.batch} x "
              f"{args.seq_len} student tokens; mean over steps 2..{args.steps}; every variant a fresh "
              f"process; {args.repeats} round(s), median run shown; total {seconds:.0f} s.", "",
@@ -207,6 +242,11 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "step.md"))
+    ap.add_argument("--random-init", action="store_true",
+                    help="random-initialised models of the real shapes (needs only the assets' "
+                         "config.json and tokenizers): timings without the weights")
+    ap.add_argument("--projection", default="",
+                    help="a prebuilt SmolLM2 <- Gemma-3 projection (.npz) instead of building it")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -217,7 +257,7 @@ def main(argv=None) -> int:
     runs: dict[str, list] = {n: [] for n in names}
     total = len(names) * args.repeats
     with tempfile.TemporaryDirectory() as tmp:
-        a = assets(Path(tmp))
+        a = assets(Path(tmp), args)
         for i in range(total):
             rnd, k = divmod(i, len(names))
             name = names[(k + rnd) % len(names)]  # each round starts one variant later

@@ -68,7 +68,8 @@ def _check_chunks(batch, view, s_table, t_table, lossy):
 def test_teacher_tokens_cover_the_student_bytes(get_tokenizer, s_name, t_name):
     s_tok, t_tok = get_tokenizer(s_name), get_tokenizer(t_name)
     windows = _windows(s_tok, TEXTS)
-    batch = CrossTokenizerCollator(s_tok, [TeacherSpec("t", t_tok)])(windows)
+    # no BOS on either side here (Mistral adds its <s> by default): rows compare byte for byte
+    batch = CrossTokenizerCollator(s_tok, [TeacherSpec("t", t_tok, add_bos=False)])(windows)
     view = batch.teacher("t")
     assert batch.input_ids_BTs.shape[1] == 64 and not view.identity
     _check_chunks(batch, view, s_tok.table, t_tok.table, t_tok.lossy)
@@ -124,7 +125,7 @@ def test_bos_on_both_sides_is_a_chunk_and_one_sided_is_unaligned(get_tokenizer):
     s_tok, t_tok = get_tokenizer("llama3"), get_tokenizer("mistral")
     windows = _windows(s_tok, TEXTS[:2], add_bos=True)
     batch = CrossTokenizerCollator(s_tok, [TeacherSpec("b", t_tok, add_bos=True),
-                                           TeacherSpec("n", t_tok)])(windows)
+                                           TeacherSpec("n", t_tok, add_bos=False)])(windows)
     assert torch.all(batch.input_ids_BTs[:, 0] == s_tok.bos_id)
     both, one = batch.teacher("b"), batch.teacher("n")
     assert torch.all(both.input_ids_BTt[:, 0] == t_tok.bos_id)
@@ -184,13 +185,59 @@ def test_conversation_split_across_windows_keeps_masks_and_bytes(get_tokenizer):
 
 
 def test_chat_without_any_loss_role_is_an_error_naming_the_roles(get_tokenizer):
-    """ShareGPT-style roles (human/gpt) with loss_roles [assistant] once trained at loss 0."""
+    """ShareGPT-style roles (human/gpt) with loss_roles [assistant] once trained at loss 0; now an
+    unknown role is an error naming it, and a conversation without a trained role is one too."""
     from xdistill.errors import DataError
 
     docs = [CHATS[0], [("human", "What is 2+2?"), ("gpt", "It is 4.")]]
-    with pytest.raises(DataError, match=r"document 1: chat roles \['gpt', 'human'\] include none "
-                                        r"of data.loss_roles \['assistant'\]"):
+    with pytest.raises(DataError, match=r"document 1: message 0 has the unknown chat role "
+                                        r"'human'; accepted roles: system, developer, user, "
+                                        r"assistant, tool \(map others, e.g. human -> user"):
         _windows(get_tokenizer("gpt2"), docs, seq_len=512)
+    with pytest.raises(DataError, match=r"document 0: chat roles \['system', 'user'\] include "
+                                        r"none of data.loss_roles \['assistant'\]"):
+        _windows(get_tokenizer("gpt2"), [[("system", "Be brief."), ("user", "Hi.")]])
+    docs[1] = [("user", "What is 2+2?"), ("gpt", "It is 4.")]
     ok = list(PackedDataset(docs, get_tokenizer("gpt2"), 512, shuffle=False, epochs=1,
-                            loss_roles=["assistant", "gpt"]))   # the roles named: both trained
+                            loss_roles=["assistant", "gpt"]))   # a role named there: accepted
     assert [int(seg.loss_T.sum()) > 0 for w in ok for seg in w.segments] == [True, True]
+
+
+def test_chat_templates_that_write_the_bos_get_one_bos(get_tokenizer):
+    """Gemma's and Mistral's templates write their BOS; the window BOS they default to is not
+    added again, on the student's side nor on a teacher's."""
+    gemma, mistral, gpt2 = (get_tokenizer(n) for n in ("gemma3-270m", "mistral", "gpt2"))
+    for student in (gemma, mistral):
+        windows = _windows(student, CHATS, seq_len=512, add_bos=None)
+        batch = CrossTokenizerCollator(student, [])(windows)
+        assert [int((row == student.bos_id).sum()) for row in batch.input_ids_BTs] == [2]
+        assert int(batch.input_ids_BTs[0, 0]) == student.bos_id                # one per chat
+        assert int(batch.input_ids_BTs[0, 1]) != student.bos_id
+    windows = _windows(gpt2, CHATS, seq_len=512, add_bos=None)
+    view = CrossTokenizerCollator(gpt2, [TeacherSpec("g", gemma)])(windows).teacher("g")
+    row = view.input_ids_BTt[0][view.attention_mask_BTt[0]]
+    assert int(row[0]) == gemma.bos_id and int(row[1]) != gemma.bos_id
+    assert int((row == gemma.bos_id).sum()) == 2
+
+
+def test_an_unknown_role_in_prepared_data_names_role_file_and_row(get_tokenizer, tmp_path):
+    """One ``wizard`` message among user/assistant ones was rendered silently; now the error
+    names the role, the shard file and row, and the accepted roles."""
+    import json
+
+    from xdistill.data.prepare import prepare
+    from xdistill.data.source import DocumentSource
+    from xdistill.errors import DataError
+
+    rows = [{"messages": [{"role": r, "content": c} for r, c in conv]} for conv in CHATS]
+    rows.append({"messages": [{"role": "user", "content": "Hi"},
+                              {"role": "wizard", "content": "Abracadabra."},
+                              {"role": "assistant", "content": "Hello."}]})
+    src = tmp_path / "chats.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    prepare([src], tmp_path / "data", progress=False)
+    source = DocumentSource([tmp_path / "data"])
+    with pytest.raises(DataError, match=r"\.arrow row 2: message 1 has the unknown chat role "
+                                        r"'wizard'; accepted roles: system, developer, user, "
+                                        r"assistant, tool"):
+        list(PackedDataset(source, get_tokenizer("gpt2"), 512, shuffle=False, epochs=1))

@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _prepared(tmp: Path, lines: list[dict]) -> Path:
+    tmp.mkdir(parents=True, exist_ok=True)
     src = tmp / "in.jsonl"
     src.write_text("".join(json.dumps(d) + "\n" for d in lines))
     prepare([src], tmp / "out", progress=False)
@@ -83,13 +84,19 @@ def test_verify_passes_a_healthy_directory_and_any_data_path(tmp_path, capsys):
     assert cli_main(["data", "info", str(tmp_path / "plain.arrow"), "--verify", "-q"]) == 0
 
 
-def test_verify_names_a_conversation_without_a_trained_role(tmp_path, capsys):
-    """ShareGPT's human/gpt roles: no role of data.loss_roles (assistant), no loss."""
+def test_verify_names_unknown_roles_and_conversations_without_a_trained_role(tmp_path, capsys):
+    """ShareGPT's human/gpt roles are unknown to training; a conversation of user turns only
+    carries no loss under data.loss_roles [assistant]. Both fail as training would fail."""
     sharegpt = {"messages": [{"role": "human", "content": "hi"}, {"role": "gpt", "content": "yo"}]}
-    out = _prepared(tmp_path, [{"text": "plain"}, sharegpt])
+    out = _prepared(tmp_path / "a", [{"text": "plain"}, sharegpt])
     assert cli_main(["data", "info", str(out), "--verify", "-q"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
-    assert f"{out / 'shard-00000.arrow'} row 1: chat roles ['gpt', 'human'] include none" in err
-    assert "data.loss_roles=[gpt]" in err
-    assert cli_main(["data", "info", str(out), "--verify", "-q", "--loss-roles", "gpt"]) == 0
+    assert f"{out / 'shard-00000.arrow'} row 1: message 0 has the unknown chat role 'human'" in err
+    user_only = {"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": "?"}]}
+    out = _prepared(tmp_path / "b", [user_only])
+    assert cli_main(["data", "info", str(out), "--verify", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{out / 'shard-00000.arrow'} row 0: chat roles ['user'] " \
+        "include none of data.loss_roles ['assistant'], so it would carry no loss" in err, err
+    assert cli_main(["data", "info", str(out), "--verify", "-q", "--loss-roles", "user"]) == 0

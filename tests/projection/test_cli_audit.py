@@ -31,7 +31,7 @@ def test_show_bytes_escapes():
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    out = tmp_path_factory.mktemp("proj") / "m2b.npz"
+    out = tmp_path_factory.mktemp("proj") / "new" / "folder" / "m2b.npz"   # made by the build
     rc = main(["build", "--student", "mistral", "--teacher", "bert", "--method", "multitoken,exact",
                "--top-k", "3", "--multitoken-decay", "0.2", "-o", str(out), "-q"])
     assert rc == 0
@@ -77,3 +77,17 @@ def test_bad_method_and_output(capsys, tmp_path):
     assert rc == 2 and "unknown projection method 'magic'" in capsys.readouterr().err
     rc = cli_main(["projection", "build", "--student", "gpt2", "--teacher", "bert", "-o", "x.bin"])
     assert rc == 2 and "must end in .npz" in capsys.readouterr().err
+
+
+def test_output_folder_is_checked_before_the_build(capsys, tmp_path):
+    """A folder that cannot be made fails at once, naming it (not after minutes of building)."""
+    import time
+
+    (tmp_path / "a_file").write_text("")
+    t0 = time.perf_counter()
+    rc = cli_main(["projection", "build", "--student", "gpt2", "--teacher", "qwen2",
+                   "-o", str(tmp_path / "a_file" / "sub" / "p.npz")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert f"cannot create its folder '{tmp_path / 'a_file' / 'sub'}'" in err
+    assert time.perf_counter() - t0 < 5                  # no tokenizer was loaded

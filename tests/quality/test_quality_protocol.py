@@ -127,13 +127,16 @@ def test_confirmation_table_from_hand_made_runs():
     seeds = [10, 11, 12, 13, 14]
     acc = {"cont_ce": [0.30, 0.32, 0.29, 0.31, 0.30],
            "op_k1": [0.36, 0.39, 0.35, 0.37, 0.38], "op_k1_same": [0.40, 0.41, 0.39, 0.42, 0.40],
-           "op_bpm": [0.30, 0.33, 0.28, 0.31, 0.31], "op_bpm_same": [0.35, 0.36, 0.33, 0.36, 0.34]}
+           "op_bpm": [0.30, 0.33, 0.28, 0.31, 0.31], "op_bpm_same": [0.35, 0.36, 0.33, 0.36, 0.34],
+           "op_k1_byte": [0.38, 0.40, 0.37, 0.39, 0.38]}     # its control: op_k1_same
     fmt = {"op_bpm": 0.85}
     runs = [{"arm": a, "seed": s, "accuracy": x, "bpb": 3.0, "train_s": 1.0,
              "format_rate": fmt.get(a, 0.99)} for a, xs in acc.items() for s, x in zip(seeds, xs)]
     comps = comparisons(runs)
     assert [(c["kind"], c["teacher"]) for c in comps] == [
-        ("op_bpm", "cross"), ("op_bpm", "same"), ("op_k1", "cross"), ("op_k1", "same")]
+        ("op_bpm", "cross"), ("op_bpm", "same"), ("op_k1", "cross"), ("op_k1", "same"),
+        ("op_k1_byte", "cross"), ("op_k1_byte", "same")]
+    assert {c["arm"] for c in comps if c["kind"] == "op_k1_byte"} == {"op_k1_byte", "op_k1_same"}
     pw = {}
     for c in comps:
         ref = sps.ttest_ind(acc[c["arm"]], acc["cont_ce"], equal_var=False)

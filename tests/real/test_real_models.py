@@ -55,3 +55,25 @@ def test_xdistill_loader_upcasts_the_asset():
     model = load_causal_lm("smollm2-135m")
     assert {p.dtype for p in model.parameters()} == {torch.float32}
     assert model.config.vocab_size == 49_152
+
+
+def test_eval_cli_gives_gemma_its_bos_by_default(tmp_path, capsys):
+    """``xdistill eval --model gemma3-270m`` equals the ``--bos`` figure (it once scored 1.51
+    bits/byte without its <bos> against 1.01 with it); ``--no-bos`` still overrides."""
+    import json
+
+    from xdistill.commands.eval import main
+    from xdistill.data.prepare import prepare
+
+    raw = tmp_path / "eval.jsonl"
+    raw.write_text(json.dumps({"text": TEXT}) + "\n", encoding="utf-8")
+    prepare([raw], tmp_path / "eval", progress=False)
+    common = ["--model", "gemma3-270m", "--data", str(tmp_path / "eval"), "--seq-len", "24",
+              "--batch", "1", "--batches", "1"]
+    out = {}
+    for flag in ("", "--bos", "--no-bos"):
+        assert main(common + ([flag] if flag else [])) == 0
+        out[flag] = json.loads(capsys.readouterr().out)
+    assert out[""]["add_bos"] is True and out["--no-bos"]["add_bos"] is False
+    assert out[""]["bpb"] == out["--bos"]["bpb"]
+    assert out["--no-bos"]["bpb"] > out[""]["bpb"] + 0.1, out

@@ -107,9 +107,15 @@ def test_resume_is_bitwise_and_export_generates_like_the_student(tmp_path, real)
     # the exported folder in plain transformers vs the last checkpoint's student
     export = str(tmp_path / "full" / "export")
     plain, tok = AutoModelForCausalLM.from_pretrained(export), AutoTokenizer.from_pretrained(export)
+    # exported in SmolLM2's own bfloat16 (checkpoint.export_dtype: auto), not float32 at twice
+    # the stock size: the trained float32 student cast to bfloat16 generates the same
+    assert {v.dtype for v in wa.values()} == {torch.bfloat16}
+    assert json.loads((tmp_path / "full" / "export" / "config.json").read_text())["dtype"] \
+        == "bfloat16"
     student = load_causal_lm(real["student"])
     load_checkpoint(latest_checkpoint(tmp_path / "full" / "checkpoints"), student,
                     restore_rng=False)
+    student, plain = student.to(torch.bfloat16), plain.to(torch.bfloat16)
     ids = tok("The capital of France is", return_tensors="pt").input_ids
     with torch.no_grad():
         a = plain.eval().generate(ids, max_new_tokens=8, do_sample=False)

@@ -46,6 +46,29 @@ def test_bad_jsonl_names_file_and_line(tmp_path):
         open_prompts(tmp_path / "bad2.jsonl")
 
 
+def test_unknown_role_in_a_prompt_names_role_file_and_line(tmp_path):
+    bad = tmp_path / "p.jsonl"
+    wizard = CHAT + [{"role": "wizard", "content": "Abracadabra."}]
+    bad.write_text(json.dumps({"prompt": "ok"}) + "\n" + json.dumps({"messages": wizard}) + "\n")
+    with pytest.raises(DataError, match=rf"{bad} line 2: message 2 has the unknown chat role "
+                                        r"'wizard'; accepted roles: system, developer, user, "
+                                        r"assistant, tool"):
+        open_prompts([bad])
+    pq.write_table(pa.table({"messages": [CHAT, wizard]}), tmp_path / "c.parquet")
+    ds = PromptDataset(open_prompts([tmp_path / "c.parquet"]), shuffle=False, epochs=1)
+    with pytest.raises(DataError, match=r"c\.parquet row 1: message 2 has the unknown chat role "
+                                        r"'wizard'"):
+        list(ds)
+
+
+def test_empty_prompt_file_is_an_error_naming_it(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    for text in ("", "\n  \n"):
+        empty.write_text(text)
+        with pytest.raises(DataError, match=rf"prompt file {empty} holds no prompts"):
+            open_prompts([empty])
+
+
 def test_shards_partition_each_epoch(tmp_path):
     _write_all(tmp_path)
     src = open_prompts(tmp_path / "p.arrow")

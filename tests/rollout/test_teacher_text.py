@@ -97,10 +97,11 @@ def test_scorer_aligns_every_response_token_and_bridges_the_stop(get_tokenizer, 
     scored = RolloutScorer(student, [TeacherSpec("t", teacher, None)])(ro)
     view = scored.batch.teacher("t")
     end = teacher.eos_id
+    lead = [teacher.bos_id] if teacher.add_bos_default else []   # the model's own BOS default
     for b in range(len(prompts)):
         row = view.input_ids_BTt[b][view.attention_mask_BTt[b]].tolist()
         whole = teacher.encode(prompts[b] + RESPONSES[b], add_special_tokens=False).ids
-        assert row == list(whole) + [end], (name, b)      # one piece, then the teacher's stop
+        assert row == lead + list(whole) + [end], (name, b)  # one piece, then the teacher's stop
         p, r = int(ro.prompt_len_B[b]), int(ro.response_len_B[b])
         assert (view.s_chunk_BTs[b, p:p + r] >= 0).all(), (name, b)  # the stop token included
         region = view.t_chunk_BTt[b][view.loss_mask_BTt[b]]
@@ -120,6 +121,19 @@ def test_prompt_that_already_starts_with_bos_gets_one_bos(get_tokenizer):
         assert int((ids == tok.bos_id).sum()) == 1 and ids[0] == tok.bos_id
 
 
+def test_unset_teacher_bos_follows_the_teacher_model(get_tokenizer):
+    """A Gemma teacher with add_bos unset reads its <bos> first (without it its loss was 6.36
+    against 4.27); a SmolLM2 teacher and the GPT-2 student get none."""
+    student = get_tokenizer("gpt2")
+    ro = rollouts_from_segments(student, ["Q: 1+1\nA:"], [[("2.", True)]], finished=True)
+    gemma, smol = get_tokenizer("gemma3-270m"), get_tokenizer("smollm2-135m")
+    scorer = RolloutScorer(student, [TeacherSpec("gemma", gemma), TeacherSpec("smol", smol)])
+    assert not scorer.student_add_bos
+    scored = scorer(ro)
+    assert int(scored.batch.teacher("gemma").input_ids_BTt[0, 0]) == gemma.bos_id
+    assert int(scored.batch.teacher("smol").input_ids_BTt[0, 0]) != smol.bos_id
+
+
 def test_teacher_bos_is_set_per_teacher(get_tokenizer):
     """The student without a BOS, one teacher with its own BOS: only that teacher's row starts
     with it; the teacher whose setting follows the student's gets none."""
@@ -133,16 +147,18 @@ def test_teacher_bos_is_set_per_teacher(get_tokenizer):
 
 
 def test_teacher_bos_setting_resolution(get_tokenizer):
+    """Unset follows the teacher model's own default (Mistral adds its <s>, GPT-2 adds none);
+    an explicit value wins."""
     from types import SimpleNamespace
 
     from xdistill.errors import ConfigError
     from xdistill.train.setup import teacher_bos
 
-    spm = get_tokenizer("mistral")
+    spm, gpt2 = get_tokenizer("mistral"), get_tokenizer("gpt2")
     t = lambda v: SimpleNamespace(name="t", add_bos=v)  # noqa: E731
-    assert teacher_bos(t(None), True, spm) and not teacher_bos(t(None), False, spm)
-    assert teacher_bos(t(True), False, spm) and not teacher_bos(t(False), True, spm)
+    assert teacher_bos(t(None), spm) and not teacher_bos(t(None), gpt2)
+    assert teacher_bos(t(True), gpt2) and not teacher_bos(t(False), spm)
     if get_tokenizer("bert").bos_id is None:
-        assert not teacher_bos(t(None), True, get_tokenizer("bert"))
+        assert not teacher_bos(t(None), get_tokenizer("bert"))
         with pytest.raises(ConfigError, match="has no BOS token"):
-            teacher_bos(t(True), False, get_tokenizer("bert"))
+            teacher_bos(t(True), get_tokenizer("bert"))

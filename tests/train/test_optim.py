@@ -185,3 +185,32 @@ def test_clip_grad_norm_matches_definition():
     clipped = [p.grad for p in model.parameters() if p.grad is not None]
     for g, c in zip(grads, clipped):
         torch.testing.assert_close(c, g / 4, rtol=1e-5, atol=0)  # clip coefficient has an eps
+
+
+def test_auto_adamw_is_fused_on_plain_tensors_and_matches_foreach():
+    """``implementation: auto`` takes torch's fused AdamW kernel for plain CPU parameters (about
+    3x faster than foreach on CPU, benchmarks/RESULTS.md); its updates equal the multi-tensor
+    kernel's to float32 rounding over several steps (weight decay on one group, not the other)."""
+    from xdistill.train.optim import auto_implementation
+
+    def run(impl: str) -> dict:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Embedding(50, 16), nn.Linear(16, 16), nn.LayerNorm(16))
+        opt = build_optimizer(model, OptimConfig(lr=1e-2, implementation=impl))
+        for step in range(5):
+            torch.manual_seed(100 + step)
+            loss = model(torch.randint(0, 50, (4, 7))).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        return {"opt": opt, "weights": {k: v.detach().clone() for k, v in
+                                        model.state_dict().items()}}
+
+    auto, foreach = run("auto"), run("foreach")
+    assert auto["opt"].defaults["fused"] and not foreach["opt"].defaults["fused"]
+    for k, w in foreach["weights"].items():
+        torch.testing.assert_close(auto["weights"][k], w, rtol=1e-5, atol=1e-6)
+    meta = [{"params": [nn.Parameter(torch.empty(3, device="meta"))]}]
+    assert auto_implementation(meta) == "foreach"          # no fused kernel there
+    half_cpu = [{"params": [nn.Parameter(torch.zeros(3)), nn.Parameter(torch.zeros(2))]}]
+    assert auto_implementation(half_cpu) == "fused"

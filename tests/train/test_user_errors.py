@@ -1,5 +1,5 @@
 """One-line errors of a training run (the CLI's stderr), where they were 17-32-line DataLoader
-worker tracebacks: a shard damaged in place, chat roles that carry no loss, a resume on other
+worker tracebacks: a shard damaged in place, unknown (ShareGPT) chat roles, a resume on other
 data, a hung subprocess teacher. Also: another ``data.seq_len`` on resume is allowed and logged,
 and the start-up log says what the loader reads."""
 
@@ -56,7 +56,8 @@ def test_a_damaged_shard_is_one_line_naming_file_and_row(tmp_path, tiny_assets):
            "process(es) (fork)" in proc.stderr   # the start-up log says what is read
 
 
-def test_chat_roles_without_loss_are_one_line_naming_file_and_row(tmp_path, tiny_assets):
+def test_unknown_chat_roles_are_one_line_naming_file_and_row(tmp_path, tiny_assets):
+    """ShareGPT's human/gpt roles (the check is raised in the loader worker)."""
     from xdistill.data.prepare import prepare
 
     raw = tmp_path / "sharegpt.jsonl"
@@ -68,8 +69,8 @@ def test_chat_roles_without_loss_are_one_line_naming_file_and_row(tmp_path, tiny
     cfg["data"].update(paths=[str(tmp_path / "chat")], num_workers=1)
     last = _one_error_line(_train(tmp_path, cfg))
     assert last.startswith(f"xdistill: error: {tmp_path / 'chat' / 'shard-00000.arrow'} row "), last
-    assert "chat roles ['gpt', 'human'] include none of data.loss_roles ['assistant']" in last
-    assert "data.loss_roles=[gpt]" in last
+    assert ": message 0 has the unknown chat role 'human'; accepted roles: " in last, last
+    assert "human -> user and gpt -> assistant" in last, last
 
 
 def test_resume_on_other_data_is_one_line_and_another_seq_len_is_logged(tmp_path, tiny_assets):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from xdistill.commands import plain
 from xdistill.config import describe, load_config
 from xdistill.errors import ConfigError
 
@@ -30,7 +31,7 @@ def config_class(kind: str) -> type:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="xdistill config", description=__doc__)
+    parser = argparse.ArgumentParser(prog="xdistill config", description=plain(__doc__))
     sub = parser.add_subparsers(dest="action", required=True)
     show = sub.add_parser("show", help="print a resolved config with its documentation")
     show.add_argument("kind", help=f"run kind: {', '.join(KINDS)}")

@@ -12,11 +12,12 @@ import argparse
 import json
 from pathlib import Path
 
+from xdistill.commands import plain
 from xdistill.errors import DataError
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="xdistill data", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="xdistill data", description=plain(__doc__).splitlines()[0])
     sub = parser.add_subparsers(dest="action", required=True)
     prep = sub.add_parser("prepare", help="convert input files into arrow shards + index.json")
     prep.add_argument("inputs", nargs="+", help="input files or directories")
@@ -45,8 +46,8 @@ def _parser() -> argparse.ArgumentParser:
                                         "training accepts)")
     info.add_argument("--verify", action="store_true",
                       help="fetch and decode every document the way training does and report the "
-                           "first bad file and row (a damaged shard, invalid UTF-8, a conversation "
-                           "with no role of --loss-roles)")
+                           "first bad file and row (a damaged shard, invalid UTF-8, an unknown chat "
+                           "role, a conversation with no role of --loss-roles)")
     info.add_argument("--text-column", default="text", help="with --verify: data.text_column")
     info.add_argument("--messages-column", default="messages",
                       help="with --verify: data.messages_column")

@@ -3,11 +3,12 @@
     xdistill eval --config run.yaml [key=value ...]
         the off-policy run's held-out evaluation (eval.paths) at step 0: the student's loss and
         bits per byte, each teacher's loss term and coverage -- what training starts from
-    xdistill eval --model M --data DIR [--tokenizer T] [--bos] [--seq-len N] [--batch N]
-                  [--batches N]
+    xdistill eval --model M --data DIR [--tokenizer T] [--bos | --no-bos] [--seq-len N]
+                  [--batch N] [--batches N]
         bits per byte of any causal LM (folder, .gguf file or asset name such as gemma3-270m) on
         prepared data; compare a teacher with a student before distilling (a teacher must know
-        more than the student)
+        more than the student). Windows start with the BOS when the model adds one by default
+        (Gemma does, SmolLM2 does not); --bos / --no-bos override that.
 
 Prints one JSON object (and a readable line on stderr).
 """
@@ -18,17 +19,19 @@ import argparse
 import json
 import sys
 
+from xdistill.commands import plain
 from xdistill.errors import ConfigError
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="xdistill eval", description=__doc__,
+    p = argparse.ArgumentParser(prog="xdistill eval", description=plain(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="an off-policy run config: evaluate it at step 0")
     p.add_argument("--model", help="a causal LM: folder, .gguf file or asset name")
     p.add_argument("--data", nargs="+", help="prepared data (xdistill data prepare) to score on")
     p.add_argument("--tokenizer", default="", help="tokenizer spec (default: the model's)")
-    p.add_argument("--bos", action="store_true", help="start every window with the BOS token")
+    p.add_argument("--bos", action=argparse.BooleanOptionalAction, default=None,
+                   help="start every window with the BOS token (default: as the model does)")
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--batches", type=int, default=8)
@@ -47,27 +50,18 @@ def score_model(args) -> dict:
     model = load_causal_lm(args.model)
     out = model_bits_per_byte(model, tok, args.data, seq_len=args.seq_len, batch_size=args.batch,
                               batches=args.batches, add_bos=args.bos)
-    return {"model": args.model, "tokenizer": tok.name, **out}
+    return {"model": args.model, "tokenizer": tok.name, "add_bos": out.pop("add_bos"), **out}
 
 
 def score_run(args) -> dict:
     from xdistill.config import load_config
-    from xdistill.train import core
     from xdistill.train.config import OffPolicyConfig
-    from xdistill.train.offpolicy import OffPolicyMode
+    from xdistill.train.offpolicy import evaluate_offpolicy
 
     cfg = load_config(OffPolicyConfig, args.config, list(args.overrides))
     if not cfg.eval.paths:
         raise ConfigError(f"{args.config}: eval.paths is empty: nothing to evaluate on")
-    cfg.eval.every = 0 if cfg.eval.every < 0 else cfg.eval.every
-    cfg.checkpoint.resume = cfg.checkpoint.resume or ""
-    run = core.build(cfg, OffPolicyMode())
-    try:
-        if run.mode.pool is not None:
-            run.mode.pool.start()
-        return run.mode.evaluate(run, 0)
-    finally:
-        run.mode.close()
+    return evaluate_offpolicy(cfg)
 
 
 def main(argv: list[str] | None = None) -> int:

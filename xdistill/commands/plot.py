@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from xdistill.commands import plain
 from xdistill.errors import XDistillError
 from xdistill.metrics import read_metrics
 
@@ -65,7 +66,7 @@ def plot_runs(runs: dict[str, list[dict]], keys: list[str], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="xdistill plot", description=__doc__)
+    parser = argparse.ArgumentParser(prog="xdistill plot", description=plain(__doc__))
     parser.add_argument("metrics", nargs="+", help="metrics.jsonl file(s) to plot")
     parser.add_argument("-o", "--output", required=True, help="PNG file to write")
     parser.add_argument("--keys", help="comma-separated metric keys (default: loss, eval, lr, ...)")

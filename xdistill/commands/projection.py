@@ -16,9 +16,11 @@ import sys
 import time
 from pathlib import Path
 
+from xdistill.commands import plain
+
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="xdistill projection", description=__doc__,
+    parser = argparse.ArgumentParser(prog="xdistill projection", description=plain(__doc__),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="action", required=True)
     b = sub.add_parser("build", help="build a projection matrix (.npz + .json sidecar)")
@@ -49,6 +51,23 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _output_folder(output: str) -> None:
+    """Create the folder of ``-o`` (a missing one is made) or fail naming it, before any work."""
+    import os
+    from pathlib import Path
+
+    from xdistill.errors import ProjectionError
+
+    folder = Path(output).parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ProjectionError(f"output {output!r}: cannot create its folder {str(folder)!r} "
+                              f"({exc.strerror or exc})") from None
+    if not os.access(folder, os.W_OK):
+        raise ProjectionError(f"output {output!r}: its folder {str(folder)!r} is not writable")
+
+
 def _build(args) -> int:
     from xdistill.errors import ProjectionError
     from xdistill.projection import BuildConfig, build_projection, parse_methods, save_projection
@@ -59,6 +78,7 @@ def _build(args) -> int:
         raise ProjectionError(f"output {args.output!r} must end in .npz")
     if args.multitoken_decay < 0:
         raise ProjectionError(f"--multitoken-decay must be >= 0, got {args.multitoken_decay}")
+    _output_folder(args.output)                  # before the build, not after it
     t0 = time.perf_counter()
     methods = parse_methods(args.method)
     if "corpus" in methods and not args.corpus:

@@ -15,6 +15,7 @@ import json
 
 import numpy as np
 
+from xdistill.commands import plain
 from xdistill.tokenization import ROLE_NAMES, ROLE_TEXT, Encoding, Tokenizer, load_tokenizer
 
 
@@ -125,7 +126,7 @@ def print_compare(ta: Tokenizer, tb: Tokenizer, text: str, add_special: bool) ->
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="xdistill tokenizers", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="xdistill tokenizers", description=plain(__doc__).split("\n")[0])
     sub = parser.add_subparsers(dest="action", required=True)
     ins = sub.add_parser("inspect", help="family, sizes, role table and fingerprint of a tokenizer")
     ins.add_argument("name", help="asset name, folder, tokenizer.json, .tiktoken, .model or .gguf")

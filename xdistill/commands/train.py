@@ -13,6 +13,7 @@ import argparse
 import os
 import sys
 
+from xdistill.commands import plain
 from xdistill.config import blame_override, load_config
 from xdistill.errors import ConfigError
 
@@ -21,7 +22,7 @@ TINY_ASSETS = "runs/tiny_assets"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="xdistill train", description=__doc__,
+    parser = argparse.ArgumentParser(prog="xdistill train", description=plain(__doc__),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("kind", choices=["offpolicy", "onpolicy"], help="trainer")
     parser.add_argument("--config", help="YAML run config")

@@ -33,12 +33,25 @@ from xdistill.errors import DataError
 from xdistill.tokenization.table import ROLE_TEXT
 
 PLAIN_CHAT_TEMPLATE = "{role}:\n{content}\n\n"
+#: the chat roles a conversation may use (``data.loss_roles`` may name more, e.g. ShareGPT's
+#: ``gpt``); any other role is an error, never silently rendered by a template or dropped
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 Conversation = tuple  # tuple[tuple[str, str], ...]
 
 
-def as_conversation(messages, where: str = "") -> tuple[tuple[str, str], ...]:
-    """Validate ``[{role, content}, ...]`` (or pairs) into a tuple of ``(role, content)`` pairs."""
+def check_roles(conv, where: str, accepted=CHAT_ROLES) -> None:
+    """A :class:`DataError` naming the first message whose role is not in ``accepted``."""
+    for i, (role, _) in enumerate(conv):
+        if role not in accepted:
+            raise DataError(f"{where}: message {i} has the unknown chat role {role!r}; accepted "
+                            f"roles: {', '.join(accepted)} (map others, e.g. human -> user and "
+                            "gpt -> assistant, or name them in data.loss_roles)")
+
+
+def as_conversation(messages, where: str = "", roles=None) -> tuple[tuple[str, str], ...]:
+    """Validate ``[{role, content}, ...]`` (or pairs) into a tuple of ``(role, content)`` pairs;
+    with ``roles``, every role must be one of them (:func:`check_roles`)."""
     if not isinstance(messages, (list, tuple)):
         raise DataError(f"{where}: 'messages' must be a list of {{role, content}}, "
                         f"got {type(messages).__name__}")
@@ -54,6 +67,8 @@ def as_conversation(messages, where: str = "") -> tuple[tuple[str, str], ...]:
             raise DataError(f"{where}: message {i} needs string 'role' and 'content' "
                             f"(got role={role!r}, content of type {type(content).__name__})")
         out.append((role, content))
+    if roles is not None:
+        check_roles(out, where, roles)
     return tuple(out)
 
 

@@ -10,7 +10,9 @@ Special-token policy (the same for every tokenizer): no tokenizer adds special t
 * document separators: after each document, the student's EOS and each teacher's own EOS; a pair of
   separators forms a 1:1 chunk (valid, exact: both are EOS with no bytes);
 * BOS: per window, when ``add_bos`` is set for the student (:class:`PackedDataset`) or a teacher
-  (:class:`TeacherSpec`). A BOS on both sides is a 1:1 chunk; a BOS on one side only is unaligned;
+  (:class:`TeacherSpec`; unset: the model's own default), never a second one before a text that
+  starts with it (a chat template that writes it). A BOS on both sides is a 1:1 chunk; a BOS on
+  one side only is unaligned;
 * chat data: the special tokens that each tokenizer's own chat template writes (role markers,
   end-of-turn) are tokenized from the rendered text; the aligner aligns or drops them by role.
 
@@ -32,7 +34,7 @@ identity view: the student's ids, chunk ``i`` = token ``i``, all chunks exact, n
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -41,6 +43,7 @@ import torch
 from xdistill.data.batch import BatchStats, DistillBatch, TeacherView
 from xdistill.data.chat import map_offset, render_chat, token_loss_mask
 from xdistill.data.packing import DEFAULT_LOSS_ROLES, Segment, Window
+from xdistill.tokenization.bos import resolve_add_bos
 
 
 @dataclass(frozen=True)
@@ -53,8 +56,8 @@ class TeacherSpec:
     tokenizer: Any
     # maximum teacher tokens per row (None: no limit)
     max_len: int | None = None
-    # prepend the teacher's BOS token to every row
-    add_bos: bool = False
+    # prepend the teacher's BOS token to every row (None: the teacher model's default)
+    add_bos: bool | None = None
 
 
 @dataclass
@@ -84,6 +87,18 @@ def _phantom_T(enc, n: int) -> np.ndarray:
     return out
 
 
+def resolve_teacher_bos(teachers) -> tuple:
+    """``teachers`` with every ``add_bos=None`` set to its model's default."""
+    return tuple(t if t.add_bos is not None else
+                 replace(t, add_bos=resolve_add_bos(None, t.tokenizer, f"teacher {t.name!r} add_bos"))
+                 for t in teachers)
+
+
+def _starts_with(encs, token_id) -> bool:
+    """Whether the first encoding starts with ``token_id`` (a template that wrote the BOS)."""
+    return bool(encs) and len(encs[0].ids) > 0 and int(encs[0].ids[0]) == int(token_id)
+
+
 def _pad_id(tok) -> int:
     for pid in (tok.pad_id, tok.eos_id):
         if pid is not None:
@@ -110,7 +125,7 @@ class CrossTokenizerCollator:
     def __init__(self, student, teachers=(), *, chunks: str = "minimal", method: str = "auto",
                  loss_roles=DEFAULT_LOSS_ROLES, end_of_turn: bool = True,
                  pad_to_multiple_of: int = 1):
-        self.student, self.teachers = student, tuple(teachers)
+        self.student, self.teachers = student, resolve_teacher_bos(teachers)
         names = [t.name for t in self.teachers]
         if len(set(names)) != len(names):
             raise ValueError(f"teacher names must be unique, got {names}")
@@ -246,7 +261,7 @@ class CrossTokenizerCollator:
         for b, (w, per) in enumerate(zip(windows, pieces)):
             encs_b = [next(encs) for _ in per]
             parts, loss, t_p, used = [], [], 0, 0
-            if spec.add_bos:
+            if spec.add_bos and not _starts_with(encs_b, tok.bos_id):
                 parts.append(np.array([tok.bos_id], dtype=np.int64))
                 loss.append(np.zeros(1, dtype=bool))
                 t_p = 1

@@ -44,8 +44,10 @@ class DataConfig:
     # passes over the data per iteration of the loader (null: repeat forever; trainers stop at
     # their step budget -- use null for multi-rank runs so all ranks get the same step count)
     epochs: int | None = None
-    # prepend the student's BOS token to each window
-    add_bos: bool = False
+    # prepend the student's BOS token to each window; null = the student model's own default
+    # (its tokenizer's add_bos_token / post-processor, the GGUF's tokenizer.ggml.add_bos_token);
+    # true/false override it (a value unlike the model's default is logged once as a warning)
+    add_bos: bool | None = None
     # chat roles whose message content carries loss
     loss_roles: list[str] = field(default_factory=lambda: ["assistant"])
     # also train the end-of-turn special token that follows a trained message

@@ -19,10 +19,19 @@ get different numbers of windows; distributed trainers should use ``epochs=None`
 
 from __future__ import annotations
 
-from xdistill.data.chat import as_conversation
+from xdistill.data.chat import CHAT_ROLES, as_conversation
 from xdistill.data.packing import DEFAULT_LOSS_ROLES, encode_document, pack
 from xdistill.data.sharding import ShardedSourceDataset
 from xdistill.errors import DataError
+from xdistill.tokenization.bos import resolve_add_bos
+
+
+def doc_where(source, i: int) -> str:
+    """Where document ``i`` of ``source`` is, for messages: its file and row when known."""
+    if hasattr(source, "locate"):
+        path, row = source.locate(i)
+        return f"{path} row {row}"
+    return f"document {i}"
 
 
 class PackedDataset(ShardedSourceDataset):
@@ -35,18 +44,20 @@ class PackedDataset(ShardedSourceDataset):
         seed, shuffle: the per-epoch document permutation.
         rank, world_size: data-parallel position of this process.
         epochs: passes per iteration (None: forever).
-        add_bos: windows start with the student's BOS (one per window, not per document).
+        add_bos: windows start with the student's BOS (one per window, not per document);
+            None: the student model's default (:mod:`xdistill.tokenization.bos`).
         loss_roles: chat roles whose content carries loss; end_of_turn: also their end marker.
     """
 
     def __init__(self, source, student, window_len: int, *, seed: int = 0, shuffle: bool = True,
                  rank: int = 0, world_size: int = 1, epochs: int | None = None,
-                 add_bos: bool = False, loss_roles=DEFAULT_LOSS_ROLES, end_of_turn: bool = True):
+                 add_bos: bool | None = None, loss_roles=DEFAULT_LOSS_ROLES, end_of_turn: bool = True):
         super().__init__()
         if student.eos_id is None:
             raise DataError(f"student tokenizer {student.name!r} has no EOS token to separate documents")
         if add_bos and student.bos_id is None:
             raise DataError(f"add_bos is set but student tokenizer {student.name!r} has no BOS token")
+        add_bos = resolve_add_bos(add_bos, student, "data.add_bos")
         if not 0 <= rank < world_size:
             raise DataError(f"rank {rank} outside world size {world_size}")
         if len(source) == 0:
@@ -55,6 +66,7 @@ class PackedDataset(ShardedSourceDataset):
         self.window_len, self.seed, self.shuffle = int(window_len), int(seed), bool(shuffle)
         self.rank, self.world_size, self.epochs = int(rank), int(world_size), epochs
         self.add_bos, self.loss_roles, self.end_of_turn = add_bos, frozenset(loss_roles), end_of_turn
+        self.roles = CHAT_ROLES + tuple(sorted(self.loss_roles - set(CHAT_ROLES)))
         self._init_state()
 
     @staticmethod
@@ -62,21 +74,15 @@ class PackedDataset(ShardedSourceDataset):
         return {"epoch": 0, "pos": 0, "off": 0, "windows": 0, "skipped_empty": 0}
 
     # ------------------------------------------------------------------ iteration
-    def _where(self, i: int) -> str:
-        """Document ``i`` for error messages: ``FILE row R`` when the source can tell."""
-        locate = getattr(self.source, "locate", None)
-        if locate is None:
-            return f"document {i}"
-        path, row = locate(i)
-        return f"{path} row {row}"
-
     def _fetch(self, i: int):
         doc = self.source.get(i) if hasattr(self.source, "get") else self.source[i]
-        return doc if isinstance(doc, str) else as_conversation(doc, self._where(i))
+        if isinstance(doc, str):
+            return doc
+        return as_conversation(doc, doc_where(self.source, i), self.roles)
 
     def _encode(self, doc_index: int, doc):
         return encode_document(self.student, doc_index, doc, loss_roles=self.loss_roles,
-                               end_of_turn=self.end_of_turn, where=self._where(doc_index))
+                               end_of_turn=self.end_of_turn, where=doc_where(self.source, doc_index))
 
     def __iter__(self):
         shard, num_shards = self.shard()
@@ -85,7 +91,7 @@ class PackedDataset(ShardedSourceDataset):
         while self.epochs is None or st["epoch"] < self.epochs:
             order = self.order(st["epoch"], shard, num_shards)
             yield from pack(order, self._fetch, self._encode, st, budget, self.add_bos,
-                            key=(st["epoch"], shard))
+                            key=(st["epoch"], shard), bos_id=self.student.bos_id)
             st["epoch"], st["pos"], st["off"] = st["epoch"] + 1, 0, 0
             if len(order) == 0 and self.epochs is None:
                 return  # more shards than documents: this shard never gets any

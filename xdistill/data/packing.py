@@ -86,7 +86,8 @@ class Window:
     """One student-length window: segments in stream order."""
 
     segments: tuple[Segment, ...]
-    # prepend the student's BOS token
+    # prepend the student's BOS token (never when the first segment already starts with it: a
+    # chat template that writes the BOS itself)
     bos: bool = False
     # (epoch, shard, index of the window in the shard's stream) -- for debugging and tests
     key: tuple = ()
@@ -159,12 +160,10 @@ def encode_text(student, text: str, size: int = LONG_DOC_CHARS):
 
 
 def check_roles_message(where: str, roles, loss_roles) -> str:
-    """The error of a conversation none of whose roles is trained (ShareGPT's human/gpt...)."""
-    example = next((r for r in ("gpt", "bot", "model", "assistant") if r in roles), sorted(roles)[-1])
+    """The error of a conversation none of whose roles is trained (only user turns, say)."""
     return (f"{where}: chat roles {sorted(roles)} include none of data.loss_roles "
-            f"{sorted(loss_roles)}, so it would carry no loss; set the role(s) to train, e.g. "
-            f"data.loss_roles=[{example}], or rename the roles in the data (human -> user, "
-            "gpt -> assistant)")
+            f"{sorted(loss_roles)}, so it would carry no loss; drop it, or set data.loss_roles to "
+            "the role(s) to train")
 
 
 def encode_document(student, doc_index: int, doc, *, loss_roles=DEFAULT_LOSS_ROLES,
@@ -211,11 +210,20 @@ def _segment(enc: _DocEnc, k0: int, k1: int, eos: bool) -> Segment:
                    enc.loss_T[k0:k1], enc.phantom if k0 == 0 else 0, eos, enc.chat)
 
 
-def pack(order, fetch, encode, st: dict, budget: int, bos: bool, key=()):
+def _window(segs: list, bos: bool, bos_id: int | None, key: tuple) -> Window:
+    """A window; its BOS is dropped when the text already starts with it (one BOS, not two)."""
+    if bos and segs and segs[0].ids_T.size and bos_id is not None \
+            and int(segs[0].ids_T[0]) == int(bos_id):
+        bos = False
+    return Window(tuple(segs), bos, key)
+
+
+def pack(order, fetch, encode, st: dict, budget: int, bos: bool, key=(), bos_id=None):
     """Pack documents ``order[st['pos']:]`` into windows; ``st`` is updated before each yield.
 
     ``fetch(i)`` returns document ``i``; ``encode(i, doc)`` returns its :class:`_DocEnc` or None
     (empty: skipped and counted in ``st['skipped_empty']``). The final partial window is yielded too.
+    ``bos``: windows start with ``bos_id`` unless their text already does.
     """
     if budget < 1:
         raise DataError(f"window too short: {budget} token(s) left for text")
@@ -253,8 +261,8 @@ def pack(order, fetch, encode, st: dict, budget: int, bos: bool, key=()):
             st["pos"], st["off"] = st["pos"] + 1, 0
         if used >= budget or close:
             st["windows"] += 1
-            yield Window(tuple(segs), bos, key + (st["windows"] - 1,))
+            yield _window(segs, bos, bos_id, key + (st["windows"] - 1,))
             segs, used = [], 0
     if segs:
         st["windows"] += 1
-        yield Window(tuple(segs), bos, key + (st["windows"] - 1,))
+        yield _window(segs, bos, bos_id, key + (st["windows"] - 1,))

@@ -4,14 +4,16 @@
 readable, the recorded row counts); a shard whose bytes were damaged in place passes that, and
 training failed later inside a loader worker. :func:`verify_documents` opens the same
 :class:`~xdistill.data.source.DocumentSource` the loaders open and fetches every row: the offset
-checks, UTF-8 decoding and conversation validation of training run on each, and every
-conversation must contain a role of ``loss_roles`` (``data.loss_roles``; ShareGPT's human/gpt
-roles carry no loss under the default ``assistant``). The first bad row is a
-:class:`~xdistill.errors.DataError` naming its file and row.
+checks, UTF-8 decoding and conversation validation of training run on each; every role must be a
+known one (:data:`~xdistill.data.chat.CHAT_ROLES` or one of ``loss_roles``: ShareGPT's human/gpt
+are not) and every conversation must contain a role of ``loss_roles`` (``data.loss_roles``), as
+training requires. The first bad row is a :class:`~xdistill.errors.DataError` naming its file and
+row.
 """
 
 from __future__ import annotations
 
+from xdistill.data.chat import CHAT_ROLES, check_roles, is_empty_conversation
 from xdistill.data.packing import check_roles_message
 from xdistill.data.source import DocumentSource
 from xdistill.errors import DataError
@@ -28,14 +30,16 @@ def verify_documents(paths, *, text_column: str = "text", messages_column: str =
                             invalid_utf8=invalid_utf8)
     counts = {"documents": len(source), "text": 0, "chat": 0, "empty": 0}
     roles_wanted = frozenset(loss_roles)
+    accepted = CHAT_ROLES + tuple(sorted(roles_wanted - set(CHAT_ROLES)))   # as PackedDataset
     for i in tqdm(range(len(source)), desc="verify", unit="doc", disable=not progress):
         doc = source.get(i)
         if isinstance(doc, str):
             counts["text" if doc else "empty"] += 1
             continue
         counts["chat"] += 1
+        path, row = source.locate(i)
+        check_roles(doc, f"{path} row {row}", accepted)
         roles = {r for r, _ in doc}
-        if roles_wanted and not roles & roles_wanted:
-            path, row = source.locate(i)
+        if not is_empty_conversation(doc) and not roles & roles_wanted:
             raise DataError(check_roles_message(f"{path} row {row}", roles, roles_wanted))
     return counts

@@ -36,9 +36,11 @@ class ChunkAlignment:
 
     @classmethod
     def from_view(cls, view) -> "ChunkAlignment":
-        """From any object with the four fields (e.g. ``xdistill.data.batch.TeacherView``)."""
-        return cls(view.s_chunk_BTs.long(), view.t_chunk_BTt.long(),
-                   view.chunk_valid_BC.bool(), view.chunk_exact_BC.bool())
+        """From any object with the four fields, tensors or arrays (e.g.
+        ``xdistill.data.batch.TeacherView`` or the aligner's ``AlignmentResult``)."""
+        t = torch.as_tensor
+        return cls(t(view.s_chunk_BTs).long(), t(view.t_chunk_BTt).long(),
+                   t(view.chunk_valid_BC).bool(), t(view.chunk_exact_BC).bool())
 
     @property
     def num_chunks(self) -> int:

@@ -89,8 +89,10 @@ def _npz_bytes_members(proj: Projection) -> list[tuple[str, np.ndarray]]:
 
 
 def save_projection(proj: Projection, path: str | os.PathLike) -> tuple[Path, Path]:
-    """Write ``path`` (.npz) and its sidecar deterministically; returns both paths."""
+    """Write ``path`` (.npz) and its sidecar deterministically (a missing folder is created);
+    returns both paths."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
         for name, arr in _npz_bytes_members(proj):

@@ -2,7 +2,7 @@
 same-tokenizer control teacher, Welch and paired t with Holm's correction, the penalty.
 
 Arms: ``op_<kind>`` (cross-tokenizer teacher) and ``op_<kind>_same`` (the control teacher over
-the student's tokenizer), against ``cont_ce``, over the seeds each pair finished. For every
+the student's tokenizer; :func:`control_arm`), against ``cont_ce``, over the seeds each pair finished. For every
 (kind, teacher): the gain in mean accuracy, Welch's t and the paired t with two-sided p, each
 family of p-values Holm-adjusted over all comparisons in the table; a comparison *passes* when
 both adjusted p are below alpha (0.05) and the gain is positive. Per kind, the cross-tokenizer
@@ -20,6 +20,13 @@ ALPHA = 0.05
 MIN_FORMAT_RATE = 0.9
 
 
+def control_arm(arm: str) -> str:
+    """The same-tokenizer control of an on-policy arm: ``op_k1`` -> ``op_k1_same``; a byte-credit
+    arm shares its kind's control (``op_k1_byte`` -> ``op_k1_same``: over one tokenizer byte
+    credit and token credit coincide)."""
+    return arm.removesuffix("_byte") + "_same"
+
+
 def _by_arm(runs: list[dict]) -> dict:
     out: dict = {}
     for r in runs:
@@ -33,10 +40,11 @@ def comparisons(runs: list[dict], base: str = "cont_ce") -> list[dict]:
     arms = _by_arm(runs)
     if base not in arms:
         return []
-    kinds = sorted(a[:-len("_same")] for a in arms if a.endswith("_same") and a[:-5] in arms)
+    kinds = sorted(a for a in arms if a.startswith("op_") and not a.endswith("_same")
+                   and control_arm(a) in arms)
     out = []
     for kind in kinds:
-        for teacher, arm in (("cross", kind), ("same", f"{kind}_same")):
+        for teacher, arm in (("cross", kind), ("same", control_arm(kind))):
             seeds = sorted(set(arms[arm]) & set(arms[base]))
             if len(seeds) < 2:
                 continue
@@ -94,4 +102,4 @@ def confirmation_lines(runs: list[dict], base: str = "cont_ce") -> list[str]:
     return lines
 
 
-__all__ = ["comparisons", "confirmation_lines"]
+__all__ = ["comparisons", "confirmation_lines", "control_arm"]

@@ -28,7 +28,8 @@ from xdistill.quality.summary import summarize
 # the same run (where it was written, how often it logged, whether TensorBoard was on). Torch
 # threads are among them: they can change float reductions, hence the digits of a run, but not
 # the protocol; the run-to-run spread this leaves is measured in RESULTS.md
-LOCATION_AND_LOGGING = ("out_dir", "log_every", "tensorboard", "num_threads")
+LOCATION_AND_LOGGING = ("out_dir", "log_every", "tensorboard", "wandb", "wandb_project",
+                        "num_threads")
 
 
 class _Ticker:

@@ -4,7 +4,7 @@ Legend: B prompts, Tp prompt tokens, Tr response tokens, V student vocabulary.
 
 ``engine.generate(prompts, sampling) -> Rollouts``. Prompts are rendered for the student by
 :func:`xdistill.rollout.render.render_prompt` (chat prompts with the student's own template and its
-generation prompt) and tokenized without added special tokens (a BOS only when ``add_bos``).
+generation prompt) and tokenized without added special tokens (a BOS when ``add_bos``, by default when the model adds one).
 Prompts longer than ``max_prompt_len`` keep their *last* tokens (the generation prompt must
 survive; DeepSpeed's OPSD collator cut it off by right-truncating).
 
@@ -30,6 +30,7 @@ import torch
 
 from xdistill.errors import ConfigError
 from xdistill.rollout.render import encode_prompts, stop_token_ids
+from xdistill.tokenization.bos import resolve_add_bos
 
 
 @dataclass
@@ -46,8 +47,9 @@ class RolloutConfig:
     max_new_tokens: int = 256
     # maximum prompt tokens (longer prompts keep their last tokens)
     max_prompt_len: int = 1024
-    # prepend the student's BOS token to every prompt
-    add_bos: bool = False
+    # prepend the student's BOS token to every prompt; null = the student model's own default
+    # (Gemma's is true, SmolLM2's false); true/false override it
+    add_bos: bool | None = None
     # base seed of the sampling RNG (each call adds its step number)
     seed: int = 0
     # vllm only: copy the student's weights into the vLLM engine every this many optimizer steps
@@ -179,10 +181,11 @@ class HFGenerateEngine(RolloutEngine):
     logits the sampler drew from): ``log_softmax(scores)[y_t]``.
     """
 
-    def __init__(self, model, tokenizer, *, max_prompt_len: int = 1024, add_bos: bool = False,
+    def __init__(self, model, tokenizer, *, max_prompt_len: int = 1024, add_bos: bool | None = None,
                  stop_ids=None):
         self.model, self.tok = model, tokenizer
-        self.max_prompt_len, self.add_bos = int(max_prompt_len), bool(add_bos)
+        self.max_prompt_len = int(max_prompt_len)
+        self.add_bos = resolve_add_bos(add_bos, tokenizer, "rollout.add_bos")
         self.stop_ids = tuple(stop_ids) if stop_ids is not None else stop_token_ids(tokenizer)
         if not self.stop_ids:
             raise ConfigError(f"student tokenizer {tokenizer.name!r} has no EOS / end-of-turn token "

@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from xdistill.data.chat import as_conversation, is_empty_conversation
+from xdistill.data.chat import CHAT_ROLES, as_conversation, is_empty_conversation
+from xdistill.data.dataset import doc_where
 from xdistill.data.sharding import ShardedSourceDataset
 from xdistill.data.source import DocumentSource
 from xdistill.errors import DataError
@@ -39,6 +40,7 @@ class JsonlPrompts:
             path = Path(path)
             if not path.is_file():
                 raise DataError(f"prompt file {path} does not exist")
+            before = len(self.rows)
             with path.open(encoding="utf-8") as fh:
                 for line_no, line in enumerate(fh, 1):
                     if line.strip():
@@ -48,6 +50,10 @@ class JsonlPrompts:
                         self.where.append(where)
                         if route_key:
                             self.routes.append(self._route(obj, where, route_key))
+            if len(self.rows) == before:
+                raise DataError(f"prompt file {path} holds no prompts (it is empty or blank): "
+                                f"give one JSON object per line, {{\"{prompt_key}\": ...}} or "
+                                f"{{\"{messages_key}\": [...]}}")
 
     @staticmethod
     def _object(line: str, where: str) -> dict:
@@ -72,7 +78,7 @@ class JsonlPrompts:
         if isinstance(obj.get(prompt_key), str):
             return obj[prompt_key]
         if obj.get(messages_key) is not None:
-            return as_conversation(obj[messages_key], where)
+            return as_conversation(obj[messages_key], where, CHAT_ROLES)
         raise DataError(f"{where}: needs a string {prompt_key!r} or a {messages_key!r} list "
                         f"(keys found: {', '.join(obj) or 'none'})")
 
@@ -113,7 +119,9 @@ class PromptDataset(ShardedSourceDataset):
         if not 0 <= rank < world_size:
             raise DataError(f"rank {rank} outside world size {world_size}")
         if len(source) == 0:
-            raise DataError("the prompt source has no prompts")
+            files = getattr(source, "files", None) or getattr(source, "paths", None) or []
+            raise DataError("the prompt source has no prompts"
+                            + (f": {', '.join(map(str, files))}" if files else ""))
         self.source, self.seed, self.shuffle = source, int(seed), bool(shuffle)
         self.rank, self.world_size, self.epochs = int(rank), int(world_size), epochs
         self._init_state()
@@ -131,7 +139,9 @@ class PromptDataset(ShardedSourceDataset):
         doc = self.source.get(i)
         if isinstance(doc, str):
             return doc if doc.strip() else None
-        conv = as_conversation(doc, f"prompt {i}")
+        where = self.source.where[i] if isinstance(self.source, JsonlPrompts) else \
+            doc_where(self.source, i)
+        conv = as_conversation(doc, where, CHAT_ROLES)
         return None if not conv or is_empty_conversation(conv) else conv
 
     def __iter__(self):

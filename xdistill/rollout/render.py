@@ -17,6 +17,7 @@ import numpy as np
 
 from xdistill.data.chat import PLAIN_CHAT_TEMPLATE, as_conversation, render_chat, render_plain
 from xdistill.errors import DataError
+from xdistill.tokenization.bos import resolve_add_bos
 from xdistill.tokenization.table import ROLE_TEXT
 
 _PROBE = "xdistill-probe"
@@ -74,8 +75,11 @@ def stop_token_ids(tok) -> tuple[int, ...]:
     return tuple(out)
 
 
-def encode_prompts(tok, prompts, max_len: int, *, add_bos: bool = False) -> list[np.ndarray]:
-    """Rendered, tokenized prompts (int64 ``[T]`` each); longer ones keep their last tokens."""
+def encode_prompts(tok, prompts, max_len: int, *, add_bos: bool | None = None) -> list[np.ndarray]:
+    """Rendered, tokenized prompts (int64 ``[T]`` each); longer ones keep their last tokens.
+    ``add_bos``: start each with the BOS (once, also when the template wrote one); None: the
+    model's default (:mod:`xdistill.tokenization.bos`)."""
+    add_bos = resolve_add_bos(add_bos, tok, "rollout.add_bos")
     texts = [render_prompt(tok, p) for p in prompts]
     encs = tok.encode_batch(texts, add_special_tokens=False)
     out = []

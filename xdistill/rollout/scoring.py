@@ -43,9 +43,11 @@ import torch
 
 from xdistill.data.batch import BatchStats, DistillBatch, TeacherView
 from xdistill.data.chat import token_loss_mask
+from xdistill.data.collator import resolve_teacher_bos
 from xdistill.rollout.engine import Rollouts, _pad_id
 from xdistill.rollout.render import end_of_turn_id, is_chat, render_prompt
 from xdistill.rollout.teacher_text import teacher_region
+from xdistill.tokenization.bos import resolve_add_bos
 
 
 @dataclass(frozen=True)
@@ -165,17 +167,19 @@ class RolloutScorer:
 
     Args:
         student: the student tokenizer; teachers: ``xdistill.data.TeacherSpec`` per teacher.
-        student_add_bos: whether the student's prompts start with its BOS (the engine's setting).
+        student_add_bos: whether the student's prompts start with its BOS (the engine's setting;
+            None: the student model's default). A teacher's ``add_bos=None``: its model's.
         chunks, method: passed to ``xdistill.align.align_batch``.
     """
 
-    def __init__(self, student, teachers=(), *, student_add_bos: bool = False,
+    def __init__(self, student, teachers=(), *, student_add_bos: bool | None = None,
                  chunks: str = "minimal", method: str = "auto"):
-        self.student, self.teachers = student, tuple(teachers)
+        self.student, self.teachers = student, resolve_teacher_bos(teachers)
         names = [t.name for t in self.teachers]
         if len(set(names)) != len(names):
             raise ValueError(f"teacher names must be unique, got {names}")
-        self.student_add_bos, self.chunks, self.method = bool(student_add_bos), chunks, method
+        self.chunks, self.method = chunks, method
+        self.student_add_bos = resolve_add_bos(student_add_bos, student, "rollout.add_bos")
 
     def __call__(self, ro: Rollouts) -> ScoredBatch:
         t0 = time.perf_counter()
@@ -348,7 +352,7 @@ def _identity_view(name: str, ids, attn, loss) -> TeacherView:
 
 
 def rollouts_from_segments(tok, prompts, segments, *, max_prompt_len: int = 1024,
-                           add_bos: bool = False, finished: bool = True) -> Rollouts:
+                           add_bos: bool | None = None, finished: bool = True) -> Rollouts:
     """Rollouts from multi-turn data: per sample a list of ``(text, is_llm)`` response segments.
 
     Each segment is tokenized by the student on its own (as an agent loop appends the tool's

@@ -103,6 +103,31 @@ def resolve_model_path(spec: str | os.PathLike) -> Path:
     return Path(text).expanduser()
 
 
+def stock_dtype(spec: str | os.PathLike) -> str:
+    """The dtype a model folder's ``config.json`` declares (``dtype`` or ``torch_dtype``:
+    ``"float32"``, ``"bfloat16"`` or ``"float16"``); ``""`` when it declares none (a ``.gguf``
+    file, a config without one)."""
+    path = resolve_model_path(spec) / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    for key in ("dtype", "torch_dtype"):
+        value = config.get(key) if isinstance(config, dict) else None
+        if isinstance(value, str) and value.removeprefix("torch.") in ("float32", "bfloat16",
+                                                                       "float16"):
+            return value.removeprefix("torch.")
+    return ""
+
+
+def export_dtype(setting: str, student_path: str) -> str:
+    """``checkpoint.export_dtype`` resolved: "auto" is the student model's own dtype
+    (:func:`stock_dtype`; ``""``, the training dtype, for a fresh student)."""
+    if setting != "auto":
+        return setting
+    return stock_dtype(student_path) if student_path else ""
+
+
 def load_causal_lm(path: str | os.PathLike, *, dtype: torch.dtype | str = torch.float32,
                    attn_implementation: str = "", trust_remote_code: bool = False) -> nn.Module:
     """A causal LM from a local folder, a ``.gguf`` file or a model asset name (never the hub).

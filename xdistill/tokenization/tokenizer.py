@@ -110,6 +110,23 @@ class Tokenizer:
         return bytes(b for b in range(256) if b not in set(self.table.missing_bytes))
 
     @functools.cached_property
+    def _bos_default(self) -> tuple[bool, str]:
+        from xdistill.tokenization.bos import model_add_bos
+
+        return model_add_bos(self.hf, self.source, self.bos_id)
+
+    @property
+    def add_bos_default(self) -> bool:
+        """Whether this tokenizer's model starts its text with the BOS token by default
+        (:mod:`xdistill.tokenization.bos`): the default of every ``add_bos`` setting."""
+        return self._bos_default[0]
+
+    @property
+    def add_bos_origin(self) -> str:
+        """Where :attr:`add_bos_default` was read (a config key, GGUF metadata, the tokenizer)."""
+        return self._bos_default[1]
+
+    @functools.cached_property
     def fingerprint(self) -> str:
         """Stable sha256 hex digest (see :mod:`xdistill.tokenization.fingerprint`)."""
         return fingerprint(self.family, self.table, self._spec)

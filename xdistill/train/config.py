@@ -66,8 +66,9 @@ class TeacherRunConfig:
     # most teacher tokens per window (longer windows are cut at a byte boundary shared with the
     # student); null = no limit
     max_len: int | None = None
-    # prepend this teacher's BOS token to each of its rows (e.g. Gemma needs its <bos>; a
-    # student whose declared BOS is a chat marker does not); null = follow data.add_bos
+    # prepend this teacher's BOS token to each of its rows; null = the teacher model's own
+    # default (Gemma adds its <bos>, SmolLM2 and GPT-2 add none); true/false override it (a
+    # value unlike the model's default is logged once as a warning)
     add_bos: bool | None = None
     # the teacher worker: model folder, placement, output kind, transport, timeouts
     worker: TeacherConfig = field(default_factory=TeacherConfig)
@@ -117,8 +118,15 @@ class TrainConfig:
     # write a hash of every window (off-policy) or response (on-policy) each rank trains on to
     # out_dir/samples_rank<R>.jsonl
     log_samples: bool = False
-    # also log metrics to TensorBoard (out_dir/tb) when the tensorboard package is installed
+    # also log metrics to TensorBoard (out_dir/tb); needs the tensorboard package (pip install
+    # 'xdistill[tracking]'; when it is missing a warning says so and the run goes on)
     tensorboard: bool = True
+    # also log metrics to Weights & Biases: "off", "offline" (out_dir/wandb, no network; `wandb
+    # sync` uploads it later) or "online" (after `wandb login`); needs the wandb package
+    # (xdistill[tracking]); WANDB_MODE=offline keeps an online run offline
+    wandb: Literal["off", "offline", "online"] = "off"
+    # W&B project of the run (train.wandb)
+    wandb_project: str = "xdistill"
     # debugging: after the checkpoint of this step, exit at once with code 3 (simulates a crash;
     # 0 = never)
     stop_after: int = 0
@@ -146,6 +154,10 @@ class CheckpointConfig:
     resume: str = "auto"
     # write a Hugging Face model folder (save_pretrained + tokenizer) to out_dir/export at the end
     export_hf: bool = True
+    # dtype of the exported weights: "auto" = the student model's own (the dtype / torch_dtype
+    # of its config.json, e.g. bfloat16 for SmolLM2; the training dtype for a fresh student or
+    # a .gguf), or "float32", "bfloat16", "float16"
+    export_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     # resuming with another number of ranks than the checkpoint's: true = an error; false = load
     # the model, optimizer and scheduler only (per-rank RNG and data-loader states start fresh)
     strict_world_size: bool = True

@@ -139,7 +139,8 @@ class Run:
     accum: int = 1
     start_step: int = 0
     writer: MetricsWriter | None = None
-    tb: object = None
+    # TensorBoard / W&B (xdistill.train.trackers), rank 0 only
+    trackers: object = None
     # non-finite steps in a row, and finite steps taken by this process
     nonfinite_streak: int = 0
     finite_steps: int = 0
@@ -339,17 +340,17 @@ def log_metrics(run: Run, step: int, metrics: dict) -> None:
     if run.writer is not None and (step % every == 0
                                    or any(k.startswith("eval/") for k in metrics)):
         run.writer.write(step, metrics)
-    if run.tb is not None:
-        for k, v in metrics.items():
-            if isinstance(v, (int, float)):
-                run.tb.add_scalar(k, v, step)
+    if run.trackers is not None:
+        run.trackers.log(step, metrics)
 
 
-def after_step(run: Run, step: int) -> None:
-    """Evaluation, checkpoint and the debugging stop, when due after optimizer step ``step``."""
+def after_step(run: Run, step: int) -> dict:
+    """Evaluation, checkpoint and the debugging stop, when due after optimizer step ``step``;
+    returns the evaluation's figures (empty when none was due)."""
     cfg = run.cfg
     last = step == cfg.train.steps
     every = getattr(getattr(cfg, "eval", None), "every", -1)
+    out = None
     if (every > 0 and step % every == 0) or (last and every >= 0):
         out = run.mode.evaluate(run, step)
         if out:
@@ -357,6 +358,7 @@ def after_step(run: Run, step: int) -> None:
     if (cfg.checkpoint.every > 0 and step % cfg.checkpoint.every == 0) or last:
         save(run, step)
     maybe_stop(run, step)
+    return out or {}
 
 
 def maybe_stop(run: Run, step: int) -> None:
@@ -369,9 +371,10 @@ def maybe_stop(run: Run, step: int) -> None:
 
 
 def train_loop(run: Run, stop) -> dict:
-    """Steps ``start_step+1 .. train.steps``; returns the last step's metrics. SIGTERM / Ctrl-C
-    (``stop``: :class:`xdistill.train.lifecycle.StopSignals`) stop it at the next step boundary
-    with a checkpoint."""
+    """Steps ``start_step+1 .. train.steps``; returns the last step's metrics (with its
+    evaluation's, when one ran). SIGTERM / Ctrl-C (``stop``:
+    :class:`xdistill.train.lifecycle.StopSignals`) stop it at the next step boundary with a
+    checkpoint."""
     metrics: dict = {}
     for step in range(run.start_step + 1, run.cfg.train.steps + 1):
         try:
@@ -380,7 +383,7 @@ def train_loop(run: Run, stop) -> dict:
             raise TeacherError(f"step {step}: {exc}") from exc
         log_metrics(run, step, metrics)
         check_nonfinite(run, step)
-        after_step(run, step)
+        metrics.update(after_step(run, step))
         signum = stop.agreed()
         if signum:
             _stop_on_signal(run, step, signum)
@@ -412,23 +415,25 @@ def open_metrics(cfg, keys: list[str]) -> MetricsWriter:
     return MetricsWriter(out / "metrics.jsonl", enabled=main, console_keys=keys)
 
 
-def _open_tensorboard(cfg):
-    if not cfg.train.tensorboard or not xdist.is_main_process():
+def _open_trackers(cfg):
+    if not xdist.is_main_process():
         return None
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except Exception:  # tensorboard not installed: skip silently
-        return None
-    return SummaryWriter(str(out_path(cfg, "tb")))
+    from xdistill.config import to_dict
+    from xdistill.train.trackers import open_trackers
+
+    return open_trackers(cfg, out_path(cfg), to_dict(cfg))
 
 
 def export_final(run: Run) -> Path | None:
-    """The Hugging Face export of the student to ``<out_dir>/export`` (``checkpoint.export_hf``)."""
+    """The Hugging Face export of the student to ``<out_dir>/export`` (``checkpoint.export_hf``),
+    in ``checkpoint.export_dtype`` (auto: the student model's own dtype)."""
     if not run.cfg.checkpoint.export_hf:
         return None
-    from xdistill.student.model import export_hf
+    from xdistill.student.model import export_dtype, export_hf
 
-    return export_hf(run.model, out_path(run.cfg, "export"), run.plan.student_tok, overwrite=True)
+    dtype = export_dtype(run.cfg.checkpoint.export_dtype, run.cfg.student.path)
+    return export_hf(run.model, out_path(run.cfg, "export"), run.plan.student_tok, dtype=dtype,
+                     overwrite=True)
 
 
 def build(cfg, mode: TrainMode) -> Run:
@@ -463,7 +468,11 @@ def _run_locked(run: Run) -> dict:
     maybe_resume(run)
     trim_logs(out_path(cfg), run.start_step)
     run.writer = open_metrics(cfg, mode.console_keys(cfg))
-    run.tb = _open_tensorboard(cfg)
+    run.trackers = _open_trackers(cfg)
+    if xdist.is_main_process():
+        from xdistill.train.report import start_line
+
+        log.info(start_line(run))
     t0 = time.perf_counter()
     # handlers from before the teachers and loader workers start (a stop signal then ends after
     # step 1) to the end (one after the last step lets the run finish: its checkpoint is written)
@@ -474,26 +483,14 @@ def _run_locked(run: Run) -> dict:
         finally:
             mode.close()
             run.writer.close()
-            if run.tb is not None:
-                run.tb.close()
+            if run.trackers is not None:
+                run.trackers.close()
         try:
             exported = export_final(run)
         except OSError as exc:
             raise io_error(exc, f"the export under {out_path(cfg, 'export')}") from None
-        _summary(run, metrics, exported, time.perf_counter() - t0)
+        if xdist.is_main_process():
+            from xdistill.train.report import end_line
+
+            log.info(end_line(run, metrics, exported, time.perf_counter() - t0))
     return metrics
-
-
-def _summary(run: Run, metrics: dict, exported: Path | None, seconds: float) -> None:
-    if not xdist.is_main_process():
-        return
-    steps = run.cfg.train.steps - run.start_step
-    parts = [f"done: {steps} step(s) in {seconds:.1f} s"]
-    if "loss" in metrics:
-        parts.append(f"final loss {metrics['loss']:.4g}")
-    parts.append(f"metrics {out_path(run.cfg, 'metrics.jsonl')}")
-    if run.last_checkpoint is not None:
-        parts.append(f"checkpoint {run.last_checkpoint}")
-    if exported is not None:
-        parts.append(f"export {exported}")
-    log.info("; ".join(parts))

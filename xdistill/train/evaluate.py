@@ -85,16 +85,18 @@ def _accumulate(sums, logits_BTsVs, batch, lengths_V) -> None:
 
 
 def model_bits_per_byte(model, tok, paths, *, seq_len: int = 256, batch_size: int = 4,
-                        batches: int = 8, add_bos: bool = False, device="cpu",
+                        batches: int = 8, add_bos: bool | None = None, device="cpu",
                         progress=None) -> dict:
     """Held-out bits per byte of any causal LM on prepared data (no teacher, no training).
 
     The first ``batches`` batches of the packed, unshuffled windows of ``paths`` tokenized by
-    ``tok`` (the model's own tokenizer); ``add_bos`` starts every window with the BOS (Gemma
-    needs it). Returns ``{"bpb", "loss", "tokens", "bytes"}``.
+    ``tok`` (the model's own tokenizer); ``add_bos`` starts every window with the BOS (None:
+    the model's default, :mod:`xdistill.tokenization.bos`; Gemma needs its BOS). Returns ``{"bpb", "loss", "tokens", "bytes", "add_bos"}``.
     """
     from xdistill.data import DataConfig, build_loader
+    from xdistill.tokenization.bos import resolve_add_bos
 
+    add_bos = resolve_add_bos(add_bos, tok, "add_bos (eval --bos / --no-bos)")
     cfg = DataConfig(paths=list(paths), seq_len=seq_len, batch_size=batch_size, num_workers=0,
                      shuffle=False, epochs=1, add_bos=add_bos)
     lengths_V = torch.as_tensor(tok.table.lengths_V, dtype=torch.int64)
@@ -109,4 +111,4 @@ def model_bits_per_byte(model, tok, paths, *, seq_len: int = 256, batch_size: in
         if progress is not None:
             progress(i + 1)
     return {"bpb": nll / (math.log(2) * max(n_bytes, 1)), "loss": nll / max(tokens, 1),
-            "tokens": tokens, "bytes": n_bytes}
+            "tokens": tokens, "bytes": n_bytes, "add_bos": add_bos}

@@ -175,5 +175,27 @@ def _log_data_start(loaders) -> None:
 
 
 def run_offpolicy(cfg: OffPolicyConfig) -> dict:
-    """Build, resume, train, export; returns the final metrics (rank 0's view)."""
+    """Train ``cfg`` (an :class:`OffPolicyConfig`, e.g. from :func:`xdistill.load_config`):
+    build, resume from ``train.out_dir`` (``checkpoint.resume``), train, export. Returns the
+    final step's metrics (rank 0's view): ``loss``, ``<teacher>/loss``, ``ce``, ``lr``, ...,
+    and the ``eval/...`` figures of the last step's evaluation when ``eval.paths`` is set."""
     return core.train(cfg, OffPolicyMode())
+
+
+def evaluate_offpolicy(cfg: OffPolicyConfig) -> dict:
+    """The run's held-out evaluation (``eval.paths``) at step 0, without training or writing
+    anything: the student's ``eval/loss`` and ``eval/bpb``, each teacher's loss term and
+    coverage -- what training starts from (``xdistill eval --config``)."""
+    from xdistill.errors import ConfigError
+
+    if not cfg.eval.paths:
+        raise ConfigError("eval.paths is empty: nothing to evaluate on")
+    cfg.eval.every = 0 if cfg.eval.every < 0 else cfg.eval.every
+    cfg.checkpoint.resume = cfg.checkpoint.resume or ""
+    run = core.build(cfg, OffPolicyMode())
+    try:
+        if run.mode.pool is not None:
+            run.mode.pool.start()
+        return run.mode.evaluate(run, 0)
+    finally:
+        run.mode.close()

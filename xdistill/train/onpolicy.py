@@ -127,13 +127,12 @@ class OnPolicyMode(core.TrainMode):
         run.accum = grad_accum_steps(cfg, env.world_size, cfg.prompts.batch_size)
         if cfg.loss.offpolicy_lambda > 0:
             self.mix = build_mix(cfg, plan, env)
-        add_bos = cfg.rollout.add_bos
         self.scorer = RolloutScorer(
             plan.student_tok,
             [ScoringTeacher(t.name, plan.teacher_toks[t.name], t.max_len,
-                            add_bos=teacher_bos(t, add_bos, plan.teacher_toks[t.name]))
+                            add_bos=teacher_bos(t, plan.teacher_toks[t.name]))
              for t in cfg.teachers],
-            student_add_bos=add_bos, chunks=cfg.scoring.chunks, method=cfg.scoring.method)
+            student_add_bos=cfg.rollout.add_bos, chunks=cfg.scoring.chunks, method=cfg.scoring.method)
         self.pool = TeacherPool([t.worker for t in cfg.teachers])
         self.loaders = [prompt_loader(cfg, env.rank, env.world_size)] + (
             self.mix.loaders if self.mix else [])
@@ -274,7 +273,8 @@ def _rollout_metrics(metrics, ro, scored) -> None:
 
 
 def run_onpolicy(cfg: OnPolicyConfig, reward_fn=None) -> dict:
-    """Build, resume, train, export; returns the final metrics (rank 0's view).
+    """Train ``cfg`` (an :class:`OnPolicyConfig`): build, resume, train, export; returns the
+    final step's metrics (rank 0's view: ``loss``, ``<teacher>/loss``, rollout statistics).
 
     ``reward_fn(rollouts) -> float[B]`` (optional) attaches task rewards to every rollout batch;
     with ``loss.reward_beta > 0`` they weight the samples.

@@ -90,7 +90,7 @@ class OnPolicyTeacherConfig:
     # most teacher tokens per scored row (the prompt is cut from the left first); null = no limit
     max_len: int | None = None
     # prepend this teacher's BOS token to its rows (unless its rendered prompt already starts
-    # with it); null = follow rollout.add_bos
+    # with it); null = the teacher model's own default (Gemma: true); true/false override it
     add_bos: bool | None = None
     # the teacher worker: model folder, placement, output kind, transport, timeouts
     worker: TeacherConfig = field(default_factory=TeacherConfig)

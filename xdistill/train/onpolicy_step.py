@@ -108,6 +108,7 @@ def build_onpolicy_plan(cfg: OnPolicyConfig) -> OnPolicyPlan:
                 raise ConfigError(f"{key}.loss.projection: cross-tokenizer {tl.kind!r} through "
                                   "the projection needs an artifact (or set loss.cross = exact)")
             plan.projections[t.name] = setup._projection(t, key, student, tok)
+    setup.resolve_bos_settings(cfg, plan, "rollout")
     return plan
 
 

@@ -29,6 +29,7 @@ from xdistill.errors import ConfigError, ProjectionError
 from xdistill.log import get_logger
 from xdistill.losses import ContinuationTrie, MultiTeacherLoss, TeacherSpec, projection_from_csr
 from xdistill.losses.multi_teacher import SAME_TOKENIZER_LOSSES
+from xdistill.tokenization.bos import resolve_add_bos
 from xdistill.train.config import OffPolicyConfig, TeacherRunConfig
 
 log = get_logger("train")
@@ -135,6 +136,7 @@ def build_plan(cfg: OffPolicyConfig) -> Plan:
             raise ConfigError(f"{key}.worker.output: 'projected' outputs only feed loss 'pkl'")
         trie = continuation_trie(student, tok) if t.loss.continuation else None
         plan.loss_specs.append(_loss_spec(t, proj, shared, trie))
+    resolve_bos_settings(cfg, plan)
     return plan
 
 
@@ -150,20 +152,25 @@ def build_loss(cfg: OffPolicyConfig, plan: Plan) -> MultiTeacherLoss | None:
 def collator_teachers(cfg: OffPolicyConfig, plan: Plan) -> list[CollatorTeacher]:
     """The collator's view of the teachers (tokenizer, max_len, BOS per :func:`teacher_bos`)."""
     return [CollatorTeacher(t.name, plan.teacher_toks[t.name], t.max_len,
-                            add_bos=teacher_bos(t, cfg.data.add_bos, plan.teacher_toks[t.name]))
+                            add_bos=teacher_bos(t, plan.teacher_toks[t.name]))
             for t in cfg.teachers]
 
 
-def teacher_bos(t, default: bool, tok) -> bool:
-    """Whether teacher ``t`` gets its BOS: its own ``add_bos`` setting, else the student's
-    (``default``) when the teacher has a BOS token. An explicit ``add_bos: true`` for a
-    tokenizer without a BOS is an error naming the teacher."""
-    if t.add_bos is None:
-        return bool(default) and tok.bos_id is not None
-    if t.add_bos and tok.bos_id is None:
-        raise ConfigError(f"teacher {t.name!r}: add_bos is true but tokenizer {tok.name!r} "
-                          "has no BOS token")
-    return bool(t.add_bos)
+def teacher_bos(t, tok) -> bool:
+    """Whether teacher ``t`` gets its BOS: its own ``add_bos`` setting, else its model's default
+    (:mod:`xdistill.tokenization.bos`). An explicit ``add_bos: true`` for a tokenizer without a
+    BOS is an error naming the teacher; one unlike the model's default is logged once."""
+    return resolve_add_bos(t.add_bos, tok, f"teacher {t.name!r} add_bos")
+
+
+def resolve_bos_settings(cfg, plan, student_key: str = "data") -> None:
+    """Every tri-state ``add_bos`` of ``cfg`` (the student's ``<student_key>.add_bos`` and each
+    teacher's) resolved in place against its model's default, once, before anything uses them."""
+    section = getattr(cfg, student_key)
+    section.add_bos = resolve_add_bos(section.add_bos, plan.student_tok,
+                                      f"{student_key}.add_bos")
+    for t in cfg.teachers:
+        t.add_bos = teacher_bos(t, plan.teacher_toks[t.name])
 
 
 def build_pool(cfg: OffPolicyConfig, plan: Plan):

@@ -1,0 +1,115 @@
+"""Whether a model starts its text with its BOS token by default, and ``add_bos`` settings resolved
+against that default.
+
+A model's default is read, first match wins, from
+
+1. ``add_bos_token`` in the ``tokenizer_config.json`` of the folder the tokenizer came from;
+2. ``tokenizer.ggml.add_bos_token`` in the metadata of the ``.gguf`` it came from;
+3. the tokenizer itself: whether encoding a text with special tokens puts the BOS id first (the
+   ``tokenizer.json`` post-processor; Gemma, Llama-2, Mistral and Phi-3 do, GPT-2, Qwen2 and
+   SmolLM2 do not).
+
+Every ``add_bos`` setting of xdistill (``data.add_bos``, a teacher's ``add_bos``,
+``rollout.add_bos``, ``xdistill eval --bos/--no-bos``) is tri-state: unset (``None``) follows the
+model's default; ``true`` / ``false`` win, and one that differs from the default is logged once as
+a warning (:func:`resolve_add_bos`). Gemma scores 1.51 bits/byte without its ``<bos>`` and 1.01
+with it: a silently wrong default costs that much.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from xdistill.errors import ConfigError
+from xdistill.log import get_logger, rank
+
+log = get_logger("tokenization")
+
+GGUF_KEY = "tokenizer.ggml.add_bos_token"
+# (tokenizer name, explicit setting) pairs already warned about in this process
+_WARNED: set[tuple[str, bool]] = set()
+
+
+def _config_flag(folder: Path) -> bool | None:
+    path = folder / "tokenizer_config.json"
+    if not path.is_file():
+        return None
+    try:
+        value = json.loads(path.read_text(encoding="utf-8")).get("add_bos_token")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, bool) else None
+
+
+def gguf_add_bos(path: str | Path) -> bool | None:
+    """``tokenizer.ggml.add_bos_token`` of a GGUF file (None when absent or unreadable)."""
+    try:
+        from gguf import GGUFReader
+
+        field = GGUFReader(str(path)).get_field(GGUF_KEY)
+        if field is None or not field.data:
+            return None
+        return bool(field.parts[field.data[0]][0])
+    except Exception:  # noqa: BLE001 - a GGUF we cannot read: fall back to the tokenizer
+        return None
+
+
+def _gguf_of(source: Path) -> Path | None:
+    if source.is_file() and source.suffix.lower() == ".gguf":
+        return source
+    if source.is_dir():
+        ggufs = sorted(source.glob("*.gguf"))
+        if len(ggufs) == 1 and not (source / "tokenizer.json").is_file():
+            return ggufs[0]
+    return None
+
+
+def encodes_bos(hf, bos_id: int | None) -> bool:
+    """Whether ``hf`` puts ``bos_id`` first when it encodes a text with its special tokens."""
+    if bos_id is None:
+        return False
+    try:
+        with_special = list(hf.encode("a", add_special_tokens=True))
+        plain = list(hf.encode("a", add_special_tokens=False))
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot encode: no BOS by default
+        return False
+    return len(with_special) > len(plain) and with_special[0] == bos_id and plain[:1] != [bos_id]
+
+
+def model_add_bos(hf, source: str, bos_id: int | None) -> tuple[bool, str]:
+    """``(adds BOS by default, where that was read)`` for a tokenizer loaded from ``source``."""
+    path = Path(source) if source and not source.startswith("hub:") else None
+    if path is not None and path.exists():
+        folder = path if path.is_dir() else path.parent
+        flag = _config_flag(folder)
+        if flag is not None:
+            return flag and bos_id is not None, f"{folder / 'tokenizer_config.json'} add_bos_token"
+        gguf = _gguf_of(path)
+        flag = gguf_add_bos(gguf) if gguf is not None else None
+        if flag is not None:
+            return flag and bos_id is not None, f"{gguf.name} {GGUF_KEY}"
+    return encodes_bos(hf, bos_id), "its tokenizer's post-processor"
+
+
+def resolve_add_bos(setting: bool | None, tok, what: str) -> bool:
+    """The ``add_bos`` to use for ``tok``: ``setting`` when given, else the model's default.
+
+    ``what`` names the setting in messages (``data.add_bos``, ``teachers[0].add_bos``). An
+    explicit ``true`` for a tokenizer without a BOS is a :class:`ConfigError`; an explicit value
+    that differs from the model's default is logged as a warning once per tokenizer and value
+    (by rank 0).
+    """
+    default = bool(getattr(tok, "add_bos_default", False))
+    if setting is None:
+        return default
+    setting, name = bool(setting), getattr(tok, "name", "?")
+    if setting and getattr(tok, "bos_id", None) is None:
+        raise ConfigError(f"{what} is true but tokenizer {name!r} has no BOS token")
+    if setting != default and rank() == 0 and (name, setting) not in _WARNED:
+        _WARNED.add((name, setting))
+        origin = getattr(tok, "add_bos_origin", "its tokenizer")
+        does = "adds its BOS" if default else "does not add a BOS"
+        log.warning("%s is %s, but %r %s by default (%s); the explicit setting wins (leave it "
+                    "unset to follow the model)", what, str(setting).lower(), name, does, origin)
+    return setting
