@@ -94,7 +94,7 @@ def _info(args) -> int:
             index = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise DataError(f"cannot read {path}: {exc}") from None
-        from xdistill.data.prepare import check_shards
+        from xdistill.data.verify import check_shards
 
         check_shards(args.directory, index)   # a truncated or missing shard is an error
         print(_summary(index))

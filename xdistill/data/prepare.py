@@ -333,29 +333,6 @@ def _up_to_date(out: Path, fingerprint: str) -> dict | None:
     return index
 
 
-def check_shards(out: str | Path, index: dict) -> None:
-    """DataError naming the first shard of ``index`` that is missing, has another size than when
-    it was written, or is not a readable arrow file with its recorded number of rows."""
-    import pyarrow as pa
-
-    out = Path(out)
-    for shard in index.get("shards", []):
-        path = out / shard["file"]
-        if not path.is_file():
-            raise DataError(f"{path}: shard listed in {out / 'index.json'} is missing")
-        size = path.stat().st_size
-        if "file_bytes" in shard and size != shard["file_bytes"]:
-            raise DataError(f"{path}: {size} bytes on disk, {shard['file_bytes']} when written "
-                            "(truncated or overwritten): prepare the data again")
-        try:
-            with pa.memory_map(str(path)) as source:
-                rows = pa.ipc.open_file(source).read_all().num_rows
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise DataError(f"{path}: not a readable arrow shard ({exc})") from None
-        if "documents" in shard and rows != shard["documents"]:
-            raise DataError(f"{path}: {rows} rows, the index says {shard['documents']}")
-
-
 def _add_document(writer: _ShardWriter, doc, src: dict, totals: dict, opts: dict) -> None:
     """Write one non-empty document, split into pieces when it is a long text (see above)."""
     doc, n_bytes = _doc_bytes(doc, f"{src['path']} document {src['documents'] + 1}",

@@ -1,8 +1,8 @@
-"""``xdistill data info --verify``: read every document the way training reads it.
+"""``xdistill data info [--verify]``: check a prepared directory; read every row as training does.
 
-``data info`` alone checks a prepared directory's index against its shards (present, same size,
-readable, the recorded row counts); a shard whose bytes were damaged in place passes that, and
-training failed later inside a loader worker. :func:`verify_documents` opens the same
+:func:`check_shards` (``data info``) checks a prepared directory's index against its shards
+(present, same size, readable, the recorded row counts); a shard whose bytes were damaged in place
+passes that, and training failed later inside a loader worker. :func:`verify_documents` opens the same
 :class:`~xdistill.data.source.DocumentSource` the loaders open and fetches every row: the offset
 checks, UTF-8 decoding and conversation validation of training run on each; every role must be a
 known one (:data:`~xdistill.data.chat.CHAT_ROLES` or one of ``loss_roles``: ShareGPT's human/gpt
@@ -12,6 +12,8 @@ row.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from xdistill.data.chat import CHAT_ROLES, check_roles, is_empty_conversation
 from xdistill.data.packing import check_roles_message
@@ -43,3 +45,26 @@ def verify_documents(paths, *, text_column: str = "text", messages_column: str =
         if not is_empty_conversation(doc) and not roles & roles_wanted:
             raise DataError(check_roles_message(f"{path} row {row}", roles, roles_wanted))
     return counts
+
+
+def check_shards(out: str | Path, index: dict) -> None:
+    """DataError naming the first shard of ``index`` that is missing, has another size than when
+    it was written, or is not a readable arrow file with its recorded number of rows."""
+    import pyarrow as pa
+
+    out = Path(out)
+    for shard in index.get("shards", []):
+        path = out / shard["file"]
+        if not path.is_file():
+            raise DataError(f"{path}: shard listed in {out / 'index.json'} is missing")
+        size = path.stat().st_size
+        if "file_bytes" in shard and size != shard["file_bytes"]:
+            raise DataError(f"{path}: {size} bytes on disk, {shard['file_bytes']} when written "
+                            "(truncated or overwritten): prepare the data again")
+        try:
+            with pa.memory_map(str(path)) as source:
+                rows = pa.ipc.open_file(source).read_all().num_rows
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise DataError(f"{path}: not a readable arrow shard ({exc})") from None
+        if "documents" in shard and rows != shard["documents"]:
+            raise DataError(f"{path}: {rows} rows, the index says {shard['documents']}")
