@@ -73,3 +73,21 @@ def test_compare_adjusts_the_listed_family_and_respects_direction():
                   higher_is_better=False)                      # 1 seed: nan, not in the family
     assert math.isnan(one[0].welch.p) and not one[0].passes()
     assert one[1].paired_holm == pytest.approx(one[1].paired.p)
+
+
+def test_compare_on_shared_seeds_restricts_both_tests():
+    """``shared_seeds=True``: Welch and the paired t both use only the seeds both arms finished
+    (the confirmation table's rule), checked against scipy on the restricted lists."""
+    from scipy import stats as sps
+
+    from xdistill.quality.stats import compare
+
+    per_seed = {"a": {0: 0.50, 1: 0.55, 2: 0.52, 3: 0.90}, "b": {0: 0.40, 1: 0.47, 2: 0.41}}
+    (row,) = compare(per_seed, [("a", "b")], higher_is_better=True, shared_seeds=True)
+    a, b = [0.50, 0.55, 0.52], [0.40, 0.47, 0.41]
+    assert row.n_arm == row.n_base == 3
+    assert row.gain == pytest.approx(sum(a) / 3 - sum(b) / 3)
+    assert row.welch.p == pytest.approx(sps.ttest_ind(a, b, equal_var=False).pvalue, rel=1e-9)
+    assert row.paired.p == pytest.approx(sps.ttest_rel(a, b).pvalue, rel=1e-9)
+    (full,) = compare(per_seed, [("a", "b")], higher_is_better=True)
+    assert full.n_arm == 4 and full.gain > row.gain        # seed 3 counts without the option

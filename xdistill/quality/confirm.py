@@ -12,9 +12,7 @@ kind *collapses* when it is below 0.9 on any seed).
 
 from __future__ import annotations
 
-import statistics
-
-from xdistill.quality.stats import holm, paired, penalty, welch
+from xdistill.quality.stats import compare, penalty
 
 ALPHA = 0.05
 MIN_FORMAT_RATE = 0.9
@@ -36,33 +34,29 @@ def _by_arm(runs: list[dict]) -> dict:
 
 
 def comparisons(runs: list[dict], base: str = "cont_ce") -> list[dict]:
-    """One record per (kind, teacher) with both arms and the base finished on >= 2 seeds."""
+    """One record per (kind, teacher) with both arms and the base finished on >= 2 shared seeds;
+    the tests are :func:`xdistill.quality.stats.compare`'s over those seeds."""
     arms = _by_arm(runs)
     if base not in arms:
         return []
     kinds = sorted(a for a in arms if a.startswith("op_") and not a.endswith("_same")
                    and control_arm(a) in arms)
+    rows = [(kind, teacher, arm) for kind in kinds
+            for teacher, arm in (("cross", kind), ("same", control_arm(kind)))
+            if len(set(arms[arm]) & set(arms[base])) >= 2]
+    per_seed = {a: {s: r["accuracy"] for s, r in by_seed.items()} for a, by_seed in arms.items()}
+    tests = compare(per_seed, [(arm, base) for _, _, arm in rows], higher_is_better=True,
+                    shared_seeds=True)
     out = []
-    for kind in kinds:
-        for teacher, arm in (("cross", kind), ("same", control_arm(kind))):
-            seeds = sorted(set(arms[arm]) & set(arms[base]))
-            if len(seeds) < 2:
-                continue
-            xs = [arms[arm][s]["accuracy"] for s in seeds]
-            ys = [arms[base][s]["accuracy"] for s in seeds]
-            fmts = [arms[arm][s].get("format_rate") for s in seeds]
-            out.append({"kind": kind, "teacher": teacher, "arm": arm, "seeds": seeds,
-                        "gain": statistics.fmean(xs) - statistics.fmean(ys),
-                        "welch": welch(xs, ys), "paired": paired(xs, ys),
-                        "min_format_rate": (min(fmts) if all(f is not None for f in fmts)
-                                            else None)})
-    keys = [(c["kind"], c["teacher"]) for c in out]
-    for test in ("welch", "paired"):
-        adj = holm({k: c[test][2] for k, c in zip(keys, out)})
-        for k, c in zip(keys, out):
-            c[f"{test}_holm"] = adj[k]
-    for c in out:
-        c["passes"] = c["gain"] > 0 and max(c["welch_holm"], c["paired_holm"]) < ALPHA
+    for (kind, teacher, arm), c in zip(rows, tests):
+        seeds = sorted(set(arms[arm]) & set(arms[base]))
+        fmts = [arms[arm][s].get("format_rate") for s in seeds]
+        out.append({"kind": kind, "teacher": teacher, "arm": arm, "seeds": seeds,
+                    "gain": c.gain, "welch": c.welch, "paired": c.paired,
+                    "welch_holm": c.welch_holm, "paired_holm": c.paired_holm,
+                    "passes": c.passes(ALPHA),
+                    "min_format_rate": (min(fmts) if all(f is not None for f in fmts)
+                                        else None)})
     return out
 
 

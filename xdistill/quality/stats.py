@@ -134,10 +134,11 @@ class Comparison:
 
 
 def compare(per_seed: dict[str, dict[int, float]], pairs: list[tuple[str, str]], *,
-            higher_is_better: bool) -> list[Comparison]:
+            higher_is_better: bool, shared_seeds: bool = False) -> list[Comparison]:
     """Every (arm, baseline) in ``pairs`` on ``per_seed[arm][seed]``; the Welch and the paired
     p-values are each Holm-adjusted over the whole list (a comparison with fewer than 2 seeds
-    gets nan and does not count)."""
+    gets nan and does not count). ``shared_seeds``: each pair uses only the seeds both of its
+    arms finished (Welch too, not only the paired test)."""
     for arm, base in pairs:
         for name in (arm, base):
             if name not in per_seed:
@@ -146,6 +147,9 @@ def compare(per_seed: dict[str, dict[int, float]], pairs: list[tuple[str, str]],
     rows = []
     for arm, base in pairs:
         a, b = per_seed[arm], per_seed[base]
+        if shared_seeds:
+            keep = sorted(a.keys() & b.keys())
+            a, b = {k: a[k] for k in keep}, {k: b[k] for k in keep}
         gain = sign * (statistics.fmean(a.values()) - statistics.fmean(b.values()))
         rows.append((arm, base, len(a), len(b), gain, _or_nan(welch, a.values(), b.values()),
                      _or_nan(paired, a, b)))
