@@ -43,6 +43,10 @@ def test_prepare_then_dry_run_from_the_bundle(tmp_path):
         assert f"tokenizers/{tok}/tokenizer.json" in names
     assert any(n.startswith("corpus/shakespeare/") and n.endswith(".txt") for n in names)
     assert (bundle / "proj_llama3_qwen2.npz").is_file()
+    for m in gpu_check.CPU_MODELS:      # the cpu part's configs and tokenizers, no weights
+        assert f"models/{m}/config.json" in names and f"models/{m}/tokenizer.json" in names
+    assert not any(n.endswith(".safetensors") for n in names)
+    assert (bundle / gpu_check.CPU_PROJECTION).is_file()
 
     proc = _run(["--dry-run", "--bundle", str(bundle), "--out", str(out)], timeout=900)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
@@ -88,3 +92,15 @@ def test_bundle_missing_is_a_clear_error(tmp_path):
                 timeout=120)
     assert proc.returncode != 0
     assert "--prepare" in proc.stderr and "nope" in proc.stderr
+
+
+@pytest.mark.slow
+def test_cpu_part_dry_run_times_float32_and_auto(tmp_path):
+    """``--parts cpu``: the real-pair step on the host CPU with random-init real shapes (tiny
+    batch in a dry run), float32 and auto side by side."""
+    out = tmp_path / "out"
+    proc = _run(["--dry-run", "--parts", "env,cpu", "--out", str(out)], timeout=900)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    md = (out / "cpu_step.md").read_text()
+    assert "| float32 |" in md and "| auto |" in md and "random-initialised" in md
+    assert "cpu_model" in json.loads((out / "gpu_check.json").read_text())["parts"]["env"]["report"]
