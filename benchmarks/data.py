@@ -91,7 +91,7 @@ def run_once(student, teachers, docs, seq: int, batch: int) -> dict:
 
 
 def main(argv=None) -> int:
-    from xdistill.data.collator import TeacherSpec
+    from xdistill.data.collator import TeacherTokenization
     from xdistill.tokenization import load_tokenizer
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -105,8 +105,8 @@ def main(argv=None) -> int:
     student = load_tokenizer("gpt2")
     qwen, mistral = load_tokenizer("qwen2"), load_tokenizer("mistral")
     docs = load_corpus(args.docs)
-    configs = {"1 teacher (qwen2)": [TeacherSpec("qwen2", qwen)],
-               "2 teachers (qwen2, mistral)": [TeacherSpec("qwen2", qwen), TeacherSpec("mistral", mistral)]}
+    configs = {"1 teacher (qwen2)": [TeacherTokenization("qwen2", qwen)],
+               "2 teachers (qwen2, mistral)": [TeacherTokenization("qwen2", qwen), TeacherTokenization("mistral", mistral)]}
     run_once(student, configs["2 teachers (qwen2, mistral)"], docs[:10], args.seq, args.batch)  # JIT warm-up
     rows = []
     for label, teachers in configs.items():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from xdistill.data.collator import CrossTokenizerCollator, TeacherSpec
+from xdistill.data.collator import CrossTokenizerCollator, TeacherTokenization
 from xdistill.data.dataset import PackedDataset
 from xdistill.tokenization.table import ROLE_TEXT
 
@@ -69,7 +69,7 @@ def test_teacher_tokens_cover_the_student_bytes(get_tokenizer, s_name, t_name):
     s_tok, t_tok = get_tokenizer(s_name), get_tokenizer(t_name)
     windows = _windows(s_tok, TEXTS)
     # no BOS on either side here (Mistral adds its <s> by default): rows compare byte for byte
-    batch = CrossTokenizerCollator(s_tok, [TeacherSpec("t", t_tok, add_bos=False)])(windows)
+    batch = CrossTokenizerCollator(s_tok, [TeacherTokenization("t", t_tok, add_bos=False)])(windows)
     view = batch.teacher("t")
     assert batch.input_ids_BTs.shape[1] == 64 and not view.identity
     _check_chunks(batch, view, s_tok.table, t_tok.table, t_tok.lossy)
@@ -94,7 +94,7 @@ def test_teacher_tokens_cover_the_student_bytes(get_tokenizer, s_name, t_name):
 
 def test_identity_view_for_same_tokenizer(get_tokenizer):
     tok = get_tokenizer("gpt2")
-    batch = CrossTokenizerCollator(tok, [TeacherSpec("same", get_tokenizer("gpt2"))])(_windows(tok, TEXTS))
+    batch = CrossTokenizerCollator(tok, [TeacherTokenization("same", get_tokenizer("gpt2"))])(_windows(tok, TEXTS))
     view = batch.teacher("same")
     assert view.identity and torch.equal(view.input_ids_BTt, batch.input_ids_BTs)
     pos = torch.arange(batch.input_ids_BTs.shape[1]).expand_as(view.s_chunk_BTs)
@@ -106,7 +106,7 @@ def test_identity_view_for_same_tokenizer(get_tokenizer):
 def test_truncation_at_a_shared_byte_boundary(get_tokenizer):
     s_tok, t_tok = get_tokenizer("gpt2"), get_tokenizer("qwen2")
     windows = _windows(s_tok, TEXTS)
-    batch = CrossTokenizerCollator(s_tok, [TeacherSpec("t", t_tok, max_len=21)])(windows)
+    batch = CrossTokenizerCollator(s_tok, [TeacherTokenization("t", t_tok, max_len=21)])(windows)
     view = batch.teacher("t")
     assert view.input_ids_BTt.shape[1] <= 21
     for b in range(len(windows)):
@@ -124,8 +124,8 @@ def test_truncation_at_a_shared_byte_boundary(get_tokenizer):
 def test_bos_on_both_sides_is_a_chunk_and_one_sided_is_unaligned(get_tokenizer):
     s_tok, t_tok = get_tokenizer("llama3"), get_tokenizer("mistral")
     windows = _windows(s_tok, TEXTS[:2], add_bos=True)
-    batch = CrossTokenizerCollator(s_tok, [TeacherSpec("b", t_tok, add_bos=True),
-                                           TeacherSpec("n", t_tok, add_bos=False)])(windows)
+    batch = CrossTokenizerCollator(s_tok, [TeacherTokenization("b", t_tok, add_bos=True),
+                                           TeacherTokenization("n", t_tok, add_bos=False)])(windows)
     assert torch.all(batch.input_ids_BTs[:, 0] == s_tok.bos_id)
     both, one = batch.teacher("b"), batch.teacher("n")
     assert torch.all(both.input_ids_BTt[:, 0] == t_tok.bos_id)
@@ -138,7 +138,7 @@ def test_bos_on_both_sides_is_a_chunk_and_one_sided_is_unaligned(get_tokenizer):
 def test_chat_loss_masks_land_on_the_same_bytes(get_tokenizer, s_name, t_names):
     s_tok = get_tokenizer(s_name)
     windows = _windows(s_tok, CHATS, seq_len=512)
-    specs = [TeacherSpec(n, get_tokenizer(n)) for n in t_names]
+    specs = [TeacherTokenization(n, get_tokenizer(n)) for n in t_names]
     batch = CrossTokenizerCollator(s_tok, specs)(windows)
     want = [b"".join(c.encode() for r, c in conv if r == "assistant") for conv in CHATS]
     assert len(windows) == 1  # both conversations in one window
@@ -163,7 +163,7 @@ def test_chat_loss_masks_land_on_the_same_bytes(get_tokenizer, s_name, t_names):
 
 def test_collator_is_picklable(get_tokenizer):
     s_tok, t_tok = get_tokenizer("gpt2"), get_tokenizer("mistral")
-    col = CrossTokenizerCollator(s_tok, [TeacherSpec("t", t_tok)])
+    col = CrossTokenizerCollator(s_tok, [TeacherTokenization("t", t_tok)])
     clone = pickle.loads(pickle.dumps(col))
     windows = _windows(s_tok, TEXTS[:2])
     a, b = col(windows), clone(windows)
@@ -176,7 +176,7 @@ def test_conversation_split_across_windows_keeps_masks_and_bytes(get_tokenizer):
             ("user", "And dogs?"), ("assistant", "Dogs are loyal. " * 6)]
     windows = _windows(s_tok, [conv], seq_len=24)
     assert len(windows) > 4
-    batch = CrossTokenizerCollator(s_tok, [TeacherSpec("t", t_tok)])(windows)
+    batch = CrossTokenizerCollator(s_tok, [TeacherTokenization("t", t_tok)])(windows)
     view = batch.teacher("t")
     want = b"".join(c.encode() for r, c in conv if r == "assistant")
     s_loss = b"".join(s_tok.table.token_bytes(int(i)) for i in batch.input_ids_BTs[batch.loss_mask_BTs])
@@ -214,7 +214,7 @@ def test_chat_templates_that_write_the_bos_get_one_bos(get_tokenizer):
         assert int(batch.input_ids_BTs[0, 0]) == student.bos_id                # one per chat
         assert int(batch.input_ids_BTs[0, 1]) != student.bos_id
     windows = _windows(gpt2, CHATS, seq_len=512, add_bos=None)
-    view = CrossTokenizerCollator(gpt2, [TeacherSpec("g", gemma)])(windows).teacher("g")
+    view = CrossTokenizerCollator(gpt2, [TeacherTokenization("g", gemma)])(windows).teacher("g")
     row = view.input_ids_BTt[0][view.attention_mask_BTt[0]]
     assert int(row[0]) == gemma.bos_id and int(row[1]) != gemma.bos_id
     assert int((row == gemma.bos_id).sum()) == 2

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from xdistill.data import TeacherSpec
+from xdistill.data import TeacherTokenization
 from xdistill.rollout import RolloutScorer, rollouts_from_segments
 from xdistill.rollout.render import end_of_turn_id, render_prompt
 from xdistill.tokenization.templates import (GEMMA3_CHAT_TEMPLATE, LLAMA2_CHAT_TEMPLATE,
@@ -43,7 +43,7 @@ def _teacher_row(get_tokenizer, teacher_name: str):
     student, teacher = get_tokenizer("gpt2"), get_tokenizer(teacher_name)
     ro = rollouts_from_segments(student, [(("user", "What is 2+3?"),)], [[("5.", True)]],
                                 finished=True)
-    scored = RolloutScorer(student, [TeacherSpec("t", teacher, None)])(ro)
+    scored = RolloutScorer(student, [TeacherTokenization("t", teacher, None)])(ro)
     view = scored.batch.teacher("t")
     row = view.input_ids_BTt[0][view.attention_mask_BTt[0]]
     p, r = int(ro.prompt_len_B[0]), int(ro.response_len_B[0])

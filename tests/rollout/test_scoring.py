@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rollout_helpers import PermutedModel, PermutedTokenizer, tiny_llama
-from xdistill.data import TeacherSpec
+from xdistill.data import TeacherTokenization
 from xdistill.losses import ChunkAlignment, projection_from_csr
 from xdistill.losses.chunks import loss_chunks
 from xdistill.losses.onpolicy import (ONPOLICY_LOSSES, Clamps, OnPolicyLossSpec,
@@ -96,7 +96,7 @@ def test_byte_identical_teachers_give_zero_loss(student, cross):
     ptok = PermutedTokenizer(tok, seed=3)
     teacher = PermutedModel(model, ptok.perm)
     ro = rollouts_from_segments(tok, [p for p, _ in TEXTS], [s for _, s in TEXTS])
-    scored = RolloutScorer(tok, [TeacherSpec("same", tok), TeacherSpec("perm", ptok)])(ro)
+    scored = RolloutScorer(tok, [TeacherTokenization("same", tok), TeacherTokenization("perm", ptok)])(ro)
     b = scored.batch
     perm_view = b.teacher("perm")
     assert not perm_view.identity and perm_view.coverage_s == 1.0
@@ -145,7 +145,7 @@ def test_sampled_rollouts_identity_teacher_zero(student):
     tok, model = student
     ro = HFGenerateEngine(model, tok, max_prompt_len=32).generate(
         [p for p, _ in TEXTS], SamplingParams(1.0, 1.0, 10, seed=2))
-    b = RolloutScorer(tok, [TeacherSpec("same", tok)])(ro).batch
+    b = RolloutScorer(tok, [TeacherTokenization("same", tok)])(ro).batch
     z = model(input_ids=b.input_ids_BTs, attention_mask=b.attention_mask_BTs.long()).logits
     for kind in ("k1", "k3", "reverse_kl"):
         out = onpolicy_loss(OnPolicyLossSpec(kind), z, b.input_ids_BTs, b.loss_mask_BTs,
@@ -167,7 +167,7 @@ def test_tool_spans_get_no_loss_on_any_side(get_tokenizer, student, teacher_name
     tok, _ = student
     ttok = get_tokenizer(teacher_name)
     ro = rollouts_from_segments(tok, [p for p, _ in TOOL_TEXTS], [s for _, s in TOOL_TEXTS])
-    scored = RolloutScorer(tok, [TeacherSpec("t", ttok)])(ro)
+    scored = RolloutScorer(tok, [TeacherTokenization("t", ttok)])(ro)
     b, view = scored.batch, scored.batch.teacher("t")
     llm_texts = [t for _, segs in TOOL_TEXTS for t, llm in segs if llm]
     tool_texts = [t for _, segs in TOOL_TEXTS for t, llm in segs if not llm]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from xdistill.data import TeacherSpec
+from xdistill.data import TeacherTokenization
 from xdistill.rollout import RolloutScorer, rollouts_from_segments
 from xdistill.rollout.teacher_text import teacher_region, utf8_runs
 
@@ -94,7 +94,7 @@ def test_scorer_aligns_every_response_token_and_bridges_the_stop(get_tokenizer, 
     prompts = ["Q: 3+4\nA:", "Translate:\n", "The answer is ", "Hi there:"]
     ro = rollouts_from_segments(student, prompts, [[(r, True)] for r in RESPONSES],
                                 finished=True)
-    scored = RolloutScorer(student, [TeacherSpec("t", teacher, None)])(ro)
+    scored = RolloutScorer(student, [TeacherTokenization("t", teacher, None)])(ro)
     view = scored.batch.teacher("t")
     end = teacher.eos_id
     lead = [teacher.bos_id] if teacher.add_bos_default else []   # the model's own BOS default
@@ -127,7 +127,7 @@ def test_unset_teacher_bos_follows_the_teacher_model(get_tokenizer):
     student = get_tokenizer("gpt2")
     ro = rollouts_from_segments(student, ["Q: 1+1\nA:"], [[("2.", True)]], finished=True)
     gemma, smol = get_tokenizer("gemma3-270m"), get_tokenizer("smollm2-135m")
-    scorer = RolloutScorer(student, [TeacherSpec("gemma", gemma), TeacherSpec("smol", smol)])
+    scorer = RolloutScorer(student, [TeacherTokenization("gemma", gemma), TeacherTokenization("smol", smol)])
     assert not scorer.student_add_bos
     scored = scorer(ro)
     assert int(scored.batch.teacher("gemma").input_ids_BTt[0, 0]) == gemma.bos_id
@@ -139,8 +139,8 @@ def test_teacher_bos_is_set_per_teacher(get_tokenizer):
     with it; the teacher whose setting follows the student's gets none."""
     student, spm = get_tokenizer("gpt2"), get_tokenizer("mistral")
     ro = rollouts_from_segments(student, ["Q: 1+1\nA:"], [[("2.", True)]], finished=True)
-    scored = RolloutScorer(student, [TeacherSpec("bos", spm, None, add_bos=True),
-                                     TeacherSpec("nobos", spm, None, add_bos=False)])(ro)
+    scored = RolloutScorer(student, [TeacherTokenization("bos", spm, None, add_bos=True),
+                                     TeacherTokenization("nobos", spm, None, add_bos=False)])(ro)
     assert int(scored.batch.input_ids_BTs[0, 0]) != student.bos_id
     assert int(scored.batch.teacher("bos").input_ids_BTt[0, 0]) == spm.bos_id
     assert int(scored.batch.teacher("nobos").input_ids_BTt[0, 0]) != spm.bos_id

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from rollout_helpers import tiny_llama
-from xdistill.data import TeacherSpec
+from xdistill.data import TeacherTokenization
 from xdistill.losses import ChunkAlignment
 from xdistill.losses.onpolicy import Clamps, OnPolicyLossSpec, onpolicy_loss
 from xdistill.rollout import RolloutScorer
@@ -61,7 +61,7 @@ def _grad_at(view, batch, pos: int, spec) -> float:
 def test_lone_byte_reaches_a_byte_level_teacher_as_its_byte_token(get_tokenizer, kind):
     s, t = get_tokenizer("gpt2"), get_tokenizer("qwen2")
     ro, pos = _rollout_with_lone_byte(s)
-    scored = RolloutScorer(s, [TeacherSpec("q", t, None)])(ro)
+    scored = RolloutScorer(s, [TeacherTokenization("q", t, None)])(ro)
     view = scored.batch.teacher("q")
     assert view.s_chunk_BTs[0, pos] >= 0 and not view.s_unpaired_BTs.any()
     assert scored.stats.unaligned_frac["q"] == 0.0 and scored.stats.missing_bytes["q"] == 0
@@ -73,7 +73,7 @@ def test_lone_byte_reaches_a_byte_level_teacher_as_its_byte_token(get_tokenizer,
 def test_byte_the_teacher_cannot_spell_is_unpaired_and_penalised(get_tokenizer, kind):
     s, t = get_tokenizer("gpt2"), get_tokenizer("bert")
     ro, pos = _rollout_with_lone_byte(s)
-    scored = RolloutScorer(s, [TeacherSpec("b", t, None)])(ro)
+    scored = RolloutScorer(s, [TeacherTokenization("b", t, None)])(ro)
     view = scored.batch.teacher("b")
     assert bool(view.s_unpaired_BTs[0, pos]) and int(view.s_unpaired_BTs.sum()) == 1
     assert scored.stats.missing_bytes["b"] == 1

@@ -17,7 +17,7 @@ import torch
 
 from xdistill.student.model import build_causal_lm
 from xdistill.teacher import TeacherConfig, TeacherRequest, TeacherWorker
-from xdistill.teacher.outputs import LOG_FLOOR
+from xdistill.teacher.outputs import LOGP_TINY
 
 GEMMA = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
              num_key_value_heads=1, head_dim=8, max_position_embeddings=128,
@@ -120,5 +120,5 @@ def test_bf16_teacher_head_writes_float32_from_bf16_hidden_states(tmp_path, kind
     scale = float(own.abs().max())
     assert float((got.logits_BTtV - own).abs().max()) <= 2.0 ** -7 * scale + 1e-5
     logp = got.logits_BTtV.double().log_softmax(-1)
-    want = logp[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1).clamp(min=LOG_FLOOR)
+    want = logp[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1).clamp(min=LOGP_TINY)
     torch.testing.assert_close(got.token_logp_BTt[:, 1:].double(), want, rtol=1e-5, atol=1e-5)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from teacher_fakes import random_projection
-from xdistill.teacher.outputs import (LOG_FLOOR, output_spec, prepare_projection,
+from xdistill.teacher.outputs import (LOGP_TINY, output_spec, projection_on_device,
                                       projected_logprobs, topk_logprobs)
 
 
@@ -26,7 +26,7 @@ def _ref_topk(logits_NV, k, T):
         out_v.append([logp[j] for j in order])
         out_i.append(order)
         tail = 1.0 - sum(math.exp(logp[j]) for j in order)
-        out_tail.append(math.log(tail) if tail > 0 else LOG_FLOOR)
+        out_tail.append(math.log(tail) if tail > 0 else LOGP_TINY)
     return (torch.tensor(out_v, dtype=torch.float64), torch.tensor(out_i),
             torch.tensor(out_tail, dtype=torch.float64))
 
@@ -51,7 +51,7 @@ def test_topk_tiny_tail_is_accurate_and_full_k_is_floored():
     # tail of row 0 is 3 e^-30 / (1 + 3 e^-30): log ~ log(3) - 30, far below float32 eps of 1
     assert abs(float(tail[0]) - (math.log(3) - 30)) < 1e-3
     _, _, tail_full = topk_logprobs(logits_NV, 4, 1.0)
-    assert torch.all(tail_full == LOG_FLOOR)
+    assert torch.all(tail_full == LOGP_TINY)
 
 
 def _ref_projected(logits_NV, proj_VsVt, T):
@@ -62,7 +62,7 @@ def _ref_projected(logits_NV, proj_VsVt, T):
         m = [sum(float(W[s, t]) * float(q[t]) for t in range(W.shape[1]))
              for s in range(W.shape[0])]
         tot = sum(m)
-        rows.append([math.log(x / tot) if x > 0 else LOG_FLOOR for x in m])
+        rows.append([math.log(x / tot) if x > 0 else LOGP_TINY for x in m])
     return torch.tensor(rows, dtype=torch.float64)
 
 
@@ -72,19 +72,19 @@ def test_projected_matches_float64_reference(T):
     Vt, Vs = 40, 15
     logits_NV = torch.randn(5, Vt + 3) * 2  # 3 padded logit columns beyond the projection
     proj = random_projection(Vs, Vt, seed=3)
-    out = projected_logprobs(logits_NV, prepare_projection(proj, "cpu"), T)
+    out = projected_logprobs(logits_NV, projection_on_device(proj, "cpu"), T)
     ref = _ref_projected(logits_NV, proj, T)
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
     # a distribution over the student vocabulary (floored entries carry no mass)
-    mass = torch.where(out > LOG_FLOOR, out.double().exp(), 0).sum(-1)
+    mass = torch.where(out > LOGP_TINY, out.double().exp(), 0).sum(-1)
     torch.testing.assert_close(mass, torch.ones(5, dtype=torch.float64))
 
 
 def test_projection_checks():
     with pytest.raises(ValueError, match="negative"):
-        prepare_projection(-random_projection(4, 6), "cpu")
+        projection_on_device(-random_projection(4, 6), "cpu")
     with pytest.raises(ValueError, match="teacher columns"):
-        projected_logprobs(torch.randn(2, 5), prepare_projection(random_projection(4, 6), "cpu"),
+        projected_logprobs(torch.randn(2, 5), projection_on_device(random_projection(4, 6), "cpu"),
                            1.0)
 
 

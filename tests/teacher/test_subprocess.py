@@ -19,7 +19,7 @@ from teacher_fakes import (BrokenLoadEngine, SleepEngine, StampEngine, random_ba
                            random_projection, reference_logits, shm_files)
 from xdistill.errors import TeacherError
 from xdistill.teacher import SubprocessClient, TeacherConfig, TeacherPool, TeacherRequest
-from xdistill.teacher.outputs import projected_logprobs, prepare_projection, topk_logprobs
+from xdistill.teacher.outputs import projected_logprobs, projection_on_device, topk_logprobs
 
 
 pytestmark = pytest.mark.integration  # starts processes
@@ -59,7 +59,7 @@ def test_pool_of_subprocess_teachers_matches_inprocess_forward(tiny_models):
                 assert torch.equal(outs["top"].topk_idx_BTtK.reshape(-1, 5), i)
                 torch.testing.assert_close(outs["top"].tail_logmass_BTt.reshape(-1), tail,
                                            rtol=1e-4, atol=1e-4)
-                ref_p = projected_logprobs(ref_NV, prepare_projection(proj, "cpu"), 1.0)
+                ref_p = projected_logprobs(ref_NV, projection_on_device(proj, "cpu"), 1.0)
                 torch.testing.assert_close(outs["proj"].proj_logp_BTtVs.reshape(-1, 300), ref_p,
                                            rtol=1e-4, atol=1e-4)
                 ref_q = reference_logits(tiny_models["qwen2"], qids, qmask)

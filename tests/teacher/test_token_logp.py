@@ -47,7 +47,7 @@ def test_next_token_logprobs_blocks_and_floor(monkeypatch):
     torch.testing.assert_close(next_token_logprobs(z, ids, 1.0), full)
     torch.testing.assert_close(full.double(), _reference(z, ids, 1.0), rtol=1e-5, atol=1e-6)
     z[0, 0, ids[0, 1]] = float("-inf")
-    assert next_token_logprobs(z, ids, 1.0)[0, 1] == pytest.approx(outputs.LOG_FLOOR)
+    assert next_token_logprobs(z, ids, 1.0)[0, 1] == pytest.approx(outputs.LOGP_TINY)
 
 
 def test_fill_output_needs_ids():

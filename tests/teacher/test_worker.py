@@ -12,7 +12,7 @@ from teacher_fakes import random_batch, random_projection, reference_logits
 from xdistill.data.batch import TeacherView
 from xdistill.errors import ConfigError, TeacherError
 from xdistill.teacher import InProcessClient, TeacherConfig, TeacherRequest, TeacherWorker
-from xdistill.teacher.outputs import projected_logprobs, prepare_projection, topk_logprobs
+from xdistill.teacher.outputs import projected_logprobs, projection_on_device, topk_logprobs
 
 VOCAB = {"llama": 1000, "qwen2": 900, "gpt2": 800}
 
@@ -53,7 +53,7 @@ def test_topk_projected_and_temperature(tiny_models):
     pw = TeacherWorker(TeacherConfig(name="p", output="projected", **base), proj)
     out = pw.forward(TeacherRequest(0, ids, mask))
     assert out.proj_logp_BTtVs.shape == (3, 8, 300)
-    ref = projected_logprobs(ref_NV, prepare_projection(proj, "cpu"), 2.0)
+    ref = projected_logprobs(ref_NV, projection_on_device(proj, "cpu"), 2.0)
     torch.testing.assert_close(out.proj_logp_BTtVs.reshape(-1, 300), ref, rtol=1e-4, atol=1e-4)
 
     lw = TeacherWorker(TeacherConfig(name="l", **base))

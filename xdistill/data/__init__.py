@@ -6,7 +6,7 @@ and worker, resumable) -> ``CrossTokenizerCollator`` (in DataLoader workers) -> 
 """
 
 from xdistill.data.batch import BatchStats, DistillBatch, TeacherView
-from xdistill.data.collator import CrossTokenizerCollator, TeacherSpec
+from xdistill.data.collator import CrossTokenizerCollator, TeacherTokenization
 from xdistill.data.config import DataConfig
 from xdistill.data.dataset import PackedDataset
 from xdistill.data.loader import build_collator, build_dataset, build_loader
@@ -15,5 +15,5 @@ from xdistill.data.prepare import prepare
 from xdistill.data.source import DocumentSource
 
 __all__ = ["BatchStats", "CrossTokenizerCollator", "DataConfig", "DistillBatch", "DocumentSource",
-           "PackedDataset", "Segment", "TeacherSpec", "TeacherView", "Window", "build_collator",
+           "PackedDataset", "Segment", "TeacherTokenization", "TeacherView", "Window", "build_collator",
            "build_dataset", "build_loader", "prepare"]

@@ -10,7 +10,7 @@ Special-token policy (the same for every tokenizer): no tokenizer adds special t
 * document separators: after each document, the student's EOS and each teacher's own EOS; a pair of
   separators forms a 1:1 chunk (valid, exact: both are EOS with no bytes);
 * BOS: per window, when ``add_bos`` is set for the student (:class:`PackedDataset`) or a teacher
-  (:class:`TeacherSpec`; unset: the model's own default), never a second one before a text that
+  (:class:`TeacherTokenization`; unset: the model's own default), never a second one before a text that
   starts with it (a chat template that writes it). A BOS on both sides is a 1:1 chunk; a BOS on
   one side only is unaligned;
 * chat data: the special tokens that each tokenizer's own chat template writes (role markers,
@@ -44,11 +44,13 @@ from xdistill.data.batch import BatchStats, DistillBatch, TeacherView
 from xdistill.data.chat import map_offset, render_chat, token_loss_mask
 from xdistill.data.packing import DEFAULT_LOSS_ROLES, Segment, Window
 from xdistill.tokenization.bos import resolve_add_bos
+from xdistill.tokenization.tokenizer import padding_id
 
 
 @dataclass(frozen=True)
-class TeacherSpec:
-    """One teacher as the collator sees it."""
+class TeacherTokenization:
+    """One teacher's tokenization as the collator and the rollout scorer see it (name, tokenizer,
+    row limit, BOS); its loss settings are :class:`xdistill.losses.TeacherSpec`."""
 
     # teacher name (its key in the config); names the TeacherView
     name: str
@@ -99,13 +101,6 @@ def _starts_with(encs, token_id) -> bool:
     return bool(encs) and len(encs[0].ids) > 0 and int(encs[0].ids[0]) == int(token_id)
 
 
-def _pad_id(tok) -> int:
-    for pid in (tok.pad_id, tok.eos_id):
-        if pid is not None:
-            return int(pid)
-    return 0
-
-
 def _round_up(n: int, multiple: int) -> int:
     return max(1, -(-n // multiple) * multiple)
 
@@ -115,7 +110,7 @@ class CrossTokenizerCollator:
 
     Args:
         student: the student tokenizer.
-        teachers: one :class:`TeacherSpec` per teacher, in config order.
+        teachers: one :class:`TeacherTokenization` per teacher, in config order.
         chunks, method: passed to ``xdistill.align.align_batch``.
         loss_roles, end_of_turn: chat loss policy for teacher tokenizations (the student's comes
             from the packer, which must use the same policy).
@@ -158,7 +153,7 @@ class CrossTokenizerCollator:
         t0 = time.perf_counter()
         windows = list(windows)
         rows, losses, seg_pos = self._student_rows(windows)
-        ids_BTs, attn_BTs = self._pad(rows, _pad_id(self.student))
+        ids_BTs, attn_BTs = self._pad(rows, padding_id(self.student))
         loss_BTs = np.zeros_like(attn_BTs)
         for b, loss in enumerate(losses):
             loss_BTs[b, :loss.size] = loss
@@ -188,7 +183,7 @@ class CrossTokenizerCollator:
         return ids, attn
 
     # ------------------------------------------------------------------ identity
-    def _identity_view(self, spec: TeacherSpec, ids_BTs, attn_BTs, loss_BTs) -> TeacherView:
+    def _identity_view(self, spec: TeacherTokenization, ids_BTs, attn_BTs, loss_BTs) -> TeacherView:
         T = ids_BTs.shape[1] if spec.max_len is None else min(ids_BTs.shape[1], spec.max_len)
         t_attn = attn_BTs[:, :T]
         pos_BT = np.broadcast_to(np.arange(T), t_attn.shape)
@@ -205,7 +200,7 @@ class CrossTokenizerCollator:
                            identity=True, coverage_s=cov_s, coverage_t=1.0)
 
     # ------------------------------------------------------------------ teachers
-    def _teacher_pieces(self, spec: TeacherSpec, windows):
+    def _teacher_pieces(self, spec: TeacherTokenization, windows):
         """Per window, per segment: (teacher text, teacher loss spans or None, chat mapping)."""
         tok, renders, out = spec.tokenizer, {}, []
         for w in windows:
@@ -249,7 +244,7 @@ class CrossTokenizerCollator:
                 return k, i
         return 0, 0
 
-    def _teacher_rows(self, spec: TeacherSpec, windows, seg_pos):
+    def _teacher_rows(self, spec: TeacherTokenization, windows, seg_pos):
         """Teacher ids/loss per window, aligned segment rows and chunk items in token order."""
         tok = spec.tokenizer
         pieces = self._teacher_pieces(spec, windows)
@@ -295,7 +290,7 @@ class CrossTokenizerCollator:
             t_losses.append(np.concatenate(loss) if loss else np.zeros(0, dtype=bool))
         return t_rows, t_losses, rows, items
 
-    def _align(self, spec: TeacherSpec, rows: list[_Row]):
+    def _align(self, spec: TeacherTokenization, rows: list[_Row]):
         from xdistill.align import align_batch
 
         N = len(rows)
@@ -312,10 +307,10 @@ class CrossTokenizerCollator:
                            s_phantom_B=np.array([r.s_phantom for r in rows], dtype=np.int64),
                            t_phantom_BTt=t_ph, chunks=self.chunks, method=self.method), s_len, t_len
 
-    def _teacher_view(self, spec: TeacherSpec, windows, seg_pos, shape_BTs, attn_BTs) -> TeacherView:
+    def _teacher_view(self, spec: TeacherTokenization, windows, seg_pos, shape_BTs, attn_BTs) -> TeacherView:
         B, Ts = shape_BTs
         t_rows, t_losses, rows, items = self._teacher_rows(spec, windows, seg_pos)
-        ids_BTt, attn_BTt = self._pad(t_rows, _pad_id(spec.tokenizer))
+        ids_BTt, attn_BTt = self._pad(t_rows, padding_id(spec.tokenizer))
         loss_BTt = np.zeros_like(attn_BTt)
         for b, loss in enumerate(t_losses):
             loss_BTt[b, :loss.size] = loss

@@ -14,7 +14,7 @@ import time
 import warnings
 
 from xdistill import child_signals
-from xdistill.data.collator import CrossTokenizerCollator, TeacherSpec
+from xdistill.data.collator import CrossTokenizerCollator, TeacherTokenization
 from xdistill.data.config import DataConfig
 from xdistill.data.dataset import PackedDataset
 from xdistill.data.source import DocumentSource
@@ -47,7 +47,7 @@ def build_dataset(cfg: DataConfig, student, *, source=None, rank=None, world_siz
                          loss_roles=cfg.loss_roles, end_of_turn=cfg.end_of_turn_loss)
 
 
-def build_collator(cfg: DataConfig, student, teachers: list[TeacherSpec]) -> CrossTokenizerCollator:
+def build_collator(cfg: DataConfig, student, teachers: list[TeacherTokenization]) -> CrossTokenizerCollator:
     return CrossTokenizerCollator(student, teachers, chunks=cfg.chunks, method=cfg.align_method,
                                   loss_roles=cfg.loss_roles, end_of_turn=cfg.end_of_turn_loss,
                                   pad_to_multiple_of=cfg.pad_to_multiple_of)
@@ -220,13 +220,17 @@ class _Heartbeat:
 
     def __enter__(self):
         self._t0 = time.monotonic()
+        self._thread = None
         if self.every > 0 and rank() == 0:
-            threading.Thread(target=self._run, args=(self._t0,), daemon=True,
-                             name="xdistill-heartbeat").start()
+            self._thread = threading.Thread(target=self._run, args=(self._t0,), daemon=True,
+                                            name="xdistill-heartbeat")
+            self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._done.set()
+        if self._thread is not None:   # its last line (if any) before the total
+            self._thread.join()
         if self._beats and exc[0] is None:
             log.info("%s: done after %.1f s", self.what, time.monotonic() - self._t0)
 

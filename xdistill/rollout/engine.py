@@ -31,6 +31,7 @@ import torch
 from xdistill.errors import ConfigError
 from xdistill.rollout.render import encode_prompts, stop_token_ids
 from xdistill.tokenization.bos import resolve_add_bos
+from xdistill.tokenization.tokenizer import padding_id
 
 
 @dataclass
@@ -138,13 +139,6 @@ class RolloutEngine(ABC):
         """Bring the engine's weights up to date with the student (no-op in-process)."""
 
 
-def _pad_id(tok) -> int:
-    for pid in (tok.pad_id, tok.eos_id):
-        if pid is not None:
-            return int(pid)
-    return 0
-
-
 def _right_pad(rows: list[np.ndarray], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     T = max((r.size for r in rows), default=0)
     out = np.full((len(rows), max(T, 1)), pad, dtype=np.int64)
@@ -190,7 +184,7 @@ class HFGenerateEngine(RolloutEngine):
         if not self.stop_ids:
             raise ConfigError(f"student tokenizer {tokenizer.name!r} has no EOS / end-of-turn token "
                               "to stop generation")
-        self.pad_id = _pad_id(tokenizer)
+        self.pad_id = padding_id(tokenizer)
 
     def _left_padded(self, rows: list[np.ndarray], device) -> tuple[torch.Tensor, torch.Tensor]:
         T = max(r.size for r in rows)
@@ -270,7 +264,7 @@ class VLLMEngine(RolloutEngine):
                             gpu_memory_utilization=config.vllm_gpu_memory_utilization,
                             logprobs_mode="processed_logprobs", skip_tokenizer_init=True)
         self.stop_ids = stop_token_ids(tokenizer)
-        self.pad_id = _pad_id(tokenizer)
+        self.pad_id = padding_id(tokenizer)
 
     def generate(self, prompts, sampling: SamplingParams) -> Rollouts:
         import vllm

@@ -44,10 +44,11 @@ import torch
 from xdistill.data.batch import BatchStats, DistillBatch, TeacherView
 from xdistill.data.chat import token_loss_mask
 from xdistill.data.collator import resolve_teacher_bos
-from xdistill.rollout.engine import Rollouts, _pad_id
+from xdistill.rollout.engine import Rollouts
 from xdistill.rollout.render import end_of_turn_id, is_chat, render_prompt
 from xdistill.rollout.teacher_text import teacher_region
 from xdistill.tokenization.bos import resolve_add_bos
+from xdistill.tokenization.tokenizer import padding_id
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ class RolloutScorer:
     """``scorer(rollouts) -> ScoredBatch`` (see the module docstring).
 
     Args:
-        student: the student tokenizer; teachers: ``xdistill.data.TeacherSpec`` per teacher.
+        student: the student tokenizer; teachers: ``xdistill.data.TeacherTokenization`` per teacher.
         student_add_bos: whether the student's prompts start with its BOS (the engine's setting;
             None: the student model's default). A teacher's ``add_bos=None``: its model's.
         chunks, method: passed to ``xdistill.align.align_batch``.
@@ -183,7 +184,7 @@ class RolloutScorer:
 
     def __call__(self, ro: Rollouts) -> ScoredBatch:
         t0 = time.perf_counter()
-        ids, attn, loss, blp = _student_rows(ro, _pad_id(self.student))
+        ids, attn, loss, blp = _student_rows(ro, padding_id(self.student))
         real = torch.arange(ro.response_ids_BTr.shape[1])[None, :] < ro.response_len_B[:, None]
         n_resp = int(real.sum())
         tool_ratio = float((real & ~ro.response_mask_BTr).sum()) / max(n_resp, 1)
@@ -262,7 +263,7 @@ class RolloutScorer:
                           t_phantom_BTt=t_ph, chunks=self.chunks, method=self.method)
         rows = [np.concatenate([pre, reg]) for pre, reg, *_ in regions]
         Tt = max(r.size for r in rows)
-        pad = _pad_id(spec.tokenizer)
+        pad = padding_id(spec.tokenizer)
         ids_BTt = np.full((B, Tt), pad, dtype=np.int64)
         attn_BTt = np.zeros((B, Tt), dtype=bool)
         loss_BTt = np.zeros((B, Tt), dtype=bool)
@@ -382,7 +383,7 @@ def rollouts_from_segments(tok, prompts, segments, *, max_prompt_len: int = 1024
         masks.append(np.concatenate(mask) if mask else np.zeros(0, dtype=bool))
     from xdistill.rollout.engine import _right_pad
 
-    pad = _pad_id(tok)
+    pad = padding_id(tok)
     p_ids, p_len = _right_pad(pre, pad)
     r_ids, r_len = _right_pad(resp, pad)
     m = torch.zeros(r_ids.shape, dtype=torch.bool)

@@ -11,11 +11,11 @@
 from xdistill.teacher.client import (InProcessClient, RayClient, SubprocessClient, TeacherClient,
                                      make_client)
 from xdistill.teacher.config import RayPlacement, TeacherConfig
-from xdistill.teacher.outputs import LOG_FLOOR, TeacherOutput
+from xdistill.teacher.outputs import LOGP_TINY, TeacherOutput
 from xdistill.teacher.pool import TeacherPool, TeacherResults
 from xdistill.teacher.transport import TeacherLease
 from xdistill.teacher.worker import TeacherInfo, TeacherRequest, TeacherWorker
 
 __all__ = ["TeacherConfig", "RayPlacement", "TeacherWorker", "TeacherRequest", "TeacherInfo",
-           "TeacherOutput", "LOG_FLOOR", "TeacherClient", "InProcessClient", "SubprocessClient",
+           "TeacherOutput", "LOGP_TINY", "TeacherClient", "InProcessClient", "SubprocessClient",
            "RayClient", "make_client", "TeacherPool", "TeacherResults", "TeacherLease"]

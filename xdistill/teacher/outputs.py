@@ -25,7 +25,7 @@ teacher's own next input token, at *input* positions: ``token_logp_BTt[b, j] = l
 on-policy estimators (k1, k3) need only this, so they work with top-k and projected teachers too.
 
 Zero probabilities (an empty tail, a student token that receives no mass, a position whose mass is
-all dropped) are floored at :data:`LOG_FLOOR` = log(float32 tiny) ~ -87.3 instead of ``-inf``, so
+all dropped) are floored at :data:`LOGP_TINY` = log(float32 tiny) ~ -87.3 instead of ``-inf``, so
 no ``-inf`` reaches a reverse KL. Values at padding positions are computed like any other and
 carry no meaning; mask them with the view's attention mask.
 """
@@ -38,7 +38,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-LOG_FLOOR = math.log(torch.finfo(torch.float32).tiny)
+# log of float32's smallest normal number (~ -87.3): the floor of teacher log-probs that would be
+# -inf (not the losses' LOGP_FLOOR, -1e4, which floors log p inside a divergence)
+LOGP_TINY = math.log(torch.finfo(torch.float32).tiny)
 # bytes of float32 temporaries the post-processing allows itself per chunk of positions
 _CHUNK_BYTES = 1 << 28
 
@@ -119,7 +121,7 @@ def topk_logprobs(logits_NV: torch.Tensor, k: int, temperature: float):
         vals_NK[a:a + step] = v
         idx_NK[a:a + step] = i
         rest = logp.scatter_(-1, i, float("-inf"))
-        tail_N[a:a + step] = torch.logsumexp(rest, dim=-1).clamp(min=LOG_FLOOR)
+        tail_N[a:a + step] = torch.logsumexp(rest, dim=-1).clamp(min=LOGP_TINY)
     return vals_NK, idx_NK, tail_N
 
 
@@ -128,7 +130,7 @@ def next_token_logprobs(logits_nTV: torch.Tensor, ids_nT: torch.Tensor,
     """``out[b, j] = log softmax(logits[b, j-1] / T)[ids[b, j]]``, 0 at ``j = 0`` (float32).
 
     Computed per block of rows as ``z_id / T - logsumexp(z / T)`` (one float32 temporary of
-    ``rows x V`` per block), floored at :data:`LOG_FLOOR`.
+    ``rows x V`` per block), floored at :data:`LOGP_TINY`.
     """
     n, T, V = logits_nTV.shape
     out_nT = torch.zeros(n, T, dtype=torch.float32, device=logits_nTV.device)
@@ -141,7 +143,7 @@ def next_token_logprobs(logits_nTV: torch.Tensor, ids_nT: torch.Tensor,
     for a in range(0, flat_NV.shape[0], step):
         z = flat_NV[a:a + step].float() / temperature
         picked = z.gather(1, tgt_N[a:a + step, None]).squeeze(1)
-        res_N[a:a + step] = (picked - torch.logsumexp(z, dim=-1)).clamp(min=LOG_FLOOR)
+        res_N[a:a + step] = (picked - torch.logsumexp(z, dim=-1)).clamp(min=LOGP_TINY)
     out_nT[:, 1:] = res_N.view(n, T - 1)
     return out_nT
 
@@ -162,11 +164,11 @@ def projected_logprobs(logits_NV: torch.Tensor, proj_VsVt: torch.Tensor,
         m_nVs = m_Vsn.T
         total_n1 = m_nVs.sum(dim=-1, keepdim=True)
         q_s = m_nVs / total_n1.clamp(min=torch.finfo(torch.float32).tiny)
-        out_NVs[a:a + step] = torch.log(q_s).clamp(min=LOG_FLOOR)
+        out_NVs[a:a + step] = torch.log(q_s).clamp(min=LOGP_TINY)
     return out_NVs
 
 
-def prepare_projection(proj_VsVt: torch.Tensor, device) -> torch.Tensor:
+def projection_on_device(proj_VsVt: torch.Tensor, device) -> torch.Tensor:
     """Check a projection (2-D, non-negative) and return it as float32 CSR on ``device``."""
     if proj_VsVt.dim() != 2:
         raise ValueError(f"projection must be 2-D [Vs, Vt], got shape {tuple(proj_VsVt.shape)}")
@@ -216,6 +218,6 @@ def check_fields(output: TeacherOutput) -> None:
         raise ValueError(f"teacher {output.name!r} output of kind {output.kind!r} lacks {missing}")
 
 
-__all__ = ["TeacherOutput", "LOG_FLOOR", "output_spec", "topk_logprobs", "projected_logprobs",
+__all__ = ["TeacherOutput", "LOGP_TINY", "output_spec", "topk_logprobs", "projected_logprobs",
            "next_token_logprobs",
-           "prepare_projection", "fill_output", "check_fields", "TENSOR_FIELDS"]
+           "projection_on_device", "fill_output", "check_fields", "TENSOR_FIELDS"]

@@ -26,7 +26,7 @@ from xdistill.teacher.cache import OutputCache, contiguous_runs, row_keys
 from xdistill.teacher.config import TeacherConfig
 from xdistill.teacher.head import fill_from_hidden
 from xdistill.teacher.outputs import (TeacherOutput, fill_output, output_spec,
-                                      prepare_projection)
+                                      projection_on_device)
 
 log = get_logger("teacher")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -113,7 +113,7 @@ class TeacherWorker:
         self.proj_VsVt = None
         Vs = 0
         if config.output == "projected":
-            self.proj_VsVt = prepare_projection(projection_VsVt, self.device)
+            self.proj_VsVt = projection_on_device(projection_VsVt, self.device)
             Vs = int(self.proj_VsVt.shape[0])
         self.split = self._split_head()
         self.cache = OutputCache(config.cache_mb, config.name) if config.cache_mb > 0 else None

@@ -56,6 +56,15 @@ def is_lossy(spec: dict, family: str) -> bool:
     return False
 
 
+def padding_id(tok) -> int:
+    """The id that pads ``tok``'s rows: its pad token, else its end-of-sequence token, else 0
+    (any object with ``pad_id`` / ``eos_id``)."""
+    for pid in (tok.pad_id, tok.eos_id):
+        if pid is not None:
+            return int(pid)
+    return 0
+
+
 class Tokenizer:
     """A loaded tokenizer (use :func:`xdistill.tokenization.load_tokenizer`)."""
 

@@ -118,7 +118,7 @@ class OnPolicyMode(core.TrainMode):
         return self._plan
 
     def build(self, run: core.Run) -> None:
-        from xdistill.data import TeacherSpec as ScoringTeacher
+        from xdistill.data import TeacherTokenization
         from xdistill.rollout import RolloutScorer, build_engine
         from xdistill.teacher import TeacherPool
         from xdistill.train.setup import teacher_bos
@@ -129,7 +129,7 @@ class OnPolicyMode(core.TrainMode):
             self.mix = build_mix(cfg, plan, env)
         self.scorer = RolloutScorer(
             plan.student_tok,
-            [ScoringTeacher(t.name, plan.teacher_toks[t.name], t.max_len,
+            [TeacherTokenization(t.name, plan.teacher_toks[t.name], t.max_len,
                             add_bos=teacher_bos(t, plan.teacher_toks[t.name]))
              for t in cfg.teachers],
             student_add_bos=cfg.rollout.add_bos, chunks=cfg.scoring.chunks, method=cfg.scoring.method)

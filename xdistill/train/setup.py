@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from xdistill.data.collator import TeacherSpec as CollatorTeacher
+from xdistill.data.collator import TeacherTokenization
 from xdistill.errors import ConfigError, ProjectionError
 from xdistill.log import get_logger
 from xdistill.losses import ContinuationTrie, MultiTeacherLoss, TeacherSpec, projection_from_csr
@@ -149,9 +149,9 @@ def build_loss(cfg: OffPolicyConfig, plan: Plan) -> MultiTeacherLoss | None:
                             ce_weight=lc.ce_weight, chunk_size=lc.chunk_size)
 
 
-def collator_teachers(cfg: OffPolicyConfig, plan: Plan) -> list[CollatorTeacher]:
+def collator_teachers(cfg: OffPolicyConfig, plan: Plan) -> list[TeacherTokenization]:
     """The collator's view of the teachers (tokenizer, max_len, BOS per :func:`teacher_bos`)."""
-    return [CollatorTeacher(t.name, plan.teacher_toks[t.name], t.max_len,
+    return [TeacherTokenization(t.name, plan.teacher_toks[t.name], t.max_len,
                             add_bos=teacher_bos(t, plan.teacher_toks[t.name]))
             for t in cfg.teachers]
 
