@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -102,7 +103,9 @@ def test_a_late_first_batch_is_announced():
         logger.level = level
     lines = handler.lines
     assert lines[0].endswith(" s") and "done" not in lines[0]
-    assert lines[-1].startswith("waiting for the first batch of the data loader: done after 0.")
+    # the total's value is wall time (the full suite once took 10.4 s here): only its form counts
+    assert re.fullmatch(r"waiting for the first batch of the data loader: done after [0-9.]+ s",
+                        lines[-1]), lines
     # how many heartbeats fit in the wait depends on the machine's load: only the form is checked
     assert len(lines) >= 2, lines
     assert all(ln.startswith("waiting for the first batch of the data loader: ") for ln in lines)
