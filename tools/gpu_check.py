@@ -106,25 +106,24 @@ def prepare(bundle: Path) -> dict:
     return info
 
 
-def build_projection(path: Path) -> None:
-    """The step benchmark's Llama-3 -> Qwen2 projection, built here (seconds saved there)."""
+def _script(name: str, *parts: str):
+    """A benchmark script of this repository, imported by path (``benchmarks/`` is no package)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gpu_step", REPO / "benchmarks" / "gpu_step.py")
-    gpu_step = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_step)
-    gpu_step.build_projection(path)
+    spec = importlib.util.spec_from_file_location(name, REPO.joinpath(*parts))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_projection(path: Path) -> None:
+    """The step benchmark's Llama-3 -> Qwen2 projection, built here (seconds saved there)."""
+    _script("gpu_step", "benchmarks", "gpu_step.py").build_projection(path)
 
 
 def cpu_projection(path: Path) -> None:
     """The cpu part's SmolLM2 <- Gemma-3 projection (``benchmarks/real/step.py``'s), built here."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("real_step", REPO / "benchmarks" / "real" /
-                                                  "step.py")
-    real_step = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(real_step)
-    real_step.build_projection(path)
+    _script("real_step", "benchmarks", "real", "step.py").build_projection(path)
 
 
 def tracked_tree_mb() -> float:

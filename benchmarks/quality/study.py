@@ -139,6 +139,7 @@ def stage_lr(args, state: dict) -> None:
                        ["--eval-split", "valid", "--cont-lr", f"{lr:g}", "--no-report"])
         accs = [r["accuracy"] for r in runs if r["arm"] == "cont_ce"]
         table[f"{lr:g}"] = {"accuracies": accs, "mean": statistics.fmean(accs)}
+    record_lr(args)
     best = choose_lr(table)
     state["lr"] = {"grid": table, "chosen": best,
                    "rule": "best mean validation accuracy of continued CE, seeds 0-2"}
@@ -211,13 +212,11 @@ def main(argv=None) -> int:
             raise SystemExit(f"[study] stage {name!r} needs {', '.join(missing)} first "
                              f"({args.out / 'study.json'} has no record of it)")
         STAGE_FUNCS[name](args, state)
-        if name == "lr":
-            record_lr(args, state)
         save_state(args.out, state)
     return 0
 
 
-def record_lr(args, state: dict) -> None:
+def record_lr(args) -> None:
     """The lr grid's raw runs, one file (each grid point's results.json, by rate)."""
     RECORDS.mkdir(exist_ok=True)
     raw = {f"{lr:g}": json.loads((args.out / f"lr_{lr:g}" / "results.json").read_text())["runs"]
