@@ -66,7 +66,7 @@ def harness(out: Path, args, arms, seeds, steps: int, extra=()) -> list[dict]:
     cmd = [sys.executable, str(HERE / "run.py"), "--out", str(out), "--cache",
            str(args.cache or args.out / "prepared"), "--arms", ",".join(arms),
            "--seeds", ",".join(map(str, seeds)), "--steps", str(steps), "--jobs",
-           str(args.jobs), *TASK, *extra]
+           str(args.jobs), *getattr(args, "task", TASK), *extra]
     say("$ " + " ".join(cmd[1:]))
     rc = subprocess.call(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     results = json.loads((out / "results.json").read_text())
@@ -94,15 +94,15 @@ def load_state(out: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def save_state(out: Path, state: dict) -> None:
+def save_state(out: Path, state: dict, records: Path = RECORDS) -> None:
     (out / "study.json").write_text(json.dumps(state, indent=1))
-    RECORDS.mkdir(exist_ok=True)
-    (RECORDS / "study.json").write_text(json.dumps(state, indent=1))
+    records.mkdir(exist_ok=True)
+    (records / "study.json").write_text(json.dumps(state, indent=1))
 
 
-def record(stage_out: Path, name: str) -> None:
-    RECORDS.mkdir(exist_ok=True)
-    shutil.copyfile(stage_out / "results.json", RECORDS / f"{name}.json")
+def record(stage_out: Path, name: str, records: Path = RECORDS) -> None:
+    records.mkdir(exist_ok=True)
+    shutil.copyfile(stage_out / "results.json", records / f"{name}.json")
 
 
 def stage_warm(args, state: dict) -> None:

@@ -77,6 +77,16 @@ class ArmSettings:
     cont_steps: int = 300
     cont_lr: float = 1e-3
     cont_new_tokens: int = 4
+    # the on-policy arms' prompts: "student" (the problems labeled in the student's corpus) or
+    # "train" (also the unlabeled pool: training problems beyond ``TaskConfig.student_pairs``)
+    prompt_pool: str = "student"
+    # per-arm continuation learning rates ((arm, lr) pairs) that replace ``cont_lr`` for those
+    # arms (a study that tunes each method's rate on validation runs them in one invocation)
+    arm_lr: tuple = ()
+
+    def cont_lr_of(self, arm: str) -> float:
+        """The continuation learning rate of ``arm``."""
+        return dict(self.arm_lr).get(arm, self.cont_lr)
 
 
 def _teacher(name: str, model: str, tokenizer: str, kind: str, settings: ArmSettings,

@@ -84,7 +84,7 @@ def cont_config(arm: str, seed: int, assets: dict, s, out_dir: str) -> dict:
     base["train"]["steps"] = s.cont_steps
     base["train"]["log_every"] = max(1, min(10, s.cont_steps // 30))
     base["scheduler"]["warmup_steps"] = max(1, s.cont_steps // 20)
-    base["optim"]["lr"] = s.cont_lr
+    base["optim"]["lr"] = s.cont_lr_of(arm)
     base["checkpoint"]["every"] = s.eval_every and min(s.eval_every, s.cont_steps)
     base["eval"]["every"] = base["checkpoint"]["every"]
     if arm in ("cont_ce", "cont_pkl_cont"):
@@ -103,7 +103,7 @@ def cont_config(arm: str, seed: int, assets: dict, s, out_dir: str) -> dict:
     return {
         "student": {"path": ce, "param_dtype": "float32"}, "student_tokenizer": assets["tok_student"],
         "teachers": [cross],
-        "prompts": {"paths": [prompts_file(assets)], "batch_size": cont_prompts(s),
+        "prompts": {"paths": [prompts_file(assets, s.prompt_pool)], "batch_size": cont_prompts(s),
                     "shuffle": True},
         "rollout": {"backend": "hf", "temperature": 1.0, "top_p": 1.0,
                     "max_new_tokens": s.cont_new_tokens, "max_prompt_len": 32, "seed": seed},

@@ -235,14 +235,22 @@ def _prepare_base(root: Path, cfg: PrepConfig, log) -> dict:
             "timings": {"base": time.perf_counter() - t0}}
 
 
-def prompts_file(assets: dict) -> str:
-    """``<root>/corpus/prompts.jsonl``: the prompts of the student's training pairs (on-policy arm;
-    written on first use, so caches prepared before it existed still work)."""
-    path = Path(assets["root"]) / "corpus" / "prompts.jsonl"
+PROMPT_POOLS = ("student", "train")
+
+
+def prompts_file(assets: dict, pool: str = "student") -> str:
+    """The on-policy prompts, written on first use (caches prepared before they existed work):
+    ``student`` = the problems with labels in the student's corpus
+    (``<root>/corpus/prompts.jsonl``); ``train`` = every training problem, the labeled ones and
+    the unlabeled pool the teachers trained on (``prompts_train.jsonl``)."""
+    if pool not in PROMPT_POOLS:
+        raise ValueError(f"prompt pool {pool!r}: expected one of {', '.join(PROMPT_POOLS)}")
+    name = "prompts.jsonl" if pool == "student" else "prompts_train.jsonl"
+    path = Path(assets["root"]) / "corpus" / name
     if not path.exists():
         cfg = task.TaskConfig(**assets["prep"]["task"])
         train = task.split_pairs(cfg)[0]
-        pairs = train if not cfg.student_pairs else train[:cfg.student_pairs]
+        pairs = task.student_side(train, cfg) if pool == "student" else train
         rows = [json.dumps({"prompt": task.prompt(int(a), int(b))}) + "\n" for a, b in pairs]
         path.write_text("".join(rows), encoding="utf-8")
     return str(path)

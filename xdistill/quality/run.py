@@ -23,7 +23,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from xdistill.quality.arms import ARMS, ArmSettings
-from xdistill.quality.prepare import PrepConfig
+from xdistill.quality.prepare import PROMPT_POOLS, PrepConfig
 from xdistill.quality.runner import Watch
 
 
@@ -65,6 +65,13 @@ def parse(argv=None):
                         "problem has its swapped twin in training)")
     p.add_argument("--n-valid", type=int, default=0,
                    help="twin-free validation problems carved from training (needs --twin-free)")
+    p.add_argument("--student-pairs", type=int, default=0,
+                   help="label only the first N training problems in the student's corpus (a "
+                        "twin is kept with its problem); the rest are prompts without labels "
+                        "(see --prompt-pool); 0 = all")
+    p.add_argument("--prompt-pool", choices=PROMPT_POOLS, default=ArmSettings.prompt_pool,
+                   help="on-policy prompts: the student's labeled problems, or every training "
+                        "problem (also the unlabeled ones the teachers trained on)")
     p.add_argument("--eval-split", choices=("heldout", "valid"), default="heldout",
                    help="score accuracy on the test (held-out) or the validation split")
     p.add_argument("--cont-steps", type=int, default=ArmSettings.cont_steps,
@@ -72,6 +79,9 @@ def parse(argv=None):
                         "checkpoint of each seed")
     p.add_argument("--cont-lr", type=float, default=ArmSettings.cont_lr,
                    help="continuation protocol: peak learning rate after the CE checkpoint")
+    p.add_argument("--arm-lr", type=parse_arm_lr, default=(),
+                   help="per-arm continuation learning rates, e.g. op_k1=1e-4,op_k1_same=1e-4 "
+                        "(the other arms use --cont-lr)")
     p.add_argument("--temperature", type=float, default=ArmSettings.temperature,
                    help="distillation temperature of every teacher loss (both sides)")
     p.add_argument("--eval-every", type=int, default=100,
@@ -95,6 +105,20 @@ def parse(argv=None):
 
 def _load(avg) -> str:
     return "/".join(f"{x:.1f}" for x in avg)
+
+
+def parse_arm_lr(text: str) -> tuple:
+    """``arm=lr,arm=lr`` -> ``((arm, lr), ...)`` (sorted, so the order does not matter)."""
+    pairs = []
+    for item in filter(None, text.split(",")):
+        arm, sep, lr = item.partition("=")
+        try:
+            pairs.append((arm.strip(), float(lr)))
+        except ValueError:
+            sep = ""
+        if not sep or not arm.strip():
+            raise argparse.ArgumentTypeError(f"--arm-lr item {item!r}: expected arm=learning_rate")
+    return tuple(sorted(pairs))
 
 
 def run_phases(assets, arms, seeds, settings, out, jobs, watch) -> dict:
@@ -161,6 +185,11 @@ def _run(args, shown: list[str]) -> int:
         print(f"error: unknown arm(s) {', '.join(unknown)}; choose from "
               f"{', '.join(ARMS + CONT_ARMS)}", file=sys.stderr)
         return 2
+    stray = [a for a, _ in args.arm_lr if a not in arms or a not in CONT_ARMS]
+    if stray:
+        print(f"error: --arm-lr names {', '.join(stray)}, not a continuation arm of --arms",
+              file=sys.stderr)
+        return 2
     seeds = [int(s) for s in args.seeds.split(",") if s]
     need = teachers_needed(arms)
     watch = Watch(stall_s=args.stall_s)
@@ -171,12 +200,14 @@ def _run(args, shown: list[str]) -> int:
         return 2
     prep = replace(base, big_steps=args.teacher_steps,
                    task=replace(base.task, answer_noise=args.answer_noise,
-                                twin_free=args.twin_free, n_valid=args.n_valid))
+                                twin_free=args.twin_free, n_valid=args.n_valid,
+                                student_pairs=args.student_pairs))
     assets = prepare_all(args.cache or out / "prepared", prep, teachers=need, watch=watch)
     assets = {**assets, "eval_split": args.eval_split}
     settings = replace(ArmSettings(), steps=args.steps, eval_every=args.eval_every,
                        threads=args.threads, temperature=args.temperature,
-                       cont_steps=args.cont_steps, cont_lr=args.cont_lr)
+                       cont_steps=args.cont_steps, cont_lr=args.cont_lr,
+                       prompt_pool=args.prompt_pool, arm_lr=args.arm_lr)
     result = run_phases(assets, arms, seeds, settings, out, args.jobs, watch)
     meta = {"command": "python benchmarks/quality/run.py " + " ".join(shown),
             "hardware": f"{os.cpu_count()}-core CPU ({platform.processor() or platform.machine()}),"

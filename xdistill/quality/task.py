@@ -10,7 +10,8 @@ Splits (all deterministic in ``seed``):
 * the (a, b) pairs are shuffled once; ``n_heldout`` pairs are held out for accuracy and never
   appear in any training corpus (teacher or student);
 * ``teacher`` corpus: documents of ``per_doc`` problems over all remaining pairs, plus text;
-* ``student`` corpus: the distillation corpus (``student_pairs`` of the remaining pairs), plus text;
+* ``student`` corpus: the distillation corpus (``student_pairs`` of the remaining pairs, see
+  :func:`student_side`; the other training pairs are then prompts without labels), plus text;
   with ``answer_noise > 0`` that fraction of its worked answers is wrong (each occurrence
   independently: a uniformly drawn other sum), like scraped solutions; the teachers' corpus is
   always clean, so the teachers know more than the student's labels;
@@ -138,6 +139,19 @@ def split_pairs_protocol(cfg: TaskConfig) -> tuple[np.ndarray, np.ndarray, np.nd
     return arr[2], arr[1], arr[0]
 
 
+def student_side(train: np.ndarray, cfg: TaskConfig) -> np.ndarray:
+    """The training problems with labels in the student's corpus: all of ``train``, or its first
+    ``student_pairs`` (with ``twin_free``, rounded up so that a problem and its swapped twin stay
+    on the same side: the rest of ``train`` is then a twin-free unlabeled prompt pool)."""
+    n = cfg.student_pairs
+    if not n or n >= len(train):
+        return train
+    a, b = map(int, train[n - 1])
+    if cfg.twin_free and a != b and n < len(train) and tuple(map(int, train[n])) == (b, a):
+        n += 1
+    return train[:n]
+
+
 def documents(pairs: np.ndarray, texts: list[str], cfg: TaskConfig, salt: int,
               noisy: bool = False) -> list[str]:
     """Problem documents (``per_doc`` problems each, ``passes`` shuffled passes) + text docs;
@@ -169,7 +183,7 @@ def write_jsonl(path: Path, docs: list[str]) -> Path:
 def build_corpora(out: Path, cfg: TaskConfig) -> dict:
     """Write the jsonl corpora and the held-out problems; returns their paths and the pairs."""
     train, held = split_pairs(cfg)
-    student = train if not cfg.student_pairs else train[:cfg.student_pairs]
+    student = student_side(train, cfg)
     texts = shakespeare_passages(cfg.passage_chars, heldout=False)
     eval_texts = shakespeare_passages(cfg.passage_chars, heldout=True)
     paths = {
