@@ -106,12 +106,12 @@ def loss_parts(run, batch, rounds: int) -> dict:
     from xdistill.losses import MultiTeacherLoss
     from xdistill.train.step import global_counts, loss_inputs, student_logits
 
-    n = global_counts(run.loss_fn, [batch], False)
+    n = global_counts(run.mode.loss_fn, [batch], False)
     out = {}
-    with run.pool.forward(batch) as results, torch.no_grad():
+    with run.mode.pool.forward(batch) as results, torch.no_grad():
         z_s = student_logits(run.model, batch)
-        inputs = loss_inputs(run.loss_fn.specs, batch, results)
-        for spec, inp in zip(run.loss_fn.specs, inputs):
+        inputs = loss_inputs(run.mode.loss_fn.specs, batch, results)
+        for spec, inp in zip(run.mode.loss_fn.specs, inputs):
             loss_fn = MultiTeacherLoss([spec], chunk_size=run.cfg.loss.chunk_size)
 
             def ours(spec=spec, inp=inp, loss_fn=loss_fn):
@@ -133,8 +133,8 @@ def loss_parts(run, batch, rounds: int) -> dict:
             def together():
                 with torch.enable_grad():
                     z = z_s.detach().requires_grad_()
-                    loss, _ = run.loss_fn(z, batch.input_ids_BTs, batch.loss_mask_BTs, inputs,
-                                          num_valid=n)
+                    loss, _ = run.mode.loss_fn(z, batch.input_ids_BTs, batch.loss_mask_BTs,
+                                               inputs, num_valid=n)
                     loss.backward()
 
             out["all teachers in one MultiTeacherLoss"] = _best(together, rounds)
@@ -153,27 +153,29 @@ def measure(cfg, steps: int) -> dict:
     wall time and of process CPU time."""
     from xdistill.train import core
     from xdistill.train.offpolicy import OffPolicyMode
-    from xdistill.train.step import Timers, global_counts, micro_step, student_logits
+    from xdistill.train.metrics import Timers
+    from xdistill.train.step import global_counts, micro_step, student_logits
 
     run = core.build(cfg, OffPolicyMode())
-    run.pool.start()
+    run.mode.pool.start()
 
     def optimizer_step(run):
         core.optimizer_step(run, 1, {"loss": 0.0})
 
     try:
-        it = iter(run.loaders[0])
+        it = iter(run.mode.loaders[0])
         batches = [next(it) for _ in range(steps + 1)]
         timers = Timers()
 
         def full(b):
             with timers("counts"):
-                n = global_counts(run.loss_fn, [b], False)
-            micro_step(run.model, run.loss_fn, run.pool, b, n, timers, device=run.device)
+                n = global_counts(run.mode.loss_fn, [b], False)
+            micro_step(run.model, run.mode.loss_fn, run.mode.pool, b, n, timers,
+                       device=run.device)
             optimizer_step(run)
 
         def teacher(b):
-            with run.pool.forward(b):
+            with run.mode.pool.forward(b):
                 pass
 
         def student(b):
@@ -197,7 +199,7 @@ def measure(cfg, steps: int) -> dict:
         out["tokens"] = statistics.median(b.stats.student_tokens for b in batches[1:])
         out["loss_parts"] = loss_parts(run, batches[1], max(2, steps // 2))
     finally:
-        run.pool.close()
+        run.mode.pool.close()
     return out
 
 

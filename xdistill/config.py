@@ -85,7 +85,18 @@ def yaml_load(text: str, source: str):
 # --------------------------------------------------------------------------- documentation
 @functools.lru_cache(maxsize=None)
 def field_docs(cls: type) -> dict[str, str]:
-    """Map each field of dataclass ``cls`` to the ``#`` comment lines directly above it."""
+    """Map each field of dataclass ``cls`` to the ``#`` comment lines directly above it (a field
+    inherited from a dataclass base keeps the base's comment unless ``cls`` declares it again)."""
+    docs: dict[str, str] = {}
+    for base in reversed(cls.__mro__[1:]):
+        if "__dataclass_fields__" in vars(base):
+            docs.update(_own_field_docs(base))
+    docs.update(_own_field_docs(cls))
+    return docs
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
+    """:func:`field_docs` of the fields declared in ``cls``'s own body."""
     try:
         source = inspect.getsource(cls)
     except (OSError, TypeError):

@@ -19,7 +19,7 @@ import torch
 
 from xdistill.config import from_dict
 from xdistill.train.onpolicy_config import OnPolicyConfig
-from xdistill.train.step import Timers
+from xdistill.train.metrics import Timers
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def _built(d):
     from xdistill.train.onpolicy import build_onpolicy_run
 
     run = build_onpolicy_run(from_dict(OnPolicyConfig, d))
-    run.pool.start()
+    run.mode.pool.start()
     return run
 
 
@@ -78,14 +78,14 @@ def test_reverse_kl_to_both_teachers_decreases(tmp_path, tiny_assets, sharp):
     ev["train"]["out_dir"] = str(tmp_path / "eval")
     run = _built(ev)
     try:
-        run.iters = [iter(run.loaders[0])]
+        run.mode.iters = [iter(run.mode.loaders[0])]
         _, _, scored = rollout_batch(run, 1000, Timers())
         before = _eval_losses(run, scored)
         state = load_file(str(tmp_path / "run" / "export" / "model.safetensors"))
         run.model.load_state_dict(state, strict=False)
         after = _eval_losses(run, scored)
     finally:
-        run.pool.close()
+        run.mode.pool.close()
     print("reverse KL before/after", before, after)
     for name in ("same", "cross"):
         assert after[name] < 0.8 * before[name], (name, before, after)
@@ -104,11 +104,11 @@ def test_self_teacher_zero_loss_and_gradient(tmp_path, tiny_assets, sharp, kind)
                         sharp["prompts"], tmp_path, student_path=sharp["self"])
     run = _built(d)
     try:
-        run.iters = [iter(run.loaders[0])]
+        run.mode.iters = [iter(run.mode.loaders[0])]
         _, ro, scored = rollout_batch(run, 1, Timers())
         m = loss_and_backward(run, scored, Timers())
     finally:
-        run.pool.close()
+        run.mode.pool.close()
     assert m["units/self"] == int(scored.batch.loss_mask_BTs[:, 1:].sum()) > 10
     assert abs(m["self/loss"]) < 1e-5
     grads = [p.grad.abs().max() for p in run.model.parameters() if p.grad is not None]
@@ -166,11 +166,11 @@ def test_tool_spans_get_no_loss_through_the_step(tmp_path, tiny_assets, sharp, k
     try:
         ro = rollouts_from_segments(run.plan.student_tok, [p for p, _ in SEGMENTS],
                                     [s for _, s in SEGMENTS])
-        scored = run.scorer(ro)
+        scored = run.mode.scorer(ro)
         assert 0.2 < scored.stats.tool_token_ratio < 0.8
         _tool_mask_check(run, scored)
     finally:
-        run.pool.close()
+        run.mode.pool.close()
 
 
 def test_resume_reproduces_uninterrupted_run(tmp_path, tiny_assets, sharp):
@@ -226,13 +226,13 @@ def test_real_tokenizers_end_to_end(tmp_path):
     assert m["qwen/loss"] > 0 and m["gpt/loss"] > 0
     d["train"]["out_dir"] = str(tmp_path / "mask")
     run = build_onpolicy_run(from_dict(OnPolicyConfig, d))
-    run.pool.start()
+    run.mode.pool.start()
     try:
         ro = rollouts_from_segments(run.plan.student_tok, [p for p, _ in SEGMENTS],
                                     [s for _, s in SEGMENTS])
-        _tool_mask_check(run, run.scorer(ro))
+        _tool_mask_check(run, run.mode.scorer(ro))
     finally:
-        run.pool.close()
+        run.mode.pool.close()
 
 
 def test_offpolicy_mixing(tmp_path, tiny_assets, sharp):
@@ -352,7 +352,7 @@ def test_per_sample_routing_to_one_teacher(tmp_path, tiny_assets, sharp):
     d["prompts"].update(paths=[str(prompts)], route_column="who")
     run = _built(d)
     try:
-        run.iters = [iter(run.loaders[0])]
+        run.mode.iters = [iter(run.mode.loaders[0])]
         indices, _, scored = rollout_batch(run, 1, Timers())
         routed = run.mode.rows(indices)
         assert [bool(x) for x in routed["same"]] == [i % 2 == 1 for i in indices]
@@ -363,7 +363,7 @@ def test_per_sample_routing_to_one_teacher(tmp_path, tiny_assets, sharp):
         m = H_step(run, scored, routed)
         assert m["units/same"] == units["same"] and m["units/cross"] == units["cross"]
     finally:
-        run.pool.close()
+        run.mode.pool.close()
     rows[3]["who"] = "nobody"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     with pytest.raises(ConfigError, match=r"routed.jsonl line 4: routed to teacher 'nobody'"):
@@ -372,9 +372,8 @@ def test_per_sample_routing_to_one_teacher(tmp_path, tiny_assets, sharp):
 
 def H_step(run, scored, rows):
     """One routed scored step (loss + backward) with globally counted units."""
-    from xdistill.train.metrics import StepMetrics
+    from xdistill.train.metrics import StepMetrics, all_reduce_counts
     from xdistill.train.onpolicy_step import local_units, scored_step
-    from xdistill.train.step import all_reduce_counts
 
     num_valid = all_reduce_counts(local_units(run.plan, scored.batch, rows))
     metrics = StepMetrics()

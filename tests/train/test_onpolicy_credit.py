@@ -20,7 +20,7 @@ from xdistill.config import from_dict
 from xdistill.errors import ConfigError
 from xdistill.losses import ChunkAlignment, loss_chunks
 from xdistill.train.onpolicy_config import OnPolicyConfig, validate_onpolicy
-from xdistill.train.step import Timers
+from xdistill.train.metrics import Timers
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def _run(tiny_assets, lms, tmp_path, kind, credit="byte"):
     d["loss"]["credit"] = credit
     d["rollout"]["max_new_tokens"] = 6           # short answers: some of them stop
     run = build_onpolicy_run(from_dict(OnPolicyConfig, d))
-    run.pool.start()
+    run.mode.pool.start()
     return run
 
 
@@ -54,12 +54,12 @@ def test_byte_credit_step(tmp_path, tiny_assets, lms, kind):
     try:
         assert run.plan.specs["cross"].credit == "byte"
         assert run.plan.specs["same"].credit == "token"   # same tokenizer: token credit is exact
-        run.iters = [iter(run.loaders[0])]
+        run.mode.iters = [iter(run.mode.loaders[0])]
         _, _, sampled = rollout_batch(run, 1, Timers())
         ro = rollouts_from_segments(run.plan.student_tok, H.PROMPTS[:4],
                                     [[(" the king is dead.", True)], [(" and so", True)],
                                      [(" of love,", True)], [(" 12 men", True)]], finished=True)
-        stopped = run.scorer(ro)
+        stopped = run.mode.scorer(ro)
         results = []
         for scored in (sampled, stopped):
             run.model.zero_grad(set_to_none=True)
@@ -67,7 +67,7 @@ def test_byte_credit_step(tmp_path, tiny_assets, lms, kind):
             grads = [p.grad.abs().max() for p in run.model.parameters() if p.grad is not None]
             results.append((scored, m, grads))
     finally:
-        run.pool.close()
+        run.mode.pool.close()
     for i, (scored, m, grads) in enumerate(results):
         view = scored.batch.teacher("cross")
         al = ChunkAlignment.from_view(view)

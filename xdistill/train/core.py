@@ -15,10 +15,14 @@
         log; evaluate; checkpoint; debugging stop
     export (Hugging Face format), end-of-run summary
 
-A *mode* (:class:`TrainMode`: :class:`xdistill.train.offpolicy.OffPolicyMode`,
-:class:`xdistill.train.onpolicy.OnPolicyMode`) supplies only how a step's micro-batches are
-produced and scored. Everything else -- run state, the student, the plan of micro-batches,
-checkpoint/resume, evaluation cadence, export, metrics and the loop -- lives here once.
+A *mode* (:class:`xdistill.train.mode.TrainMode`: ``OffPolicyMode`` in
+:mod:`xdistill.train.offpolicy`, ``OnPolicyMode`` in :mod:`xdistill.train.onpolicy`) supplies only
+how a step's micro-batches are produced and scored, and declares what the core needs to know of
+its config beyond the shared sections of :class:`xdistill.train.run_config.RunConfig`
+(``sequence_length``, ``eval_every``). Everything else -- the student, the plan of
+micro-batches, checkpoint/resume, evaluation cadence, export, metrics and the loop -- lives here
+once, on the run state :class:`xdistill.train.mode.Run`. The core imports no mode: the modes
+import it.
 
 Non-finite steps: when the reduced loss or the global gradient norm is NaN/inf, the optimizer
 update is skipped (the scheduler still advances, so the learning rate stays a function of the step),
@@ -34,8 +38,8 @@ import os
 import random
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -44,8 +48,14 @@ from xdistill import distributed as xdist
 from xdistill.errors import TeacherError, XDistillError
 from xdistill.log import get_logger, init_logging
 from xdistill.metrics import MetricsWriter
-from xdistill.train.metrics import StepMetrics, first_nonfinite
-from xdistill.train.step import Timers
+from xdistill.train.metrics import StepMetrics, Timers, all_reduce_counts, first_nonfinite
+from xdistill.train.mode import Run, TrainMode
+
+if TYPE_CHECKING:
+    from xdistill.distributed import DistEnv
+    from xdistill.tokenization.tokenizer import Tokenizer
+    from xdistill.train.run_config import RunConfig
+    from xdistill.train.trackers import Trackers
 
 log = get_logger("train")
 STOP_EXIT_CODE = 3
@@ -55,113 +65,13 @@ class TrainingError(XDistillError):
     """The run cannot go on (e.g. non-finite losses step after step)."""
 
 
-class TrainMode:
-    """How a step's micro-batches are produced and scored (see the module docstring).
-
-    Subclasses set ``kind`` and implement the methods below; ``loaders`` are the stateful loaders
-    whose states go into every checkpoint.
-    """
-
-    kind = "base"
-    loaders: list
-
-    def plan(self, cfg, env):
-        """Validate ``cfg`` for ``env``'s world size, then load tokenizers, projections, loss
-        specs: everything checked before any model loads. Returns an object with
-        ``student_tok``."""
-        raise NotImplementedError
-
-    def build(self, run: "Run") -> None:
-        """Loaders, teachers, engines (after the student exists)."""
-        raise NotImplementedError
-
-    def start(self, run: "Run") -> None:
-        """Start teachers and iterators (after resume)."""
-
-    def micro_batches(self, run: "Run", step: int, timers: Timers) -> list:
-        raise NotImplementedError
-
-    def units(self, micros: list) -> dict[str, int]:
-        """Local loss units per key over this step's micro-batches (summed over ranks here)."""
-        raise NotImplementedError
-
-    def micro_step(self, run: "Run", micro, num_valid: dict, timers: Timers,
-                   metrics: StepMetrics) -> None:
-        """Teachers, student forward, loss and backward of one micro-batch; records metrics."""
-        raise NotImplementedError
-
-    def after_update(self, run: "Run", step: int) -> None:
-        """Called after every optimizer step (applied or skipped)."""
-
-    def finish_metrics(self, reduced: dict) -> None:
-        """Derive step metrics that need the reduced values (in place)."""
-
-    def evaluate(self, run: "Run", step: int) -> dict | None:
-        return None
-
-    def loader_states(self, step: int) -> list:
-        """Every loader's state right after ``step`` (for its checkpoint)."""
-        return [ld.state_dict() for ld in self.loaders]
-
-    def load_loader_states(self, states: list) -> None:
-        for loader, st in zip(self.loaders, states):
-            loader.load_state_dict(st)
-
-    def log_samples(self, run: "Run", step: int, micros: list) -> None:
-        pass
-
-    def console_keys(self, cfg) -> list[str]:
-        return ["loss", "lr", "grad_norm", "tok_per_s"]
-
-    def checkpoint_extra(self, cfg) -> dict:
-        return {}
-
-    def check_resume(self, cfg, path: Path, extra: dict) -> None:
-        """Refuse (or warn about) a checkpoint whose data differs from this run's."""
-
-    def close(self) -> None:
-        pass
-
-
-@dataclass
-class Run:
-    """The live state of a run."""
-
-    cfg: object
-    env: object
-    mode: TrainMode
-    plan: object
-    device: torch.device
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: object
-    # micro-batches per data shard per step (gradient accumulation)
-    accum: int = 1
-    start_step: int = 0
-    writer: MetricsWriter | None = None
-    # TensorBoard / W&B (xdistill.train.trackers), rank 0 only
-    trackers: object = None
-    # non-finite steps in a row, and finite steps taken by this process
-    nonfinite_streak: int = 0
-    finite_steps: int = 0
-    last_nonfinite: str = ""
-    last_checkpoint: Path | None = None
-
-    def __getattr__(self, name: str):
-        """The mode's parts (``run.pool``, ``run.loaders``, ...) read through the run."""
-        mode = self.__dict__.get("mode")
-        if mode is not None and not name.startswith("__") and hasattr(mode, name):
-            return getattr(mode, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
 
 
-def set_num_threads(cfg) -> None:
+def set_num_threads(cfg: RunConfig) -> None:
     """``train.num_threads`` caps torch's intra-op threads and the aligner's numba threads."""
     if cfg.train.num_threads:
         from xdistill.align import set_align_threads
@@ -170,33 +80,27 @@ def set_num_threads(cfg) -> None:
         set_align_threads(cfg.train.num_threads)
 
 
-def build_student_stack(cfg, env, student_tok) -> tuple:
+def build_student_stack(cfg: RunConfig, env: DistEnv, mode: TrainMode,
+                        student_tok: Tokenizer) -> tuple:
     """Seed, then (device, student, AdamW, LR scheduler); a fresh student (no ``student.path``)
-    gets ``vocab_size`` from the student tokenizer unless its model_config sets one."""
-    from xdistill.train import setup
+    gets ``vocab_size`` from the student tokenizer unless its model_config sets one. The student
+    must cover the tokenizer's ids and ``mode.sequence_length`` positions."""
+    from xdistill.student.build import build_student, check_positions, check_vocab, resolve_device
     from xdistill.train.optim import build_optimizer, build_scheduler
 
     if not cfg.student.path and "vocab_size" not in cfg.student.model_config:
         cfg.student.model_config["vocab_size"] = student_tok.vocab_size
     seed_everything(cfg.train.seed)
-    device = setup.resolve_device(cfg.train.device, env)
-    model = setup.build_student(cfg, env, device)
-    setup.check_vocab(model, student_tok)
-    length, key = _sequence_length(cfg)
-    setup.check_positions(getattr(model, "module", model), length, key)
+    device = resolve_device(cfg.train.device, env)
+    model = build_student(cfg.student, env, device)
+    check_vocab(model, student_tok)
+    length, key = mode.sequence_length(cfg)
+    check_positions(getattr(model, "module", model), length, key)
     optimizer = build_optimizer(model, cfg.optim)
     return device, model, optimizer, build_scheduler(optimizer, cfg.scheduler)
 
 
-def _sequence_length(cfg) -> tuple[int, str]:
-    """The longest student sequence a run feeds its model, and the config key(s) that set it."""
-    if hasattr(cfg, "rollout"):
-        return (cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens,
-                "rollout.max_prompt_len + rollout.max_new_tokens")
-    return cfg.data.seq_len + int(cfg.data.add_bos), "data.seq_len"
-
-
-def out_path(cfg, *parts: str) -> Path:
+def out_path(cfg: RunConfig, *parts: str) -> Path:
     return Path(cfg.train.out_dir).joinpath(*parts)
 
 
@@ -256,8 +160,6 @@ def _device_sync(device: torch.device):
 
 def train_step(run: Run, step: int) -> dict:
     """One optimizer step (module docstring); returns this step's metrics (reduced over ranks)."""
-    from xdistill.train.step import all_reduce_counts
-
     timers = Timers(sync=_device_sync(run.device))
     metrics = StepMetrics()
     t0 = time.perf_counter()
@@ -349,7 +251,7 @@ def after_step(run: Run, step: int) -> dict:
     returns the evaluation's figures (empty when none was due)."""
     cfg = run.cfg
     last = step == cfg.train.steps
-    every = getattr(getattr(cfg, "eval", None), "every", -1)
+    every = run.mode.eval_every(cfg)
     out = None
     if (every > 0 and step % every == 0) or (last and every >= 0):
         out = run.mode.evaluate(run, step)
@@ -406,7 +308,7 @@ def _stop_on_signal(run: Run, step: int, signum: int) -> None:
                      "(run the same command again to resume)", 128 + signum)
 
 
-def open_metrics(cfg, keys: list[str]) -> MetricsWriter:
+def open_metrics(cfg: RunConfig, keys: list[str]) -> MetricsWriter:
     """``<out_dir>/metrics.jsonl`` (written by rank 0 only, which also creates ``out_dir``)."""
     out = out_path(cfg)
     main = xdist.is_main_process()
@@ -415,7 +317,7 @@ def open_metrics(cfg, keys: list[str]) -> MetricsWriter:
     return MetricsWriter(out / "metrics.jsonl", enabled=main, console_keys=keys)
 
 
-def _open_trackers(cfg):
+def _open_trackers(cfg: RunConfig) -> Trackers | None:
     if not xdist.is_main_process():
         return None
     from xdistill.config import to_dict
@@ -436,18 +338,18 @@ def export_final(run: Run) -> Path | None:
                      overwrite=True)
 
 
-def build(cfg, mode: TrainMode) -> Run:
+def build(cfg: RunConfig, mode: TrainMode) -> Run:
     """Validate and plan (before any compute), then the student stack and the mode's parts."""
     env = xdist.init_distributed()
     plan = mode.plan(cfg, env)
     set_num_threads(cfg)
-    device, model, optimizer, scheduler = build_student_stack(cfg, env, plan.student_tok)
+    device, model, optimizer, scheduler = build_student_stack(cfg, env, mode, plan.student_tok)
     run = Run(cfg, env, mode, plan, device, model, optimizer, scheduler)
     mode.build(run)
     return run
 
 
-def train(cfg, mode: TrainMode) -> dict:
+def train(cfg: RunConfig, mode: TrainMode) -> dict:
     """Build, lock ``out_dir``, resume, train, export; returns the final metrics (rank 0's)."""
     from xdistill.train.lifecycle import acquire_run_lock
 

@@ -24,7 +24,8 @@ import torch
 
 from xdistill import distributed as xdist
 from xdistill.losses.engine import shift_targets, token_logprobs
-from xdistill.train.step import Timers, global_counts, micro_step
+from xdistill.train.metrics import Timers
+from xdistill.train.step import global_counts, micro_step
 
 
 @torch.no_grad()

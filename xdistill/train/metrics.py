@@ -13,11 +13,17 @@ Every value a trainer records in a step says how it combines over micro-batches 
 Python numbers) into one float64 vector and runs a single ``all_reduce_sum``: one device sync and
 one collective per step, whatever the number of teachers. Every rank must record the same keys
 (the trainers record by construction the same keys on every rank).
+
+Also the step's other mode-neutral bookkeeping: :class:`Timers` (wall-clock seconds per phase)
+and :func:`all_reduce_counts` (the loss-unit counts ``num_valid`` summed over ranks).
 """
 
 from __future__ import annotations
 
 import math
+import time
+from collections import defaultdict
+from contextlib import contextmanager
 
 import torch
 
@@ -92,3 +98,27 @@ def _as_f64(value, device: torch.device) -> torch.Tensor:
 def first_nonfinite(metrics: dict[str, float], keys) -> list[str]:
     """The keys among ``keys`` whose reduced value is NaN or infinite."""
     return [k for k in keys if k in metrics and not math.isfinite(metrics[k])]
+
+
+class Timers:
+    """Accumulates wall-clock seconds per phase (``with timers("teacher"): ...``)."""
+
+    def __init__(self, sync=None):
+        self.seconds = defaultdict(float)
+        self._sync = sync or (lambda: None)
+
+    @contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._sync()
+            self.seconds[name] += time.perf_counter() - t0
+
+
+def all_reduce_counts(local: dict[str, int]) -> dict[str, int]:
+    """Per-key counts summed over all ranks (one collective; every rank has the same keys)."""
+    keys = sorted(local)
+    summed = xdist.all_reduce_sum(torch.tensor([int(local[k]) for k in keys], dtype=torch.int64))
+    return {k: int(v) for k, v in zip(keys, summed.tolist())}

@@ -28,6 +28,7 @@ from xdistill.log import get_logger
 from xdistill.train import core, setup
 from xdistill.train.config import (OffPolicyConfig, data_ranks, grad_accum_steps,
                                    validate_offpolicy)
+from xdistill.train.mode import Run, TrainMode
 from xdistill.train.step import micro_step, record_report, sum_counts, window_hashes
 
 log = get_logger("train")
@@ -38,7 +39,7 @@ def _teacher_keys(cfg) -> dict:
     return {t.name: f"teachers.{i}.tokenizer" for i, t in enumerate(cfg.teachers)}
 
 
-class OffPolicyMode(core.TrainMode):
+class OffPolicyMode(TrainMode):
     """Batches from the corpus loaders; teachers score them; ``MultiTeacherLoss`` (module doc)."""
 
     kind = "offpolicy"
@@ -53,7 +54,16 @@ class OffPolicyMode(core.TrainMode):
         self.shards = data_ranks(cfg, env.world_size)
         return setup.build_plan(cfg)
 
-    def build(self, run: core.Run) -> None:
+    def sequence_length(self, cfg: OffPolicyConfig) -> tuple[int, str]:
+        """A window: ``data.seq_len`` tokens, and the BOS when ``data.add_bos`` (resolved by
+        :meth:`plan`)."""
+        return cfg.data.seq_len + int(cfg.data.add_bos), "data.seq_len"
+
+    def eval_every(self, cfg: OffPolicyConfig) -> int:
+        """``eval.every`` (the held-out evaluation runs only when ``eval.paths`` is set)."""
+        return cfg.eval.every
+
+    def build(self, run: Run) -> None:
         cfg, env = run.cfg, run.env
         run.accum = grad_accum_steps(cfg, env.world_size)
         self.loaders = setup.build_loaders(cfg, run.plan, env.rank, env.world_size, self.shards)
@@ -64,7 +74,7 @@ class OffPolicyMode(core.TrainMode):
             self.eval_loaders = setup.build_loaders(cfg, run.plan, env.rank, env.world_size,
                                                     self.shards, data=data, paths=cfg.eval.paths)
 
-    def start(self, run: core.Run) -> None:
+    def start(self, run: Run) -> None:
         from xdistill.train.pipeline import MicroBatchStream
 
         if self.pool is not None:
@@ -79,7 +89,7 @@ class OffPolicyMode(core.TrainMode):
                                        last_step=run.cfg.train.steps)
         self.stream.start(run.start_step + 1)
 
-    def micro_batches(self, run: core.Run, step: int, timers) -> list:
+    def micro_batches(self, run: Run, step: int, timers) -> list:
         self._ce = run.cfg.loss.ce_weight > 0
         with timers("data"):
             return self.stream.peek_step(step)

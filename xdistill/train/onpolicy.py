@@ -33,6 +33,7 @@ from xdistill import distributed as xdist
 from xdistill.data.loader import WatchedIterator
 from xdistill.train import core
 from xdistill.train.config import grad_accum_steps
+from xdistill.train.mode import Run, TrainMode
 from xdistill.train.onpolicy_config import OnPolicyConfig, validate_onpolicy
 from xdistill.train.onpolicy_step import (build_mix, build_onpolicy_plan, finish_metrics,
                                           local_units, offpolicy_micro, scored_step)
@@ -99,7 +100,7 @@ def is_offpolicy_step(cfg: OnPolicyConfig, step: int) -> bool:
     return bool(np.random.default_rng([cfg.train.seed, step, 7]).random() < lam)
 
 
-class OnPolicyMode(core.TrainMode):
+class OnPolicyMode(TrainMode):
     """Rollouts of the student, scored by teachers of any tokenizer (module doc)."""
 
     kind = "onpolicy"
@@ -117,7 +118,16 @@ class OnPolicyMode(core.TrainMode):
         self._plan = build_onpolicy_plan(cfg)
         return self._plan
 
-    def build(self, run: core.Run) -> None:
+    def sequence_length(self, cfg: OnPolicyConfig) -> tuple[int, str]:
+        """A prompt and its response, each at its longest."""
+        return (cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens,
+                "rollout.max_prompt_len + rollout.max_new_tokens")
+
+    def eval_every(self, cfg: OnPolicyConfig) -> int:
+        """Never: an on-policy run has no held-out evaluation."""
+        return -1
+
+    def build(self, run: Run) -> None:
         from xdistill.data import TeacherTokenization
         from xdistill.rollout import RolloutScorer, build_engine
         from xdistill.teacher import TeacherPool
@@ -141,7 +151,7 @@ class OnPolicyMode(core.TrainMode):
         if plan.needs_reference:
             self.reference = _frozen_initial_student(cfg, run.device)
 
-    def start(self, run: core.Run) -> None:
+    def start(self, run: Run) -> None:
         self.pool.start()
         self.pool.check_tokenizers(run.plan.teacher_toks, {
             t.name: f"teachers.{i}.tokenizer" for i, t in enumerate(run.cfg.teachers)})
@@ -149,7 +159,7 @@ class OnPolicyMode(core.TrainMode):
                       for i, ld in enumerate(self.loaders)]
 
     # ------------------------------------------------------------------ micro-batches
-    def micro_batches(self, run: core.Run, step: int, timers) -> list:
+    def micro_batches(self, run: Run, step: int, timers) -> list:
         if self.mix is not None and is_offpolicy_step(run.cfg, step):
             with timers("data"):
                 return [("offpolicy", next(self.iters[1])) for _ in range(run.accum)]
@@ -232,14 +242,14 @@ def _frozen_initial_student(cfg, device):
     return model
 
 
-def rollout_batch(run: core.Run, step: int, timers, micro: int | None = None):
+def rollout_batch(run: Run, step: int, timers, micro: int | None = None):
     """Prompts -> rollouts -> scored batch of ``step`` (micro-batch ``micro``); returns
     (prompt indices, rollouts, scored batch)."""
     from xdistill.rollout import sampling_for_step
 
     mode = run.mode
     with timers("data"):
-        indices, prompts = next(run.iters[0])
+        indices, prompts = next(mode.iters[0])
     with timers("generation"):
         params = sampling_for_step(run.cfg.rollout, step, run.env.rank, micro)
         ro = mode.engine.generate(prompts, params)
@@ -250,7 +260,7 @@ def rollout_batch(run: core.Run, step: int, timers, micro: int | None = None):
     return indices, ro, scored
 
 
-def build_onpolicy_run(cfg: OnPolicyConfig, reward_fn=None) -> core.Run:
+def build_onpolicy_run(cfg: OnPolicyConfig, reward_fn=None) -> Run:
     """The built (not started, not resumed) run: student, engine, scorer, teachers, loaders."""
     return core.build(cfg, OnPolicyMode(reward_fn))
 

@@ -1,8 +1,9 @@
 """``OnPolicyConfig`` (``xdistill train onpolicy``): the student samples, teachers score.
 
 Every field is documented by the comment above it (``xdistill config show onpolicy`` prints them).
-Sections reused from the off-policy trainer: ``student``, ``optim``, ``scheduler``, ``checkpoint``
-and each teacher's ``worker``; ``rollout`` is :class:`xdistill.rollout.RolloutConfig`.
+``OnPolicyConfig`` is a :class:`xdistill.train.run_config.RunConfig` (student, optim, scheduler,
+train, checkpoint: the sections every run has) plus its own; each teacher's ``worker`` is the
+off-policy trainer's; ``rollout`` is :class:`xdistill.rollout.RolloutConfig`.
 :func:`validate_onpolicy` checks what can be checked before any compute.
 """
 
@@ -15,13 +16,10 @@ from xdistill.data.config import DataConfig, validate_data
 from xdistill.errors import ConfigError
 from xdistill.losses.onpolicy import CROSS_ROUTES, ONPOLICY_LOSSES
 from xdistill.rollout.engine import RolloutConfig
-from xdistill.student.config import StudentConfig
 from xdistill.teacher.config import TeacherConfig
-from xdistill.train.config import (CheckpointConfig, RunSchedulerConfig, TrainConfig,
-                                   check_loss_scale, check_path, check_teacher_names,
-                                   default_out_dir, validate_run_sections,
-                                   validate_student_source, validate_teacher_worker)
-from xdistill.train.optim import OptimConfig
+from xdistill.train.run_config import (RunConfig, check_loss_scale, check_path,
+                                       check_teacher_names, default_out_dir, validate_run_sections,
+                                       validate_student_source, validate_teacher_worker)
 
 OnPolicyKind = Literal["reverse_kl", "topk_kl", "jsd", "k1", "k3", "strict_topk", "dpca",
                        "simple_opd", "bpm", "escd"]
@@ -189,13 +187,10 @@ class OffPolicyMixConfig:
 
 
 @dataclass
-class OnPolicyConfig:
-    """``xdistill train onpolicy``: the student samples responses, teachers score them."""
+class OnPolicyConfig(RunConfig):
+    """``xdistill train onpolicy``: the student samples responses, teachers score them (the
+    shared sections: :class:`RunConfig`)."""
 
-    # the student model and its FSDP2 sharding
-    student: StudentConfig = field(default_factory=StudentConfig)
-    # student tokenizer spec (asset name, folder, ...); "" = the student model folder
-    student_tokenizer: str = ""
     # teachers, each with its own tokenizer, worker and on-policy loss
     teachers: list[OnPolicyTeacherConfig] = field(default_factory=list)
     # prompt sources and batching
@@ -208,14 +203,6 @@ class OnPolicyConfig:
     loss: OnPolicyLossConfig = field(default_factory=OnPolicyLossConfig)
     # off-policy batches mixed in when loss.offpolicy_lambda > 0
     offpolicy: OffPolicyMixConfig = field(default_factory=OffPolicyMixConfig)
-    # AdamW
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    # learning-rate schedule (total_steps defaults to train.steps when left at 0)
-    scheduler: RunSchedulerConfig = field(default_factory=RunSchedulerConfig)
-    # loop, seed, output directory (the same section as train offpolicy's)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    # checkpoints (with the prompt loader state), resume and export
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
 
 def validate_onpolicy(cfg: OnPolicyConfig) -> OnPolicyConfig:

@@ -23,6 +23,7 @@ Timing (seconds per step): ``generation``, ``score`` (re-render, re-tokenize, al
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -37,13 +38,16 @@ from xdistill.losses.onpolicy import (Clamps, OnPolicyLossSpec, count_onpolicy_u
 from xdistill.train import setup
 from xdistill.train.onpolicy_config import OnPolicyConfig
 
+if TYPE_CHECKING:
+    from xdistill.tokenization.tokenizer import Tokenizer
+
 
 @dataclass
 class OnPolicyPlan:
     """Everything decided before compute (see the module doc)."""
 
     # the student's tokenizer
-    student_tok: object
+    student_tok: Tokenizer
     # teacher name -> tokenizer
     teacher_toks: dict
     # teacher name -> True when its tokenizer fingerprint equals the student's
@@ -299,8 +303,7 @@ def sample_weights(scored, beta: float):
 def loss_and_backward(run, scored, timers, *, backward: bool = True) -> dict:
     """:func:`scored_step` of one scored batch on its own: units counted over ranks, metrics
     reduced; returns them (``units/<name>``, ``<name>/loss``, ``loss``, ...)."""
-    from xdistill.train.metrics import StepMetrics
-    from xdistill.train.step import all_reduce_counts
+    from xdistill.train.metrics import StepMetrics, all_reduce_counts
 
     num_valid = all_reduce_counts(local_units(run.plan, scored.batch,
                                               stop_BTs=scored.stop_BTs))
@@ -415,7 +418,8 @@ def derived_offpolicy_kind(t, same: bool) -> str:
 def offpolicy_config(cfg: OnPolicyConfig, plan: OnPolicyPlan):
     """The :class:`OffPolicyConfig` of the mixed-in batches (shares student, teachers, optim)."""
     from xdistill.train.config import (LossConfig, OffPolicyConfig, TeacherLossConfig,
-                                       TeacherRunConfig, TrainConfig)
+                                       TeacherRunConfig)
+    from xdistill.train.run_config import TrainConfig
 
     teachers = []
     for t in cfg.teachers:

@@ -19,7 +19,7 @@ Legend: Vs/Vt student/teacher vocabularies, N shared vocabulary entries.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -32,6 +32,9 @@ from xdistill.losses.multi_teacher import SAME_TOKENIZER_LOSSES
 from xdistill.tokenization.bos import resolve_add_bos
 from xdistill.train.config import OffPolicyConfig, TeacherRunConfig
 
+if TYPE_CHECKING:
+    from xdistill.tokenization.tokenizer import Tokenizer
+
 log = get_logger("train")
 
 
@@ -41,7 +44,7 @@ class Plan:
     tokenizer, projections and the loss-side teacher specs."""
 
     # the student's tokenizer
-    student_tok: object
+    student_tok: Tokenizer
     # teacher name -> its tokenizer
     teacher_toks: dict
     # teacher name -> True when its tokenizer fingerprint equals the student's
@@ -205,47 +208,3 @@ def build_loaders(cfg: OffPolicyConfig, plan: Plan, rank: int, world: int, shard
     return [build_loader(data, plan.student_tok, teachers, rank=rank * per + j, world_size=shards)
             for j in range(per)]
 
-
-def resolve_device(name: str, env) -> torch.device:
-    if name == "auto":
-        return env.device
-    if name == "cuda" and torch.cuda.is_available():
-        return torch.device("cuda", env.local_rank)
-    return torch.device(name)
-
-
-def build_student(cfg: OffPolicyConfig, env, device: torch.device):
-    """Load the student, check its vocabulary covers the tokenizer, shard it (FSDP2) or give
-    it the one-process mixed precision (``student.param_dtype``)."""
-    from xdistill.student.model import load_student
-    from xdistill.student.parallelize import parallelize_student
-
-    model = load_student(cfg.student)
-    model = parallelize_student(model, None, cfg.student, device=device)
-    if not env.distributed:
-        model.to(device)
-    return model
-
-
-def check_vocab(model, student_tok) -> None:
-    """The student's logit width must cover every student token id."""
-    vocab = int(model.get_output_embeddings().weight.shape[0])
-    if vocab < student_tok.vocab_size:
-        raise ConfigError(f"student model has {vocab} output logits but tokenizer "
-                          f"{student_tok.name!r} has {student_tok.vocab_size} ids "
-                          "(student.model_config.vocab_size too small)")
-
-
-def check_positions(model, length: int, key: str, what: str = "student") -> None:
-    """ConfigError naming ``key`` when ``length`` tokens exceed the model's positions (Llama
-    silently extrapolates its rotary positions; GPT-2 fails inside the forward)."""
-    from xdistill.student.model import max_positions
-
-    limit = max_positions(model)
-    if limit is not None and length > limit:
-        raise ConfigError(f"{key}: {length} {what} tokens per sequence exceed the model's "
-                          f"{limit} positions")
-
-
-def out_path(cfg: OffPolicyConfig, *parts: str) -> Path:
-    return Path(cfg.train.out_dir).joinpath(*parts)

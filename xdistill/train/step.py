@@ -18,33 +18,15 @@ backward included), ``loss`` the loss forward, ``optim`` clip + optimizer + sche
 from __future__ import annotations
 
 import hashlib
-import time
 from collections import defaultdict
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 
 import torch
 
-from xdistill import distributed as xdist
 from xdistill.losses import ChunkAlignment, TeacherLossInput
 from xdistill.losses import cross_entropy
 from xdistill.losses.multi_teacher import SAME_TOKENIZER_LOSSES, LossReport
-
-
-class Timers:
-    """Accumulates wall-clock seconds per phase (``with timers("teacher"): ...``)."""
-
-    def __init__(self, sync=None):
-        self.seconds = defaultdict(float)
-        self._sync = sync or (lambda: None)
-
-    @contextmanager
-    def __call__(self, name: str):
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self._sync()
-            self.seconds[name] += time.perf_counter() - t0
+from xdistill.train.metrics import Timers, all_reduce_counts
 
 
 def loss_inputs(specs, batch, outputs=None, device=None) -> list[TeacherLossInput]:
@@ -91,13 +73,6 @@ def sum_counts(loss_fn, batches, ce: bool) -> dict[str, int]:
         for key, n in local_counts(loss_fn, batch, ce).items():
             total[key] += n
     return dict(total)
-
-
-def all_reduce_counts(local: dict[str, int]) -> dict[str, int]:
-    """Per-key counts summed over all ranks (one collective; every rank has the same keys)."""
-    keys = sorted(local)
-    summed = xdist.all_reduce_sum(torch.tensor([int(local[k]) for k in keys], dtype=torch.int64))
-    return {k: int(v) for k, v in zip(keys, summed.tolist())}
 
 
 def global_counts(loss_fn, batches, ce: bool) -> dict[str, int]:
