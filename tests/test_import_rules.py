@@ -111,3 +111,27 @@ def test_tokenizer_patterns_live_in_tokenization():
     users = [str(p.relative_to(REPO)) for p in PKG.rglob("*.py")
              if marker in p.read_text(encoding="utf-8")]
     assert users and all(u.startswith("xdistill/tokenization/") for u in users), users
+
+
+def _imported_modules(path: Path) -> list[str]:
+    """Like :func:`imports_of`, but ``from a import b`` also yields ``a.b`` (``b`` may be a
+    module: ``from xdistill.train import setup``)."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names += [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+    return names
+
+
+def test_trainer_core_imports_no_mode():
+    """The trainer core and the mode contract import no mode-specific module (TYPE_CHECKING and
+    function-local imports included): the off- and on-policy modes import the core."""
+    modes = {f"xdistill.train.{m}" for m in ("offpolicy", "onpolicy", "onpolicy_step",
+                                             "onpolicy_config", "config", "setup", "step",
+                                             "evaluate", "pipeline")}
+    bad = [f"{name}: {imp}" for name in ("core", "mode", "run_config")
+           for imp in _imported_modules(PKG / "train" / f"{name}.py")
+           if imp in modes or any(imp.startswith(m + ".") for m in modes)]
+    assert not bad, "\n".join(bad)

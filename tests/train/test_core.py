@@ -1,4 +1,5 @@
-"""The shared trainer core: non-finite steps, pipelined teachers, typed step metrics."""
+"""The shared trainer core: non-finite steps, pipelined teachers, typed step metrics, what a mode
+declares to the core (no mode sniffing, no attribute forwarding)."""
 
 from __future__ import annotations
 
@@ -148,3 +149,48 @@ def test_step_metrics_reduce_by_declared_kind():
     assert m.reduce() == {"loss": 0.75, "w": 2.0, "lr": 0.1}
     with pytest.raises(ValueError, match="two different reductions"):
         m.mean("loss", 1.0)
+
+
+def test_modes_declare_what_the_core_reads():
+    """The core asks the mode (not the config's shape) for the sequence length and the eval
+    cadence; a run has no attribute forwarding to its mode, and no room for stray attributes."""
+    from xdistill.train.mode import Run, TrainMode
+    from xdistill.train.offpolicy import OffPolicyMode
+    from xdistill.train.onpolicy import OnPolicyMode
+    from xdistill.train.onpolicy_config import OnPolicyConfig
+
+    off = OffPolicyConfig()
+    off.data.seq_len, off.data.add_bos, off.eval.every = 64, True, 12
+    assert OffPolicyMode().sequence_length(off) == (65, "data.seq_len")
+    assert OffPolicyMode().eval_every(off) == 12
+    on = OnPolicyConfig()
+    on.rollout.max_prompt_len, on.rollout.max_new_tokens = 64, 24
+    assert OnPolicyMode().sequence_length(on) == (
+        88, "rollout.max_prompt_len + rollout.max_new_tokens")
+    assert OnPolicyMode().eval_every(on) == -1
+    for name in ("plan", "sequence_length", "eval_every"):
+        with pytest.raises(NotImplementedError):
+            getattr(TrainMode(), name)(*([off, None] if name == "plan" else [off]))
+    assert not hasattr(Run, "__getattr__") and hasattr(Run, "__slots__")
+
+
+def test_both_mode_configs_inherit_the_run_sections():
+    """One RunConfig base: the shared sections are declared once, documented once, and both
+    modes' configs load them strictly (an unknown key under one is still an error naming it)."""
+    import dataclasses
+
+    from xdistill.config import field_docs, load_config
+    from xdistill.errors import ConfigError
+    from xdistill.train.onpolicy_config import OnPolicyConfig
+    from xdistill.train.run_config import RunConfig
+
+    shared = [f.name for f in dataclasses.fields(RunConfig)]
+    assert shared == ["student", "student_tokenizer", "optim", "scheduler", "train", "checkpoint"]
+    for cls in (OffPolicyConfig, OnPolicyConfig):
+        assert issubclass(cls, RunConfig)
+        assert [f.name for f in dataclasses.fields(cls)][:len(shared)] == shared
+        assert all(field_docs(cls)[n] == field_docs(RunConfig)[n] for n in shared)
+        cfg = load_config(cls, None, ["train.steps=7", "checkpoint.every=7"])
+        assert (cfg.train.steps, cfg.checkpoint.every) == (7, 7)
+        with pytest.raises(ConfigError, match="'checkpoint.evry'"):
+            load_config(cls, None, ["checkpoint.evry=1"])
