@@ -60,3 +60,32 @@ def test_warn_once(caplog):
         warn_once("careful", logger)
         warn_once("careful", logger)
     assert [r.message for r in caplog.records].count("careful") == 1
+
+
+def test_console_log_follows_a_swapped_stderr(monkeypatch):
+    """The console handler writes to the current sys.stderr: lines reach a stream swapped in
+    after init_logging (a test's capture), and a closed earlier stream is never written."""
+    import io
+    import logging
+
+    from xdistill import log
+
+    logger = logging.getLogger("xdistill")
+    saved = list(logger.handlers)
+    monkeypatch.setattr(log, "_CONFIGURED", False)
+    first = io.StringIO()
+    monkeypatch.setattr("sys.stderr", first)
+    try:
+        for h in saved:
+            logger.removeHandler(h)
+        log.init_logging()
+        first.close()
+        second = io.StringIO()
+        monkeypatch.setattr("sys.stderr", second)
+        log.get_logger().info("reaches the new stream")
+        assert "reaches the new stream" in second.getvalue()
+    finally:
+        for h in list(logger.handlers):
+            logger.removeHandler(h)
+        for h in saved:
+            logger.addHandler(h)

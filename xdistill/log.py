@@ -26,6 +26,23 @@ def get_logger(name: str = "xdistill") -> logging.Logger:
     return logging.getLogger(name)
 
 
+class _CurrentStderr(logging.StreamHandler):
+    """A console handler that writes to whatever ``sys.stderr`` is *now* (a caller or a test
+    harness that swaps it after :func:`init_logging` keeps getting the lines, and never a write to
+    a closed stream)."""
+
+    def __init__(self):
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def init_logging(level: int | str = logging.INFO, stream=None) -> logging.Logger:
     """Configure the ``xdistill`` logger once (idempotent)."""
     global _CONFIGURED
@@ -34,7 +51,7 @@ def init_logging(level: int | str = logging.INFO, stream=None) -> logging.Logger
         level = logging.getLevelName(level.upper())
     logger.setLevel(level)
     if not _CONFIGURED:
-        handler = logging.StreamHandler(stream or sys.stderr)
+        handler = logging.StreamHandler(stream) if stream is not None else _CurrentStderr()
         world = os.environ.get("WORLD_SIZE")
         prefix = f"[xdistill rank {rank()}]" if world and world != "1" else "[xdistill]"
         handler.setFormatter(logging.Formatter(f"%(asctime)s {prefix} %(message)s", "%H:%M:%S"))

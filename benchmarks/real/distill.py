@@ -42,6 +42,9 @@ import time
 from pathlib import Path
 
 ARMS = ("ce", "pkl", "alm", "multi")
+# the evidence protocol's extra arms (PROTOCOL.md): CE + label smoothing, P-KL to the *stock*
+# Gemma, CE + forward KL to the stock student only (a soft target with nothing new to teach)
+CONTROL_ARMS = ("ce_ls", "pkl_stock", "self_kl")
 HELD_OUT = "tempest"
 HERE = Path(__file__).resolve().parent
 
@@ -176,26 +179,36 @@ def _step_of(line: str, default: int) -> int:
 
 # ---------------------------------------------------------------- arms
 def arm_config(arm: str, seed: int, args, a: dict, out: Path) -> dict:
+    """The trainer config of ``arm`` (module doc; ``CONTROL_ARMS``: PROTOCOL.md). ``a`` may carry
+    ``stock_teacher`` (the unadapted Gemma), ``label_smoothing`` and ``lr`` (per-arm rate)."""
     gemma = {"name": "gemma", "tokenizer": "gemma3-270m", "add_bos": True,
              "worker": {"model": a["teacher"], "micro_batch_size": args.batch, "output": "logits"},
              "loss": {"kind": "pkl", "projection": a["proj"]}}
-    ce, teachers = 1.0, []
+    smol = {"name": "smollm2", "tokenizer": "smollm2-135m",
+            "worker": {"model": a["student"], "micro_batch_size": args.batch},
+            "loss": {"kind": "forward_kl"}}
+    ce, teachers, smoothing = 1.0, [], 0.0
     if arm == "pkl":
         teachers = [gemma]
+    elif arm == "pkl_stock":
+        teachers = [dict(gemma, worker=dict(gemma["worker"], model=a["stock_teacher"]))]
     elif arm == "alm":
         ce, teachers = 0.0, [dict(gemma, loss={"kind": "alm"})]
     elif arm == "multi":
-        teachers = [gemma, {"name": "smollm2", "tokenizer": "smollm2-135m",
-                            "worker": {"model": a["student"], "micro_batch_size": args.batch},
-                            "loss": {"kind": "forward_kl"}}]
+        teachers = [gemma, smol]
+    elif arm == "self_kl":
+        teachers = [smol]
+    elif arm == "ce_ls":
+        smoothing = a["label_smoothing"]
     elif arm != "ce":
-        raise SystemExit(f"unknown arm {arm!r}; choose from {', '.join(ARMS)}")
+        raise SystemExit(f"unknown arm {arm!r}; choose from {', '.join(ARMS + CONTROL_ARMS)}")
     return {"student": {"path": a["student"]}, "student_tokenizer": "smollm2-135m",
             "teachers": teachers,
             "data": {"paths": [a["slice"]], "seq_len": args.seq_len, "batch_size": args.batch,
                      "num_workers": 1, "seed": seed},  # the window order differs per seed
-            "loss": {"ce_weight": ce, "chunk_size": 64},
-            "optim": {"lr": args.lr, "weight_decay": 0.0},
+            "loss": {"ce_weight": ce, "chunk_size": 64,
+                     **({"label_smoothing": smoothing} if smoothing else {})},
+            "optim": {"lr": a.get("lr", args.lr), "weight_decay": 0.0},
             "scheduler": {"kind": "cosine", "warmup_steps": max(1, args.steps // 10)},
             "train": {"steps": args.steps, "seed": seed, "out_dir": str(out),
                       "num_threads": args.threads, "tensorboard": False},
@@ -206,7 +219,8 @@ def run_arm(arm: str, seed: int, args, a: dict, root: Path) -> dict:
     out = root / "runs" / arm / f"seed{seed}"
     cfg = arm_config(arm, seed, args, a, out)
     job = {"cfg": cfg, "eval": a["eval"], "eval_every": args.eval_every,
-           "teacher_preds": a["teacher_preds"]}
+           "teacher_preds": a["teacher_preds"],
+           **({"final_evals": a["final_evals"]} if a.get("final_evals") else {})}
     result = out / "result.json"
     if result.exists() and json.loads(result.read_text()).get("digest") == _digest(job):
         say(f"[{arm} seed {seed}] cached")

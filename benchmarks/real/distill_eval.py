@@ -3,6 +3,8 @@
     python benchmarks/real/distill_eval.py start <job.json>   # bpb of the three models, the
                                                              # teacher's greedy predictions
     python benchmarks/real/distill_eval.py arm <job.json>     # train one arm, evaluating on the way
+    python benchmarks/real/distill_eval.py adapt <job.json>   # adapt the teacher, scoring and
+                                                             # exporting candidate lengths
 
 Teacher agreement (module doc of ``distill.py``): at every byte offset of a held-out passage where
 both tokenizations start a token, the greedy next tokens agree when one's bytes are a prefix of
@@ -104,15 +106,17 @@ def run_arm(job: dict) -> dict:
     from xdistill.train.offpolicy import OffPolicyMode
 
     cfg = from_dict(OffPolicyConfig, job["cfg"])
-    teacher = load_preds(job["teacher_preds"])
+    teacher = load_preds(job["teacher_preds"]) if job.get("teacher_preds") else None
     ev, every, steps = job["eval"], job["eval_every"], cfg.train.steps
     run = core.build(cfg, OffPolicyMode())
     tok = run.plan.student_tok
 
     def evaluate(step: int) -> dict:
         point = {"step": step, "bpb": held_out_bpb(run.model, tok, ev, cfg.data.add_bos),
-                 "agree": agreement(greedy_by_offset(run.model, tok, ev["texts"], False), teacher)}
-        say(f"eval step {step} | held-out bpb {point['bpb']:.4f} | agreement {point['agree']:.4f}")
+                 "agree": None if teacher is None else
+                 agreement(greedy_by_offset(run.model, tok, ev["texts"], False), teacher)}
+        agree = "" if teacher is None else f" | agreement {point['agree']:.4f}"
+        say(f"eval step {step} | held-out bpb {point['bpb']:.4f}{agree}")
         return point
 
     curve, losses, t0 = [evaluate(0)], [], time.perf_counter()
@@ -126,9 +130,47 @@ def run_arm(job: dict) -> dict:
                 f"{m['step_s']:.2f} s/step | ETA {(steps - step) / rate:.0f} s")
             if step == steps or (every > 0 and step % every == 0):
                 curve.append(evaluate(step))
+        seconds = time.perf_counter() - t0
+        final = {name: held_out_bpb(run.model, tok, e, cfg.data.add_bos)
+                 for name, e in job.get("final_evals", {}).items()}   # e.g. out-of-domain text
+        for name, bpb in final.items():
+            say(f"final {name} bpb {bpb:.4f}")
     finally:
         run.mode.close()
-    return {"curve": curve, "losses": losses, "seconds": time.perf_counter() - t0}
+    return {"curve": curve, "losses": losses, "seconds": seconds,
+            **({"final": final} if final else {})}
+
+
+def adapt(job: dict) -> dict:
+    """Adapt Gemma by CE on the domain (``job["cfg"]``, constant rate after warm-up) and, at each
+    step of ``job["checks"]``, score validation bits per byte and export the weights to
+    ``<out>/step<N>`` (so one run gives every candidate adaptation length)."""
+    from xdistill.config import from_dict
+    from xdistill.student.model import export_hf
+    from xdistill.train import core
+    from xdistill.train.config import OffPolicyConfig
+    from xdistill.train.offpolicy import OffPolicyMode
+
+    cfg = from_dict(OffPolicyConfig, job["cfg"])
+    run = core.build(cfg, OffPolicyMode())
+    tok, checks, steps = run.plan.student_tok, set(job["checks"]), max(job["checks"])
+    out, points, t0 = Path(job["out"]), [], time.perf_counter()
+    run.mode.start(run)
+    try:
+        for step in range(1, steps + 1):
+            m = core.train_step(run, step)
+            rate = step / (time.perf_counter() - t0)
+            say(f"step {step}/{steps} | loss {m.get('loss', float('nan')):.4f} | "
+                f"{m['step_s']:.2f} s/step | ETA {(steps - step) / rate:.0f} s")
+            if step in checks:
+                bpb = held_out_bpb(run.model, tok, job["eval"], True)
+                folder = export_hf(run.model, out / f"step{step}", tok, dtype="float32",
+                                   overwrite=True)
+                points.append({"step": step, "bpb": bpb, "model": str(folder)})
+                say(f"check step {step} | validation bpb {bpb:.4f} | exported {folder}")
+    finally:
+        run.mode.close()
+    return {"checks": points, "seconds": time.perf_counter() - t0}
 
 
 def main(argv: list[str]) -> int:
@@ -143,8 +185,11 @@ def main(argv: list[str]) -> int:
     elif kind == "arm":
         res = run_arm(job)
         out = Path(path).with_name("result.json")
+    elif kind == "adapt":
+        res = adapt(job)
+        out = Path(path).with_name("adapted.json")
     else:
-        raise SystemExit(f"unknown child kind {kind!r}: start or arm")
+        raise SystemExit(f"unknown child kind {kind!r}: start, arm or adapt")
     out.write_text(json.dumps(dict(res, digest=digest)))
     return 0
 

@@ -16,7 +16,10 @@ BEGIN, END = "<!-- GENERATED -->", "<!-- /GENERATED -->"
 ARM_TEXT = {"ce": "CE only on the slice", "pkl": "P-KL to the adapted Gemma (multitoken "
             "projection, top-4) + CE, weight 1 each", "alm": "ALM to the adapted Gemma, no CE "
             "(tokenkit's weighting)", "multi": "P-KL to the adapted Gemma + forward KL to stock "
-            "SmolLM2 (same tokenizer) + CE, weight 1 each"}
+            "SmolLM2 (same tokenizer) + CE, weight 1 each",
+            "ce_ls": "CE + label smoothing (eps tuned on validation)",
+            "pkl_stock": "P-KL to the *stock* Gemma (not adapted) + CE",
+            "self_kl": "CE + forward KL to the stock student only (a soft target, nothing new)"}
 
 
 def _ms(values: list[float]) -> tuple[float, float]:
@@ -31,6 +34,8 @@ def summarise(results: dict) -> dict:
                     "seconds": statistics.fmean(r["seconds"] for r in runs.values()),
                     "seeds": len(finals),
                     "per_seed": {s: r["curve"][-1]["bpb"] for s, r in runs.items()}}
+        if all("ood" in r.get("final", {}) for r in runs.values()):
+            out[arm]["ood"] = _ms([r["final"]["ood"] for r in runs.values()])
     return out
 
 
@@ -49,29 +54,58 @@ def gain_lines(summary: dict) -> list[str]:
     return format_comparisons(rows, "bits/byte").rstrip("\n").split("\n")
 
 
+# the protocol's family B (PROTOCOL.md): is a gain the teacher's? (arm, against)
+CONTROL_PAIRS = (("pkl", "ce_ls"), ("pkl", "pkl_stock"), ("pkl", "self_kl"), ("multi", "pkl"))
+
+
+def control_lines(summary: dict) -> list[str]:
+    """Family B: the teacher arms against the controls, Holm-adjusted over the pairs present."""
+    from xdistill.quality.stats import compare, format_comparisons
+
+    pairs = [(a, b) for a, b in CONTROL_PAIRS if a in summary and b in summary]
+    if not pairs:
+        return []
+    per_seed = {arm: s["per_seed"] for arm, s in summary.items()}
+    rows = compare(per_seed, pairs, higher_is_better=False, shared_seeds=True)
+    return ["", "Is it the teacher? (PROTOCOL.md family B; gain = lower held-out bits per byte "
+            "than the second arm, Holm over these comparisons):", "",
+            *format_comparisons(rows, "bits/byte").rstrip("\n").split("\n")]
+
+
+def data_lines(meta: dict) -> list[str]:
+    """The data paragraph: the protocol's own (``meta["data_text"]``) or the first recipe's."""
+    if "data_text" in meta:
+        return [meta["data_text"], ""]
+    a = meta["args"]
+    return [f"Data: domain {meta['data']['domain_kb']:.0f} KB (five plays), student slice "
+            f"{meta['data']['slice_kb']:.0f} KB, held-out *The Tempest* "
+            f"({meta['data']['heldout_kb']:.0f} KB; bits per byte on its first {a['eval_batches']} "
+            f"x 4 x 128 tokens, agreement on its first {a['agree_passages']} passages). Student: "
+            f"{a['steps']} steps of {a['batch']} x {a['seq_len']} tokens, lr {a['lr']}, cosine; "
+            f"teacher adaptation: {a['teacher_steps']} steps of {a['batch']} x "
+            f"{a['teacher_seq_len']} Gemma tokens, lr {a['teacher_lr']}.", ""]
+
+
 def block(results: dict, meta: dict) -> str:
     summary = summarise(results)
-    a = meta["args"]
     lines = [BEGIN, "", f"Command: `{meta['command']}`  ", f"Hardware: {meta['hardware']}; wall "
              f"time {meta['wall_s'] / 60:.0f} min (teacher adaptation included unless cached).", "",
-             f"Data: domain {meta['data']['domain_kb']:.0f} KB (five plays), student slice "
-             f"{meta['data']['slice_kb']:.0f} KB, held-out *The Tempest* ({meta['data']['heldout_kb']:.0f} KB; "
-             f"bits per byte on its first {a['eval_batches']} x 4 x 128 tokens, agreement on its "
-             f"first {a['agree_passages']} passages). Student: {a['steps']} steps of {a['batch']} x "
-             f"{a['seq_len']} tokens, lr {a['lr']}, cosine; teacher adaptation: {a['teacher_steps']} "
-             f"steps of {a['batch']} x {a['teacher_seq_len']} Gemma tokens, lr {a['teacher_lr']}.", "",
-             "Starting figures (held-out):", ""]
+             *data_lines(meta), "Starting figures (held-out):", ""]
     lines += [f"- {k}: {v:.4f}" for k, v in meta["start"]["figures"].items()]
-    lines += ["", "| arm | what | held-out bpb (mean ± std) | teacher agreement | seeds | s/run |",
-              "|---|---|---|---|---|---|"]
+    ood = all("ood" in s for s in summary.values())
+    lines += ["", "| arm | what | held-out bpb (mean ± std) | teacher agreement | "
+              + ("out-of-domain bpb | " if ood else "") + "seeds | s/run |",
+              "|---|---|---|---|" + ("---|" if ood else "") + "---|---|"]
     for arm, s in summary.items():
         (bm, bs), (am, as_) = s["bpb"], s["agree"]
+        extra = f"{s['ood'][0]:.4f} ± {s['ood'][1]:.4f} | " if ood else ""
         lines.append(f"| `{arm}` | {ARM_TEXT.get(arm, arm)} | {bm:.4f} ± {bs:.4f} | {am:.4f} ± "
-                     f"{as_:.4f} | {s['seeds']} | {s['seconds']:.0f} |")
+                     f"{as_:.4f} | {extra}{s['seeds']} | {s['seconds']:.0f} |")
     lines += ["", "Against CE only (gain = lower held-out bits per byte; Welch and paired t over "
               "seeds, each Holm-adjusted over the comparisons below; raw per-seed values in "
               "`results.json` beside this file):", ""]
-    lines += gain_lines(summary) + ["", "![curves](curves.png)", "", END]
+    lines += gain_lines(summary) + control_lines(summary) + ["", "![curves](curves.png)", "",
+                                                             END]
     return "\n".join(lines)
 
 

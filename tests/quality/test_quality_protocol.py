@@ -157,3 +157,52 @@ def test_confirmation_table_from_hand_made_runs():
     summary = {a: {"accuracy": 0.3, "accuracy_std": 0.01, "bpb": 3.0, "bpb_std": 0.0,
                    "seeds": 5, "train_s": 1.0} for a in acc}
     assert "Confirmation (issue 24)" in render({"summary": summary, "runs": runs}, {})
+
+
+def test_student_side_labels_a_prefix_and_keeps_twins_together():
+    """Second protocol: the student's labels cover the first ``student_pairs`` training problems
+    (rounded up to keep a problem with its swapped twin); the rest is a twin-free prompt pool."""
+    cfg = task.TaskConfig(answer_noise=0, twin_free=True, n_valid=150, student_pairs=300)
+    train, _, _ = task.split_pairs_protocol(cfg)
+    labeled = task.student_side(train, cfg)
+    assert len(labeled) in (300, 301) and (labeled == train[:len(labeled)]).all()
+    pool = train[len(labeled):]
+    assert _twins_in(pool, labeled) == 0.0 and len(pool) + len(labeled) == len(train)
+    assert task.student_side(train, replace(cfg, student_pairs=0)) is train
+
+
+def test_prompt_pools_and_per_arm_rates(tmp_path):
+    import json
+
+    import pytest
+
+    from xdistill.quality.arms import ArmSettings
+    from xdistill.quality.prepare import prompts_file
+    from xdistill.quality.run import parse_arm_lr
+
+    cfg = task.TaskConfig(answer_noise=0, twin_free=True, n_valid=150, student_pairs=300)
+    (tmp_path / "corpus").mkdir()
+    assets = {"root": str(tmp_path), "prep": {"task": cfg.__dict__}}
+    rows = lambda pool: [json.loads(x)["prompt"] for x in  # noqa: E731
+                         open(prompts_file(assets, pool), encoding="utf-8")]
+    student, everything = rows("student"), rows("train")
+    assert len(student) == len(task.student_side(task.split_pairs(cfg)[0], cfg))
+    assert len(everything) == 600 and everything[:len(student)] == student
+    with pytest.raises(ValueError, match="prompt pool 'valid'"):
+        prompts_file(assets, "valid")
+    pairs = parse_arm_lr("op_k1_same=1e-4,op_k1=3e-5")
+    assert pairs == (("op_k1", 3e-5), ("op_k1_same", 1e-4))
+    s = ArmSettings(cont_lr=1e-3, arm_lr=pairs)
+    assert s.cont_lr_of("op_k1") == 3e-5 and s.cont_lr_of("cont_ce") == 1e-3
+    import argparse
+    with pytest.raises(argparse.ArgumentTypeError, match="expected arm=learning_rate"):
+        parse_arm_lr("op_k1:1e-4")
+
+
+def test_table_names_the_split_it_scored():
+    from xdistill.quality.summary import format_table
+
+    summary = {"ce": {"accuracy": 0.3, "accuracy_std": 0.01, "bpb": 3.0, "bpb_std": 0.0,
+                      "seeds": 3, "train_s": 1.0}}
+    assert "| arm | validation accuracy |" in format_table(summary, "valid")
+    assert "| arm | held-out accuracy |" in format_table(summary)

@@ -45,3 +45,25 @@ def test_report_is_generated_from_the_committed_raw_results(tmp_path):
     again = (tmp_path / "RESULTS.md").read_text()
     assert again.startswith("# kept heading") and again.endswith("hand-written reading\n")
     assert pkl in again and (tmp_path / "curves.png").is_file()
+
+
+def test_protocol_table_has_controls_out_of_domain_and_its_own_data_text(tmp_path):
+    """The evidence protocol's table: the control arms, family B (is it the teacher?) Holm-tested
+    on its own, the out-of-domain column, and the protocol's data paragraph."""
+    base = {0: 1.824, 1: 1.828, 2: 1.820, 3: 1.826, 4: 1.822}
+    shift = lambda d: _runs({s: b + d for s, b in base.items()})  # noqa: E731
+    results = {"ce": shift(0.0), "ce_ls": shift(-0.001), "pkl": shift(-0.012),
+               "pkl_stock": shift(-0.004), "self_kl": shift(-0.002), "multi": shift(-0.013)}
+    for arm, runs in results.items():
+        for r in runs.values():
+            r["final"] = {"ood": 2.5 + (0.1 if arm != "ce" else 0.0)}
+    meta = {"command": "python benchmarks/real/study.py --stage confirm", "hardware": "test",
+            "wall_s": 60.0, "data_text": "Data: the protocol's own paragraph.",
+            "start": {"figures": {"teacher": 1.6}}}
+    text = report.write_report(results, meta, tmp_path).read_text()
+    assert "Data: the protocol's own paragraph." in text and "five plays" not in text
+    assert "out-of-domain bpb" in text and "2.6000 ± 0.0000" in text
+    assert "Is it the teacher?" in text
+    for pair in ("pkl vs ce_ls", "pkl vs pkl_stock", "pkl vs self_kl", "multi vs pkl"):
+        assert f"| {pair} | 5 / 5 |" in text, pair
+    assert "| pkl_stock vs ce | 5 / 5 |" in text

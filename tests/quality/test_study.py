@@ -51,3 +51,29 @@ def test_a_stage_needs_the_stages_before_it(tmp_path, capsys):
     (tmp_path / "study.json").write_text(json.dumps({"warm": {"steps": 10}}))
     with pytest.raises(SystemExit, match="needs lr first"):
         study.main(["--out", str(tmp_path), "--stage", "screen"])
+
+
+def _load_v2():
+    path = _path.with_name("study_v2.py")
+    spec = importlib.util.spec_from_file_location("quality_study_v2", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_second_protocol_rules():
+    """study_v2: the warm start is the pilot's best checkpoint (earliest on a tie); each arm's
+    rate is its family's, the same-tokenizer control inheriting its kind's; every screened kind
+    belongs to exactly one family."""
+    v2 = _load_v2()
+    assert v2.best_step([[100, 0.1], [200, 0.19], [300, 0.19], [400, 0.05]]) == 200
+    chosen = {"cont_ce": 3e-4, "op_k1_same": 1e-4, "op_simple_same": 3e-5,
+              "op_bpm_same": 3e-4, "op_rkl_same": 1e-4}
+    assert v2.rate_of("op_k1", chosen) == 1e-4 and v2.rate_of("op_dpca_byte", chosen) == 1e-4
+    assert v2.rate_of("op_escd", chosen) == 3e-4 and v2.rate_of("op_escd_same", chosen) == 3e-4
+    assert v2.rate_of("op_strict", chosen) == 1e-4 and v2.rate_of("cont_ce", chosen) == 3e-4
+    flag = v2.arm_lr_flag(["cont_ce", "op_k1", "op_k1_same"], chosen)
+    assert flag == ["--cont-lr", "0.0003", "--arm-lr", "op_k1=0.0001,op_k1_same=0.0001"]
+    members = [a for arms in v2.FAMILY.values() for a in arms]
+    assert len(members) == len(set(members)) and set(v2.SCREEN_ARMS) <= set(members)
+    assert not set(v2.CONFIRM_SEEDS) & {0, 1, 2, 10, 11, 12, 13, 14}   # never used before

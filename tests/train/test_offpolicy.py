@@ -262,3 +262,27 @@ def test_pkl_continuation_trains_through_the_cli_config(tmp_path, tiny_assets):
     first = _train_records(tmp_path / "run")[0]
     assert math.isfinite(first["cont/loss"])
     assert first["cont/loss"] > first["plain/loss"] > 0
+
+
+@pytest.mark.parametrize("teachers", [False, True], ids=["ce_only", "with_teachers"])
+def test_label_smoothing_reaches_the_ce_term(tmp_path, tiny_assets, teachers):
+    """`loss.label_smoothing` eps changes step 1's logged CE to (1 - eps) CE + eps U, where U, the
+    CE to the uniform distribution, is >= log V (Jensen) and close to it for a fresh model: on
+    the CE-only path and inside the teachers' loss alike."""
+    from xdistill.config import from_dict
+    from xdistill.tokenization import load_tokenizer
+    from xdistill.train.config import OffPolicyConfig
+    from xdistill.train.offpolicy import run_offpolicy
+
+    ce = {}
+    for eps in (0.0, 0.3):
+        cfg = base_config(tiny_assets, tmp_path / f"run{eps}")
+        if not teachers:
+            cfg["teachers"] = []
+        cfg["loss"].update(ce_weight=1.0, label_smoothing=eps)
+        cfg["train"].update(steps=1, log_samples=False)
+        run_offpolicy(from_dict(OffPolicyConfig, cfg))
+        ce[eps] = _train_records(tmp_path / f"run{eps}")[0]["ce"]
+    log_v = math.log(load_tokenizer(tiny_assets["tok_s"]).vocab_size)
+    uniform = (ce[0.3] - 0.7 * ce[0.0]) / 0.3
+    assert log_v - 1e-4 <= uniform < log_v + 0.5, (ce, log_v)

@@ -127,6 +127,7 @@ def test_train_without_config_fails_with_one_line(capsys):
 
 @pytest.mark.parametrize("override,key", [
     ("loss.ce_weight=-1", "loss.ce_weight"), ("train.log_every=0", "train.log_every"),
+    ("loss.label_smoothing=1.0", "loss.label_smoothing"),
     ("data.num_workers=-1", "data.num_workers"), ("data.prefetch_factor=0", "data.prefetch_factor"),
     ("data.seq_len=1", "data.seq_len"), ("checkpoint.keep_last=-1", "checkpoint.keep_last")])
 def test_out_of_range_values_fail_before_compute(tmp_path, tiny_assets, capsys, override, key):
@@ -195,5 +196,9 @@ def test_teacher_folder_that_is_not_a_model(tmp_path, tiny_assets, capsys, conte
     path = helpers.write_config(tmp_path / "bad.yaml", cfg)
     rc = cli_main(["train", "offpolicy", "--config", str(path)])
     err = capsys.readouterr().err
-    assert rc == 2 and "not_a_model" in err and err.count("\n") == 1, err
-    assert ("no config.json" if content == "junk" else "cannot load a causal LM") in err
+    # the run's progress log lines (e.g. the compute dtype) may precede it: one error line, no
+    # traceback (whether the log reaches this stream depends on earlier tests' logging setup)
+    errors = [line for line in err.splitlines() if line.startswith("xdistill: error:")]
+    assert rc == 2 and len(errors) == 1 and "not_a_model" in errors[0], err
+    assert "Traceback" not in err, err
+    assert ("no config.json" if content == "junk" else "cannot load a causal LM") in errors[0]

@@ -30,6 +30,7 @@ from xdistill.losses.chunks import resolve_count
 from xdistill.losses.engine import (DEFAULT_CHUNK_SIZE, LOGP_FLOOR, log1mexp, log_softmax_safe, row_block_sum,
                                     safe_logsumexp, shift_targets, token_logprobs,
                                     xlogx_minus_xlogy)
+from xdistill.losses.smoothing import uniform_nll
 
 
 def count_valid_tokens(loss_mask_BT: torch.Tensor) -> int:
@@ -278,7 +279,7 @@ def topk_forward_kl(student_logits_BTV, teacher_topk_logp_BTK, teacher_topk_idx_
 
 
 def cross_entropy(student_logits_BTV, labels_BT, *, temperature=1.0, num_valid=None,
-                  chunk_size=DEFAULT_CHUNK_SIZE, overwrite_logits=False):
+                  chunk_size=DEFAULT_CHUNK_SIZE, overwrite_logits=False, label_smoothing=0.0):
     """``-1/num_valid * sum_i log p(labels_i)`` over tokens ``i >= 1`` with ``labels_i >= 0``.
 
     ``labels_BT`` are at input positions (``-100`` = no loss, as in ``DistillBatch.labels_BTs``);
@@ -286,13 +287,21 @@ def cross_entropy(student_logits_BTV, labels_BT, *, temperature=1.0, num_valid=N
     labels. A label with probability 0 (a ``-inf`` logit) costs ``-LOGP_FLOOR``, not inf.
     ``overwrite_logits`` (opt-in): backward writes the gradient over the student logits instead
     of a new ``[B, T, V]`` buffer (:func:`~xdistill.losses.engine.token_logprobs` explains when
-    that is safe).
+    that is safe). ``label_smoothing`` ``eps`` in [0, 1): each token's term becomes
+    ``(1 - eps) * (-log p(label)) + eps * (-mean_v log p(v))`` (torch's definition; the mean over
+    the finite logits, :mod:`xdistill.losses.smoothing`); it turns ``overwrite_logits`` off.
     """
     if tuple(labels_BT.shape) != tuple(student_logits_BTV.shape[:2]):
         raise ValueError(f"labels {tuple(labels_BT.shape)} must be [B,T] = "
                          f"{tuple(student_logits_BTV.shape[:2])}")
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing must lie in [0, 1), got {label_smoothing}")
     target_BT = shift_targets(labels_BT, labels_BT >= 0)
     logp_BT = token_logprobs(student_logits_BTV, target_BT, temperature, chunk_size,
-                             overwrite_logits=overwrite_logits)
-    count = int((target_BT >= 0).sum())
-    return -logp_BT.clamp_min(LOGP_FLOOR).sum() / resolve_count(num_valid, count)
+                             overwrite_logits=overwrite_logits and not label_smoothing)
+    count = resolve_count(num_valid, int((target_BT >= 0).sum()))
+    nll = -logp_BT.clamp_min(LOGP_FLOOR).sum()
+    if not label_smoothing:
+        return nll / count
+    uniform = uniform_nll(student_logits_BTV, target_BT, temperature, chunk_size).sum()
+    return ((1.0 - label_smoothing) * nll + label_smoothing * uniform) / count

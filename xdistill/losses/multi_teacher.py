@@ -253,7 +253,7 @@ class MultiTeacherLoss:
 
     def __init__(self, specs, *, weighting: str = "static", score: str = "neg_ce",
                  alpha: float = 1.0, ce_weight: float = 0.0,
-                 chunk_size: int | None = DEFAULT_CHUNK_SIZE):
+                 chunk_size: int | None = DEFAULT_CHUNK_SIZE, label_smoothing: float = 0.0):
         self.specs = tuple(specs)
         names = [s.name for s in self.specs]
         if not names or len(set(names)) != len(names):
@@ -264,6 +264,7 @@ class MultiTeacherLoss:
             raise ValueError(f"unknown score {score!r}; allowed: {SCORES}")
         self.weighting, self.score, self.alpha = weighting, score, float(alpha)
         self.ce_weight, self.chunk_size = float(ce_weight), chunk_size
+        self.label_smoothing = float(label_smoothing)
 
     def _inputs(self, teachers) -> list[TeacherLossInput]:
         by_name = {t.name: t for t in teachers}
@@ -328,7 +329,8 @@ class MultiTeacherLoss:
             if labels_BTs is None:
                 raise ValueError("ce_weight > 0 needs labels_BTs")
             ce = _div.cross_entropy(student_logits_BTsVs, labels_BTs, num_valid=num_valid.get("ce"),
-                                    chunk_size=self.chunk_size)
+                                    chunk_size=self.chunk_size,
+                                    label_smoothing=self.label_smoothing)
             total = self.ce_weight * ce if total is None else total + self.ce_weight * ce
             ce = ce.detach()
         if total is None:

@@ -236,7 +236,9 @@ def render(result: dict, meta: dict) -> str:
     """The generated part of RESULTS.md (table, ordering, significance, setup)."""
     summary = result["summary"]
     base, protocol = _protocol_lines(summary)
-    lines = ["## Table (generated)", "", format_table(summary), "",
+    splits = {r.get("split", "heldout") for r in result.get("runs", [])}
+    split = "valid" if splits == {"valid"} else "heldout"
+    lines = ["## Table (generated)", "", format_table(summary, split), "",
              "Mean accuracy over training = the mean held-out accuracy of the checkpoints saved "
              "every `eval_every` steps (area under the accuracy curve / steps): higher = learns "
              "faster; `-` = no curve.", "",

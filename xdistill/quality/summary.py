@@ -63,11 +63,12 @@ def _pm(mean, std) -> str:
     return f"{mean:.3f} ± {std:.3f}"
 
 
-def format_table(summary: dict) -> str:
-    """Markdown table: final accuracy, format rate (well-formed answers; ``-`` for runs scored
-    before it existed), mean accuracy over training (``acc_auc``), bits per byte, mean ± std over
-    seeds."""
-    lines = ["| arm | held-out accuracy | format rate | mean accuracy over training | bits per "
+def format_table(summary: dict, split: str = "heldout") -> str:
+    """Markdown table: final accuracy (on the held-out test split, or ``split="valid"``: the
+    validation split), format rate (well-formed answers; ``-`` for runs scored before it existed),
+    mean accuracy over training (``acc_auc``), bits per byte, mean ± std over seeds."""
+    name = "validation accuracy" if split == "valid" else "held-out accuracy"
+    lines = [f"| arm | {name} | format rate | mean accuracy over training | bits per "
              "byte | seeds | train s/run |", "|---|---|---|---|---|---|---|"]
     for arm, s in summary.items():
         auc = _pm(s.get("acc_auc"), s.get("acc_auc_std"))

@@ -90,6 +90,9 @@ class LossConfig:
     alpha: float = 1.0
     # weight lambda of the student's own next-token cross-entropy
     ce_weight: float = 0.0
+    # label smoothing eps of that cross-entropy, in [0, 1): (1 - eps) * CE + eps * the CE to the
+    # uniform distribution over the vocabulary (torch's definition); evaluation's `ce` includes it
+    label_smoothing: float = 0.0
     # sequence positions per block when computing losses (bounds memory); null = no blocking
     chunk_size: int | None = 256
 
@@ -163,6 +166,9 @@ def validate_offpolicy(cfg: OffPolicyConfig, world_size: int = 1) -> OffPolicyCo
     validate_data(cfg.data, "data")
     if cfg.loss.ce_weight < 0:
         raise ConfigError(f"loss.ce_weight must be >= 0, got {cfg.loss.ce_weight}")
+    if not 0.0 <= cfg.loss.label_smoothing < 1.0:
+        raise ConfigError(f"loss.label_smoothing must lie in [0, 1), got "
+                          f"{cfg.loss.label_smoothing}")
     for i, path in enumerate(cfg.data.paths):
         check_path(path, f"data.paths.{i}")
     for i, path in enumerate(cfg.eval.paths):

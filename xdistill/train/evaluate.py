@@ -52,6 +52,7 @@ def evaluate(model, loss_fn, pool, loaders, plan, cfg, device) -> dict:
     for batch in batches:
         report = micro_step(model, loss_fn, pool, batch, num_valid, timers, device=device,
                             ce_weight=cfg.loss.ce_weight, backward=False,
+                            label_smoothing=cfg.loss.label_smoothing,
                             hook=lambda logits, b: _accumulate(sums, logits, b, lengths_V))
         for k, v in report.as_dict().items():
             sums["terms/" + k] += v

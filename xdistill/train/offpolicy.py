@@ -104,7 +104,8 @@ class OffPolicyMode(TrainMode):
             raise RuntimeError("off-policy micro-batches consumed out of order")
         report = micro_step(run.model, self.loss_fn, self.pool, micro, num_valid, timers,
                             device=run.device, ce_weight=run.cfg.loss.ce_weight,
-                            remote=pending.remote)
+                            remote=pending.remote,
+                            label_smoothing=run.cfg.loss.label_smoothing)
         record_report(metrics, report)
         metrics.add("tokens", micro.stats.student_tokens)
         metrics.add("forward_tokens", micro.stats.student_tokens)

@@ -149,7 +149,8 @@ def build_loss(cfg: OffPolicyConfig, plan: Plan) -> MultiTeacherLoss | None:
         return None
     lc = cfg.loss
     return MultiTeacherLoss(plan.loss_specs, weighting=lc.weighting, score=lc.score, alpha=lc.alpha,
-                            ce_weight=lc.ce_weight, chunk_size=lc.chunk_size)
+                            ce_weight=lc.ce_weight, chunk_size=lc.chunk_size,
+                            label_smoothing=lc.label_smoothing)
 
 
 def collator_teachers(cfg: OffPolicyConfig, plan: Plan) -> list[TeacherTokenization]:

@@ -93,14 +93,16 @@ def student_logits(model, batch) -> torch.Tensor:
                  use_cache=False).logits
 
 
-def compute_loss(loss_fn, ce_weight, logits_BTsVs, batch, inputs, num_valid):
+def compute_loss(loss_fn, ce_weight, logits_BTsVs, batch, inputs, num_valid,
+                 label_smoothing: float = 0.0):
     """(loss tensor, :class:`LossReport`) of one micro-batch, normalised by the global
-    ``num_valid``."""
+    ``num_valid`` (``label_smoothing``: of the CE-only path; a teacher loss carries its own)."""
     if loss_fn is None:
         # CE alone: nothing reads the logits after backward, so the gradient is written over
         # them (no second [B, T, Vs] buffer; see xdistill.losses.engine.token_logprobs)
         ce = cross_entropy(logits_BTsVs, batch.labels_BTs, num_valid=num_valid["ce"],
-                           overwrite_logits=logits_BTsVs.requires_grad)
+                           overwrite_logits=logits_BTsVs.requires_grad,
+                           label_smoothing=label_smoothing)
         loss = ce_weight * ce
         return loss, LossReport(loss.detach(), ce.detach(), {})
     return loss_fn(logits_BTsVs, batch.input_ids_BTs, batch.loss_mask_BTs, inputs,
@@ -123,7 +125,7 @@ def record_report(metrics, report: LossReport) -> None:
 
 def micro_step(model, loss_fn, pool, batch, num_valid, timers: Timers, *, device,
                ce_weight: float = 0.0, backward: bool = True, hook=None,
-               remote: dict | None = None) -> LossReport:
+               remote: dict | None = None, label_smoothing: float = 0.0) -> LossReport:
     """Teachers, student forward, loss and (optionally) backward of one micro-batch.
 
     Returns the micro-batch's :class:`LossReport` (terms already divided by the global counts,
@@ -147,7 +149,8 @@ def micro_step(model, loss_fn, pool, batch, num_valid, timers: Timers, *, device
         if hook is not None:
             hook(logits, batch)
         with grad, timers("loss"):
-            loss, report = compute_loss(loss_fn, ce_weight, logits, batch, inputs, num_valid)
+            loss, report = compute_loss(loss_fn, ce_weight, logits, batch, inputs, num_valid,
+                                        label_smoothing)
         if backward:
             with timers("student"):
                 loss.backward()

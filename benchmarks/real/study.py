@@ -1,0 +1,235 @@
+"""The real-model evidence protocol (``benchmarks/real/PROTOCOL.md``), stage by stage.
+
+    .venv/bin/python benchmarks/real/study.py --out runs/real_v2             # every stage in order
+    .venv/bin/python benchmarks/real/study.py --out runs/real_v2 --stage teacher
+    .venv/bin/python benchmarks/real/study.py --out /tmp/rs --smoke          # 2-step plumbing check
+
+Stages (each one's choices go to ``<out>/study.json`` and ``evidence/study.json``; every run is
+cached by its configuration, so the study can span several sessions):
+
+1. ``ce_lr``     CE-only at each rate of ``LR_GRID``, seeds 0-1, scored on validation
+                 (*The Tempest*); the best mean validation bits per byte picks CE's rate.
+2. ``teacher``   Gemma-3-270M adapted by CE on the four domain plays at a constant rate, scored on
+                 validation and exported at each of ``ADAPT_CHECKS``; the teacher is the first
+                 that leads CE-only's validation bits per byte by >= ``LEAD`` (else the last one,
+                 reported as a deviation).
+3. ``pkl_lr``    P-KL to that teacher at each rate of ``LR_GRID``, seeds 0-1, validation; picks
+                 the distillation arms' rate.
+4. ``smoothing`` CE + label smoothing at CE's rate, each eps of ``LS_GRID``, seeds 0-1.
+5. ``confirm``   every arm of ``CONFIRM_ARMS``, seeds 100-104 (never used before), scored once on
+                 the test play (*Twelfth Night*), plus the out-of-domain text at the end; the table
+                 (Welch and paired t against CE-only, Holm over the comparisons) is generated from
+                 the committed ``evidence/results.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import distill  # noqa: E402
+import splits  # noqa: E402
+
+RECORDS = HERE / "evidence"
+LR_GRID = (3e-5, 1e-4, 3e-4)
+LS_GRID = (0.05, 0.1, 0.2)
+ADAPT_CHECKS = (60, 120, 240, 480)
+LEAD = 0.15
+TUNE_SEEDS = (0, 1)
+CONFIRM_SEEDS = (100, 101, 102, 103, 104)
+CONFIRM_ARMS = ("ce", "ce_ls", "pkl", "pkl_stock", "self_kl", "multi", "alm")
+STAGES = ("ce_lr", "teacher", "pkl_lr", "smoothing", "confirm")
+say = distill.say
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("runs/real_v2"))
+    p.add_argument("--stage", choices=STAGES + ("all",), default="all")
+    p.add_argument("--smoke", action="store_true",
+                   help="2 steps, 2-step adaptation, 1 eval batch: checks the plumbing only")
+    args = p.parse_args(argv)
+    base = distill.parse(["--steps", "60", "--eval-every", "20", "--eval-batches", "8",
+                          "--agree-passages", "16", "--teacher-lr", "3e-5"])
+    for k, v in vars(base).items():
+        if not hasattr(args, k):          # --out is the study's own
+            setattr(args, k, v)
+    args.checks, args.tune_seeds, args.confirm_seeds = ADAPT_CHECKS, TUNE_SEEDS, CONFIRM_SEEDS
+    if args.smoke:
+        args.steps, args.eval_every, args.eval_batches, args.agree_passages = 2, 0, 1, 2
+        args.checks, args.tune_seeds, args.confirm_seeds = (1, 2), (0,), (100,)
+    args.lr_grid, args.ls_grid = ((1e-4,), (0.1,)) if args.smoke else (LR_GRID, LS_GRID)
+    args.records = RECORDS if not args.smoke else args.out / "evidence"
+    return args
+
+
+def evals(args, data: dict) -> dict:
+    ev = lambda split: {"paths": [data[split]], "batches": args.eval_batches,  # noqa: E731
+                        "texts": data[f"{split}_texts"][:args.agree_passages]}
+    return {"valid": ev("valid"), "test": ev("test"),
+            "ood": {"paths": [data["ood"]], "batches": args.eval_batches, "texts": []}}
+
+
+def base_assets(args, data: dict) -> dict:
+    from xdistill.assets import model_dir
+
+    return {"student": str(model_dir("smollm2-135m")), "stock_teacher": str(model_dir("gemma3-270m")),
+            "slice": data["slice"], "proj": distill.build_projection_file(args.out),
+            "teacher": str(model_dir("gemma3-270m")), "teacher_preds": None}
+
+
+def grid(args, a: dict, arm: str, values, key: str, seeds, ev: dict, stage: str) -> dict:
+    """``arm`` at each value of ``key`` (``lr`` or ``label_smoothing``), validation bits per byte
+    per seed; raw runs kept under ``<out>/<stage>/<key><value>``."""
+    table = {}
+    for v in values:
+        root = args.out / stage / f"{key}{v:g}"
+        runs = {s: distill.run_arm(arm, s, args, {**a, key: v, "eval": ev}, root) for s in seeds}
+        bpbs = [r["curve"][-1]["bpb"] for r in runs.values()]
+        table[f"{v:g}"] = {"bpb": bpbs, "mean": statistics.fmean(bpbs), "runs": runs}
+    return table
+
+
+def best(table: dict) -> float:
+    """The grid value with the lowest mean validation bits per byte (ties: the smaller value)."""
+    return min((float(k) for k in table), key=lambda v: (table[f"{v:g}"]["mean"], v))
+
+
+def save(args, state: dict, name: str, raw) -> None:
+    args.records.mkdir(parents=True, exist_ok=True)
+    (args.records / f"{name}.json").write_text(json.dumps(raw, indent=1))
+    for folder in (args.out, args.records):
+        (folder / "study.json").write_text(json.dumps(state, indent=1))
+
+
+def stage_ce_lr(args, state, a, ev) -> None:
+    table = grid(args, a, "ce", args.lr_grid, "lr", args.tune_seeds, ev["valid"], "ce_lr")
+    lr = best(table)
+    state["ce_lr"] = {"chosen": lr, "valid_bpb": table[f"{lr:g}"]["mean"],
+                      "grid": {k: {"bpb": v["bpb"], "mean": v["mean"]} for k, v in table.items()}}
+    save(args, state, "ce_lr", table)
+    say(f"[study] CE-only rate {lr:g} (validation bpb {state['ce_lr']['valid_bpb']:.4f})")
+
+
+def stage_teacher(args, state, a, ev, data) -> None:
+    out = args.out / "teacher_v2"
+    cfg = distill.teacher_config(args, {"domain": data["domain"]}, out)
+    cfg["scheduler"] = {"kind": "constant", "warmup_steps": max(1, args.checks[0] // 6)}
+    cfg["train"]["steps"] = max(args.checks)
+    job = {"cfg": cfg, "checks": list(args.checks), "eval": ev["valid"], "out": str(out)}
+    res_path = out / "adapted.json"
+    if not (res_path.exists() and json.loads(res_path.read_text()).get("digest")
+            == distill._digest(job)):
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "job.json").write_text(json.dumps(job))
+        say(f"[teacher] adapting Gemma-3-270M on the domain, checks at {list(args.checks)}")
+        distill.stream([sys.executable, str(HERE / "distill_eval.py"), "adapt",
+                        str(out / "job.json")], out / "adapt.log", "teacher", max(args.checks))
+    checks = json.loads(res_path.read_text())["checks"]
+    target = state["ce_lr"]["valid_bpb"] - LEAD
+    hit = [c for c in checks if c["bpb"] <= target]
+    pick = hit[0] if hit else checks[-1]
+    state["teacher"] = {"checks": checks, "target_bpb": target, "chosen": pick,
+                        "lead": state["ce_lr"]["valid_bpb"] - pick["bpb"], "met": bool(hit)}
+    save(args, state, "teacher", checks)
+    say(f"[study] teacher: {pick['step']} adaptation steps, validation bpb {pick['bpb']:.4f}, "
+        f"lead {state['teacher']['lead']:.4f} over CE-only ({'met' if hit else 'NOT met'})")
+
+
+def stage_pkl_lr(args, state, a, ev) -> None:
+    a = {**a, "teacher": state["teacher"]["chosen"]["model"]}
+    table = grid(args, a, "pkl", args.lr_grid, "lr", args.tune_seeds, ev["valid"], "pkl_lr")
+    state["pkl_lr"] = {"chosen": best(table),
+                       "grid": {k: {"bpb": v["bpb"], "mean": v["mean"]} for k, v in table.items()}}
+    save(args, state, "pkl_lr", table)
+    say(f"[study] distillation rate {state['pkl_lr']['chosen']:g}")
+
+
+def stage_smoothing(args, state, a, ev) -> None:
+    a = {**a, "lr": state["ce_lr"]["chosen"]}
+    table = grid(args, a, "ce_ls", args.ls_grid, "label_smoothing", args.tune_seeds, ev["valid"],
+                 "smoothing")
+    state["smoothing"] = {"chosen": best(table), "grid": {
+        k: {"bpb": v["bpb"], "mean": v["mean"]} for k, v in table.items()}}
+    save(args, state, "smoothing", table)
+    say(f"[study] label smoothing {state['smoothing']['chosen']:g}")
+
+
+def stage_confirm(args, state, a, ev, data) -> None:
+    from distill_report import write_report
+
+    teacher = state["teacher"]["chosen"]["model"]
+    a = {**a, "teacher": teacher, "label_smoothing": state["smoothing"]["chosen"],
+         "eval": ev["test"], "final_evals": {"ood": ev["ood"]}}
+    (args.out / "confirm").mkdir(parents=True, exist_ok=True)
+    start = distill.starting_figures(args, a, args.out / "confirm")   # on the test play
+    a["teacher_preds"] = start["preds"]
+    rates = {arm: state["ce_lr" if arm in ("ce", "ce_ls") else "pkl_lr"]["chosen"]
+             for arm in CONFIRM_ARMS}
+    results = {arm: {} for arm in CONFIRM_ARMS}
+    for seed in args.confirm_seeds:
+        for arm in CONFIRM_ARMS:
+            results[arm][seed] = distill.run_arm(arm, seed, args, {**a, "lr": rates[arm]},
+                                                 args.out / "confirm")
+    meta = {"command": "python benchmarks/real/study.py --stage confirm", "rates": rates,
+            "hardware": hardware(), "protocol": "benchmarks/real/PROTOCOL.md",
+            "data": {k: v for k, v in data.items() if k.endswith(("_kb", "_sha256"))},
+            "args": vars(args) | {"out": str(args.out), "records": str(args.records)},
+            "study": state, "wall_s": sum(r["seconds"] for arm in results.values()
+                                          for r in arm.values()),
+            "data_text": data_text(args, data), "start": start}
+    write_report(results, meta, args.records)
+    state["confirm"] = {"arms": list(CONFIRM_ARMS), "seeds": list(args.confirm_seeds),
+                        "rates": rates}
+    save(args, state, "confirm_state", state["confirm"])
+
+
+def hardware() -> str:
+    import os
+    import platform
+
+    model = next((line.split(":", 1)[1].strip() for line in
+                  Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
+                 platform.processor() or platform.machine()) if Path("/proc/cpuinfo").exists() \
+        else platform.machine()
+    return f"{model}, {os.cpu_count()} cores, no GPU"
+
+
+def data_text(args, data: dict) -> str:
+    return (f"Data: domain {data['domain_kb']:.0f} KB ({', '.join(splits.DOMAIN)}), student slice "
+            f"{data['slice_kb']:.0f} KB; decisions on *{splits.VALID}*, this table on the test play "
+            f"*{splits.TEST}* ({data['test_kb']:.0f} KB; bits per byte on its first "
+            f"{args.eval_batches} x 4 x 128 tokens, agreement on its first {args.agree_passages} "
+            f"passages) and out-of-domain text (Python's reference topics, {data['ood_kb']:.0f} KB, "
+            f"sha256 {data['ood_sha256']}). Student: {args.steps} steps of {args.batch} x "
+            f"{args.seq_len} tokens, cosine.")
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "study.json"
+    state = json.loads(path.read_text()) if path.exists() else {}
+    t0 = time.perf_counter()
+    data = splits.prepare_splits(args.out, args.slice_kb)
+    say("[data] " + ", ".join(f"{k} {data[f'{k}_kb']:.0f} KB" for k in splits.SPLITS))
+    ev, a = evals(args, data), base_assets(args, data)
+    for name in (STAGES if args.stage == "all" else (args.stage,)):
+        missing = [s for s in STAGES[:STAGES.index(name)] if s not in state]
+        if missing:
+            raise SystemExit(f"[study] stage {name!r} needs {', '.join(missing)} first")
+        extra = (data,) if name in ("teacher", "confirm") else ()
+        globals()[f"stage_{name}"](args, state, a, ev, *extra)
+    say(f"[study] done in {(time.perf_counter() - t0) / 60:.1f} min")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
