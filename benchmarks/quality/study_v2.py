@@ -37,10 +37,9 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import study  # noqa: E402  (the first protocol's helpers)
+import study  # the first protocol's helpers (this script's folder is on the path when it runs)
 
-from xdistill.quality.confirm import control_arm  # noqa: E402
+from xdistill.quality.confirm import control_arm
 
 HERE = Path(__file__).resolve().parent
 RECORDS = HERE / "credit24v2"

@@ -31,10 +31,10 @@ import sys
 import time
 from pathlib import Path
 
+import distill  # this script's folder is on the path when it runs
+import splits
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import distill  # noqa: E402
-import splits  # noqa: E402
 
 RECORDS = HERE / "evidence"
 LR_GRID = (3e-5, 1e-4, 3e-4)

@@ -53,7 +53,8 @@ def test_a_stage_needs_the_stages_before_it(tmp_path, capsys):
         study.main(["--out", str(tmp_path), "--stage", "screen"])
 
 
-def _load_v2():
+def _load_v2(monkeypatch):
+    monkeypatch.syspath_prepend(str(_path.parent))     # as when the script runs: its folder
     path = _path.with_name("study_v2.py")
     spec = importlib.util.spec_from_file_location("quality_study_v2", path)
     mod = importlib.util.module_from_spec(spec)
@@ -61,11 +62,11 @@ def _load_v2():
     return mod
 
 
-def test_second_protocol_rules():
+def test_second_protocol_rules(monkeypatch):
     """study_v2: the warm start is the pilot's best checkpoint (earliest on a tie); each arm's
     rate is its family's, the same-tokenizer control inheriting its kind's; every screened kind
     belongs to exactly one family."""
-    v2 = _load_v2()
+    v2 = _load_v2(monkeypatch)
     assert v2.best_step([[100, 0.1], [200, 0.19], [300, 0.19], [400, 0.05]]) == 200
     chosen = {"cont_ce": 3e-4, "op_k1_same": 1e-4, "op_simple_same": 3e-5,
               "op_bpm_same": 3e-4, "op_rkl_same": 1e-4}
