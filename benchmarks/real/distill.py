@@ -232,8 +232,8 @@ def run_arm(arm: str, seed: int, args, a: dict, root: Path) -> dict:
            f"{arm} seed {seed}", args.steps)
     res = json.loads(result.read_text())
     last = res["curve"][-1]
-    say(f"[{arm} seed {seed}] held-out bpb {last['bpb']:.4f}, agreement {last['agree']:.4f} "
-        f"({res['seconds']:.0f} s)")
+    agree = "" if last["agree"] is None else f", agreement {last['agree']:.4f}"
+    say(f"[{arm} seed {seed}] held-out bpb {last['bpb']:.4f}{agree} ({res['seconds']:.0f} s)")
     return res
 
 
