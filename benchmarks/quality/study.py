@@ -167,18 +167,29 @@ def stage_screen(args, state: dict) -> None:
                    ["--eval-split", "valid", "--cont-lr", f"{lr:g}",
                     "--report-dir", str(HERE), "--tag", "screen24"])
     record(out, "screen")
-    ranking = rank(runs, SCREEN_ARMS)
+    state["screen"] = screen_choice(runs, SCREEN_ARMS)
+
+
+def screen_choice(runs: list[dict], arms) -> dict:
+    """The screening record: ranking, continued CE's mean, and the two best kinds other than k1
+    that did not collapse (they go to the confirmation)."""
+    ranking = rank(runs, arms)
     eligible = [r["arm"] for r in ranking if not r["collapsed"] and r["arm"] != "op_k1"]
-    state["screen"] = {"ranking": ranking, "cont_ce": statistics.fmean(
-        r["accuracy"] for r in runs if r["arm"] == "cont_ce"), "confirm": eligible[:2]}
     say(f"screening: confirm op_k1 and {', '.join(eligible[:2])}")
+    return {"ranking": ranking, "cont_ce": statistics.fmean(
+        r["accuracy"] for r in runs if r["arm"] == "cont_ce"), "confirm": eligible[:2]}
+
+
+def confirm_arms(state: dict) -> list[str]:
+    """Continued CE, then k1 and the screened kinds, each followed by its same-tokenizer
+    control (a shared control once)."""
+    kinds = ["op_k1", *state["screen"]["confirm"]]
+    return list(dict.fromkeys(["cont_ce"] + [a for k in kinds for a in (k, control_arm(k))]))
 
 
 def stage_confirm(args, state: dict) -> None:
     out, lr = args.out / "confirm", state["lr"]["chosen"]
-    kinds = ["op_k1", *state["screen"]["confirm"]]
-    arms = ["cont_ce"] + [a for k in kinds for a in (k, control_arm(k))]
-    arms = list(dict.fromkeys(arms))
+    arms = confirm_arms(state)
     harness(out, args, arms, CONFIRM_SEEDS, state["warm"]["steps"],
             ["--eval-split", "heldout", "--cont-lr", f"{lr:g}",
              "--report-dir", str(HERE), "--tag", "credit24"])
@@ -186,14 +197,20 @@ def stage_confirm(args, state: dict) -> None:
     state["confirm"] = {"arms": arms, "seeds": list(CONFIRM_SEEDS)}
 
 
-def parse(argv=None):
+def base_parser(default_out: str, stages) -> argparse.ArgumentParser:
+    """The options every study script has (its own ``--out`` default and stages)."""
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=Path("runs/q24"))
+    p.add_argument("--out", type=Path, default=Path(default_out))
     p.add_argument("--cache", type=Path, default=None,
                    help="prepared-assets cache (default <out>/prepared)")
-    p.add_argument("--stage", choices=STAGES + ("all",), default="all")
+    p.add_argument("--stage", choices=tuple(stages) + ("all",), default="all")
     p.add_argument("--jobs", type=int, default=2)
+    return p
+
+
+def parse(argv=None):
+    p = base_parser("runs/q24", STAGES)
     p.add_argument("--pilot-steps", type=int, default=3000)
     p.add_argument("--warm-accuracy", type=float, default=0.30)
     p.add_argument("--lr-grid", type=lambda s: tuple(float(x) for x in s.split(",")),
@@ -201,19 +218,23 @@ def parse(argv=None):
     return p.parse_args(argv)
 
 
-def main(argv=None) -> int:
-    args = parse(argv)
+def run_stages(args, stages, funcs: dict, records: Path = RECORDS) -> int:
+    """Run ``args.stage`` (or all ``stages`` in order), each only after the ones before it
+    are recorded in ``<out>/study.json``; the state is saved after every stage."""
     args.out.mkdir(parents=True, exist_ok=True)
     state = load_state(args.out)
-    todo = STAGES if args.stage == "all" else (args.stage,)
-    for name in todo:
-        missing = [s for s in STAGES[:STAGES.index(name)] if s not in state]
+    for name in stages if args.stage == "all" else (args.stage,):
+        missing = [s for s in stages[:stages.index(name)] if s not in state]
         if missing:
             raise SystemExit(f"[study] stage {name!r} needs {', '.join(missing)} first "
                              f"({args.out / 'study.json'} has no record of it)")
-        STAGE_FUNCS[name](args, state)
-        save_state(args.out, state)
+        funcs[name](args, state)
+        save_state(args.out, state, records)
     return 0
+
+
+def main(argv=None) -> int:
+    return run_stages(parse(argv), STAGES, STAGE_FUNCS)
 
 
 def record_lr(args) -> None:

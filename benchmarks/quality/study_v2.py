@@ -31,7 +31,6 @@ Raw per-run results: ``benchmarks/quality/credit24v2/{warm,lr,screen,confirm}.js
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -39,7 +38,6 @@ from pathlib import Path
 
 import study  # the first protocol's helpers (this script's folder is on the path when it runs)
 
-from xdistill.quality.confirm import control_arm
 
 HERE = Path(__file__).resolve().parent
 RECORDS = HERE / "credit24v2"
@@ -137,17 +135,12 @@ def stage_screen(args, state: dict) -> None:
                ["--eval-split", "valid", *arm_lr_flag(arms, chosen),
                 "--report-dir", str(HERE), "--tag", "screen24v2"])
     study.record(out, "screen", RECORDS)
-    ranking = study.rank(runs, SCREEN_ARMS)
-    eligible = [r["arm"] for r in ranking if not r["collapsed"] and r["arm"] != "op_k1"]
-    state["screen"] = {"ranking": ranking, "cont_ce": statistics.fmean(
-        r["accuracy"] for r in runs if r["arm"] == "cont_ce"), "confirm": eligible[:2]}
-    say(f"screening: confirm op_k1 and {', '.join(eligible[:2])}")
+    state["screen"] = study.screen_choice(runs, SCREEN_ARMS)
 
 
 def stage_confirm(args, state: dict) -> None:
     out, chosen = args.out / "confirm", state["lr"]["chosen"]
-    kinds = ["op_k1", *state["screen"]["confirm"]]
-    arms = list(dict.fromkeys(["cont_ce"] + [a for k in kinds for a in (k, control_arm(k))]))
+    arms = study.confirm_arms(state)
     run(args, out, arms, CONFIRM_SEEDS, state["warm"]["steps"],
         ["--eval-split", "heldout", *arm_lr_flag(arms, chosen),
          "--report-dir", str(HERE), "--tag", "credit24v2"])
@@ -161,24 +154,9 @@ STAGE_FUNCS = {"warm": stage_warm, "lr": stage_lr, "screen": stage_screen,
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=Path("runs/q24v2"))
-    p.add_argument("--cache", type=Path, default=None,
-                   help="prepared-assets cache (default <out>/prepared)")
-    p.add_argument("--stage", choices=STAGES + ("all",), default="all")
-    p.add_argument("--jobs", type=int, default=2)
-    args = p.parse_args(argv)
+    args = study.base_parser("runs/q24v2", STAGES).parse_args(argv)
     args.task, args.lr_grid = TASK, LR_GRID
-    args.out.mkdir(parents=True, exist_ok=True)
-    state = study.load_state(args.out)
-    for name in (STAGES if args.stage == "all" else (args.stage,)):
-        missing = [s for s in STAGES[:STAGES.index(name)] if s not in state]
-        if missing:
-            raise SystemExit(f"[study] stage {name!r} needs {', '.join(missing)} first")
-        STAGE_FUNCS[name](args, state)
-        study.save_state(args.out, state, RECORDS)
-    return 0
+    return study.run_stages(args, STAGES, STAGE_FUNCS, RECORDS)
 
 
 if __name__ == "__main__":

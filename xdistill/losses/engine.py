@@ -284,34 +284,54 @@ def _token_logprob_blocks(logits_BTV, tgt_R, temperature, chunk_size, need_grad)
     return out_R, grad_BTV, lse_R
 
 
-class _TokenLogProbs(torch.autograd.Function):
-    """``log softmax(z / tau)[target]`` per row; 0 where the target is negative.
+def formed_forward(ctx, blocks, logits_BTV, target_BT, *args):
+    """Forward of a per-row term whose gradient ``blocks(logits, target_R, *args, need_grad)
+    -> (out_R, grad_BTV | None)`` forms in the same pass: the gradient is kept for the first
+    backward (:func:`formed_backward`); the inputs are saved so that a repeated backward can
+    recompute it."""
+    need_grad = ctx.needs_input_grad[0]
+    out_R, ctx.grad_BTV = blocks(logits_BTV, target_BT.reshape(-1), *args, need_grad)
+    if need_grad:
+        ctx.save_for_backward(logits_BTV, target_BT)
+        ctx.args = args
+    return out_R.view(target_BT.shape)
 
-    The per-row gradient ``(onehot(target) - softmax(z / tau)) / tau`` is computed in the same
-    pass as the forward and handed over (scaled in place by the incoming gradient) by the first
-    backward; a repeated backward recomputes it.
-    """
 
-    @staticmethod
+def formed_backward(ctx, blocks, grad_BT):
+    """Backward of :func:`formed_forward`: the kept gradient scaled in place by the incoming one
+    (recomputed by ``blocks`` on a repeated backward)."""
+    grad_BTV, ctx.grad_BTV = ctx.grad_BTV, None
+    if grad_BTV is None:
+        logits_BTV, target_BT = ctx.saved_tensors
+        _, grad_BTV = blocks(logits_BTV, target_BT.reshape(-1), *ctx.args, True)
+    grad_BTV.mul_(grad_BT.unsqueeze(-1).to(grad_BTV.dtype))
+    return grad_BTV, None, None, None
+
+
+def _logprob_and_grad(logits_BTV, tgt_R, temperature, chunk_size, need_grad):
+    return _token_logprob_blocks(logits_BTV, tgt_R, temperature, chunk_size, need_grad)[:2]
+
+
+def formed_function(name: str, blocks, doc: str) -> type:
+    """A :class:`torch.autograd.Function` ``(logits, target, temperature, chunk_size) -> per-row
+    term`` whose gradient ``blocks`` forms in its forward pass (:func:`formed_forward`)."""
     def forward(ctx, logits_BTV, target_BT, temperature, chunk_size):
-        need_grad = ctx.needs_input_grad[0]
-        tgt_R = target_BT.reshape(-1)
-        out_R, grad_BTV, _ = _token_logprob_blocks(logits_BTV, tgt_R, temperature, chunk_size,
-                                                   need_grad)
-        ctx.grad_BTV = grad_BTV
-        if need_grad:
-            ctx.save_for_backward(logits_BTV, tgt_R)
-            ctx.args = (temperature, chunk_size)
-        return out_R.view(target_BT.shape)
+        return formed_forward(ctx, blocks, logits_BTV, target_BT, temperature, chunk_size)
 
-    @staticmethod
     def backward(ctx, grad_BT):
-        grad_BTV, ctx.grad_BTV = ctx.grad_BTV, None
-        if grad_BTV is None:
-            logits_BTV, tgt_R = ctx.saved_tensors
-            _, grad_BTV, _ = _token_logprob_blocks(logits_BTV, tgt_R, *ctx.args, need_grad=True)
-        grad_BTV.mul_(grad_BT.unsqueeze(-1).to(grad_BTV.dtype))
-        return grad_BTV, None, None, None
+        return formed_backward(ctx, blocks, grad_BT)
+
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward),
+                                                  "backward": staticmethod(backward),
+                                                  "__doc__": doc})
+
+
+_TokenLogProbs = formed_function("_TokenLogProbs", _logprob_and_grad, """\
+``log softmax(z / tau)[target]`` per row; 0 where the target is negative.
+
+The per-row gradient ``(onehot(target) - softmax(z / tau)) / tau`` is computed in the same pass as
+the forward and handed over (scaled in place by the incoming gradient) by the first backward; a
+repeated backward recomputes it.""")
 
 
 class _TokenLogProbsOverwrite(torch.autograd.Function):

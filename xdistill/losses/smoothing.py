@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from xdistill.losses.engine import (_exp_normalise_, _grad_buffer, _put_rows, _target_blocks,
-                                    _tempered_block, compute_dtype)
+                                    _tempered_block, compute_dtype, formed_function)
 
 
 def _uniform_blocks(logits_BTV, tgt_R, temperature, chunk_size, need_grad):
@@ -37,25 +37,8 @@ def _uniform_blocks(logits_BTV, tgt_R, temperature, chunk_size, need_grad):
     return out_R, grad_BTV
 
 
-class _UniformNLL(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits_BTV, target_BT, temperature, chunk_size):
-        need_grad = ctx.needs_input_grad[0]
-        out_R, ctx.grad_BTV = _uniform_blocks(logits_BTV, target_BT.reshape(-1), temperature,
-                                              chunk_size, need_grad)
-        if need_grad:
-            ctx.save_for_backward(logits_BTV, target_BT)
-            ctx.args = (temperature, chunk_size)
-        return out_R.view(target_BT.shape)
-
-    @staticmethod
-    def backward(ctx, grad_BT):
-        grad_BTV, ctx.grad_BTV = ctx.grad_BTV, None
-        if grad_BTV is None:                       # a repeated backward recomputes it
-            logits_BTV, target_BT = ctx.saved_tensors
-            _, grad_BTV = _uniform_blocks(logits_BTV, target_BT.reshape(-1), *ctx.args, True)
-        grad_BTV.mul_(grad_BT.unsqueeze(-1).to(grad_BTV.dtype))
-        return grad_BTV, None, None, None
+_UniformNLL = formed_function("_UniformNLL", _uniform_blocks,
+                              "``-mean_v log softmax(z / tau)[v]`` per row (module doc).")
 
 
 def uniform_nll(logits_BTV: torch.Tensor, target_BT: torch.Tensor, temperature: float = 1.0,
