@@ -197,9 +197,9 @@ def stage_confirm(args, state: dict) -> None:
     state["confirm"] = {"arms": arms, "seeds": list(CONFIRM_SEEDS)}
 
 
-def base_parser(default_out: str, stages) -> argparse.ArgumentParser:
-    """The options every study script has (its own ``--out`` default and stages)."""
-    p = argparse.ArgumentParser(description=__doc__,
+def base_parser(default_out: str, stages, doc: str = __doc__) -> argparse.ArgumentParser:
+    """The options every study script has (its own ``--out`` default, stages and help text)."""
+    p = argparse.ArgumentParser(description=doc,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path(default_out))
     p.add_argument("--cache", type=Path, default=None,

@@ -154,7 +154,7 @@ STAGE_FUNCS = {"warm": stage_warm, "lr": stage_lr, "screen": stage_screen,
 
 
 def main(argv=None) -> int:
-    args = study.base_parser("runs/q24v2", STAGES).parse_args(argv)
+    args = study.base_parser("runs/q24v2", STAGES, __doc__).parse_args(argv)
     args.task, args.lr_grid = TASK, LR_GRID
     return study.run_stages(args, STAGES, STAGE_FUNCS, RECORDS)
 
