@@ -29,13 +29,16 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ("The cat sat on", (("user", "Name a colour."),), "One two three four five six")
+# 300 tokens: vLLM caches prompt KV in full blocks (128 tokens on CPU), so this prompt's first
+# blocks are served from the prefix cache when it comes again
+LONG = " ".join(f"line {i}," for i in range(100))
 # float32 engine vs the float32 HF forward: different kernels (vLLM's CPU attention, fused
 # q/k/v and gate/up matmuls), the same numbers up to float32 rounding
 ATOL = 1e-4
 
 
 def _config(**kw) -> RolloutConfig:
-    return RolloutConfig(backend="vllm", vllm_dtype="float32", max_prompt_len=64,
+    return RolloutConfig(backend="vllm", vllm_dtype="float32", max_prompt_len=320,
                          max_new_tokens=12, vllm_kv_cache_gb=0.25, **kw)
 
 
@@ -92,23 +95,24 @@ def test_sync_after_an_optimizer_step(setup):
     tok, model, engine = setup
     engine.sync_weights(model)
     sp = SamplingParams(1.0, 1.0, 12, seed=7)
-    ro = engine.generate(PROMPTS, sp)
+    prompts = PROMPTS + (LONG,)
+    assert len(tok.encode(LONG).ids) > 256
+    ro = engine.generate(prompts, sp)
     before = recomputed_logprobs(tok, model, ro, 1.0)
     _one_step(tok, model, ro)
     after = recomputed_logprobs(tok, model, ro, 1.0)
     m = ro.response_mask_BTr
     assert (after[m] - before[m]).abs().max() > 0.05  # the step moved the student
-    stale = engine.generate(PROMPTS, sp)  # not synced yet: the engine samples the old weights
+    stale = engine.generate(prompts, sp)  # not synced yet: the engine samples the old weights
     assert torch.equal(stale.response_ids_BTr, ro.response_ids_BTr)
     assert _close(stale, before)[1] < ATOL
     engine.sync_weights(model)  # same prompts again: the prefix cache must not serve old KV
-    new = engine.generate(PROMPTS, sp)
-    err = _close(new, recomputed_logprobs(tok, model, new, 1.0))[1]
-    assert err < ATOL, err
-    assert _close(new, recomputed_logprobs(tok, model, new, 1.0))[0].sum() > 0
+    new = engine.generate(prompts, sp)
+    m, err = _close(new, recomputed_logprobs(tok, model, new, 1.0))
+    assert m.sum() > 0 and err < ATOL, err
 
 
-def test_cpu_head_size_is_a_config_error(get_tokenizer, tmp_path):
+def test_cpu_head_size_is_a_config_error(get_tokenizer):
     tok = get_tokenizer("gpt2")
     model = tiny_llama(tok.vocab_size)  # head size 8
     with pytest.raises(ConfigError, match="head size is 8"):
@@ -122,25 +126,53 @@ def _tiny_teachers(root: Path) -> tuple[str, str]:
             str(save_tiny_lm(root / "teacher_gpt2", "gpt2", seed=2)))
 
 
-def test_onpolicy_tiny_recipe_trains_with_vllm(tmp_path):
+def _recipe(root: Path, out: Path, steps: int):
+    """The tiny on-policy recipe with rollout.backend=vllm (dotted overrides, as on the CLI)."""
     from xdistill.config import load_config
-    from xdistill.train.onpolicy import run_onpolicy
     from xdistill.train.onpolicy_config import OnPolicyConfig
 
-    qwen, gpt = _tiny_teachers(tmp_path)
-    out = tmp_path / "run"
-    cfg = load_config(OnPolicyConfig, str(ROOT / "configs" / "onpolicy_tiny_cpu.yaml"), [
+    qwen, gpt = _tiny_teachers(root)
+    return load_config(OnPolicyConfig, str(ROOT / "configs" / "onpolicy_tiny_cpu.yaml"), [
         f"teachers.0.worker.model={qwen}", f"teachers.1.worker.model={gpt}",
         f"prompts.paths=[{ROOT / 'configs' / 'prompts_tiny.jsonl'}]",
         # head size 64 / 2 = 32: vLLM's CPU attention needs >= 32
         "student.model_config.hidden_size=64", "student.model_config.num_attention_heads=2",
         "student.model_config.num_key_value_heads=1", "student.model_config.intermediate_size=128",
         "rollout.backend=vllm", "rollout.vllm_dtype=float32", "rollout.vllm_kv_cache_gb=0.25",
-        "train.steps=3", "train.tensorboard=false", f"train.out_dir={out}",
+        f"train.steps={steps}", "train.tensorboard=false", f"train.out_dir={out}",
         "checkpoint.every=0", "checkpoint.export_hf=false"])
-    final = run_onpolicy(cfg)
+
+
+def test_onpolicy_tiny_recipe_trains_with_vllm(tmp_path):
+    from xdistill.train.onpolicy import run_onpolicy
+
+    out = tmp_path / "run"
+    final = run_onpolicy(_recipe(tmp_path, out, steps=3))
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in rows if "loss" in r]
     assert steps == [1, 2, 3], steps
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows if "loss" in r)
     assert final["response_len"] > 0 and final["time/generation"] > 0
+
+
+def test_trainer_syncs_the_engine_after_every_step(tmp_path, get_tokenizer):
+    """Inside the trainer's own loop (core.train_step: rollouts from vLLM, teachers, AdamW, then
+    the mode's after_update sync), the engine samples from the updated student every step."""
+    from xdistill.train import core
+    from xdistill.train.onpolicy import build_onpolicy_run
+
+    (tmp_path / "run").mkdir()  # core.train would create it (and lock it)
+    run = build_onpolicy_run(_recipe(tmp_path, tmp_path / "run", steps=2))
+    tok, engine = run.plan.student_tok, run.mode.engine
+    try:
+        run.mode.start(run)
+        for step in (1, 2):
+            before = [p.detach().clone() for p in run.model.parameters()]
+            metrics = core.train_step(run, step)
+            assert bool(torch.isfinite(torch.tensor(metrics["loss"])))
+            assert any(not torch.equal(a, p) for a, p in zip(before, run.model.parameters()))
+            ro = engine.generate(PROMPTS, SamplingParams(1.0, 1.0, 12, seed=step))
+            err = _close(ro, recomputed_logprobs(tok, run.model, ro, 1.0))[1]
+            assert err < ATOL, (step, err)
+    finally:
+        run.mode.close()

@@ -9,9 +9,9 @@ carried by byte spans) -> :class:`ScoredBatch` (a ``DistillBatch`` plus behaviou
 The losses live in :mod:`xdistill.losses.onpolicy`.
 """
 
+from xdistill.rollout.build import build_engine
 from xdistill.rollout.engine import (HFGenerateEngine, RolloutConfig, RolloutEngine, Rollouts,
-                                     SamplingParams, build_engine, nucleus_logprobs,
-                                     sampling_for_step)
+                                     SamplingParams, nucleus_logprobs, sampling_for_step)
 from xdistill.rollout.prompts import JsonlPrompts, PromptDataset, collate_prompts, open_prompts
 from xdistill.rollout.render import encode_prompts, end_of_turn_id, render_prompt, stop_token_ids
 from xdistill.rollout.scoring import (RolloutScorer, ScoredBatch, ScoringStats, response_text,

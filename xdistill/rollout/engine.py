@@ -16,8 +16,8 @@ they are the student's own log-probs at sampling time.
 
 Backends: :class:`HFGenerateEngine` (``transformers`` ``generate``: KV cache, batched with left
 padding, seeded) and :class:`xdistill.rollout.vllm_engine.VLLMEngine` (optional: vLLM in its own
-venv, ``make vllm-env``; weights synced from the trainer's student). :func:`build_engine` picks
-one from :class:`RolloutConfig`.
+venv, ``make vllm-env``; weights synced from the trainer's student). :func:`xdistill.rollout.build.build_engine`
+picks one from :class:`RolloutConfig`.
 """
 
 from __future__ import annotations
@@ -259,19 +259,6 @@ class HFGenerateEngine(RolloutEngine):
         return Rollouts(prompts, prompt_BTp, prompt_len_B, resp_BTr, length_B.long(), mask_BTr,
                         torch.where(mask_BTr, logp_BTr, torch.zeros_like(logp_BTr)),
                         float(sampling.temperature), float(sampling.top_p), reasons)
-
-
-def build_engine(config: RolloutConfig, model, tokenizer) -> RolloutEngine:
-    """The engine ``config.backend`` names. ``model``: the in-process student ("hf" generates
-    with it; "vllm" starts from its weights when ``rollout.vllm_model`` is empty)."""
-    if config.backend == "hf":
-        return HFGenerateEngine(model, tokenizer, max_prompt_len=config.max_prompt_len,
-                                add_bos=config.add_bos)
-    if config.backend == "vllm":
-        from xdistill.rollout.vllm_engine import VLLMEngine
-
-        return VLLMEngine(config, tokenizer, model)
-    raise ConfigError(f"unknown rollout.backend {config.backend!r}; allowed: hf, vllm")
 
 
 def sampling_for_step(config: RolloutConfig, step: int, rank: int = 0,

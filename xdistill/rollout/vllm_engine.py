@@ -62,7 +62,9 @@ def import_vllm():
                           "create the vLLM venv with `make vllm-env` and run there, or set "
                           "rollout.backend=hf") from None
     # without a tokenizer (prompts arrive as ids) vLLM's chat-template warmup logs a traceback
-    logging.getLogger("vllm.renderers.base").addFilter(_NoChatWarmup())
+    renderer_log = logging.getLogger("vllm.renderers.base")
+    if not any(isinstance(f, _NoChatWarmup) for f in renderer_log.filters):
+        renderer_log.addFilter(_NoChatWarmup())
     return vllm
 
 
@@ -72,7 +74,10 @@ class _NoChatWarmup(logging.Filter):
 
 
 class SharedWeights:
-    """A state dict's tensors, cast to one dtype, in one file that vLLM's worker maps too."""
+    """A state dict's tensors, cast to one dtype, in one file that vLLM's worker maps too.
+
+    The file is unlinked once the worker holds its own mapping (:meth:`release_path`), so a
+    trainer that dies leaves nothing in ``/dev/shm`` after its first sync."""
 
     def __init__(self, state: dict[str, torch.Tensor], dtype: torch.dtype):
         self.layout, offset = [], 0
@@ -96,10 +101,14 @@ class SharedWeights:
             for name, t in state.items():
                 self.views[name].copy_(t.detach().reshape(self.views[name].shape))
 
-    def close(self) -> None:
-        self.views = {}
+    def release_path(self) -> None:
+        """Unlink the file (both mappings stay valid)."""
         if os.path.exists(self.path):
             os.unlink(self.path)
+
+    def close(self) -> None:
+        self.views = {}
+        self.release_path()
 
 
 def student_state(model) -> dict[str, torch.Tensor]:
@@ -109,7 +118,7 @@ def student_state(model) -> dict[str, torch.Tensor]:
     return full_state_dict(getattr(model, "_model", model))
 
 
-def engine_kwargs(config: RolloutConfig, model_dir: str, vllm) -> dict:
+def engine_kwargs(config: RolloutConfig, model_dir: str) -> dict:
     """The ``vllm.LLM`` arguments of ``config`` (module doc)."""
     kw = dict(model=model_dir, dtype=config.vllm_dtype, enforce_eager=config.vllm_enforce_eager,
               skip_tokenizer_init=True, logprobs_mode="processed_logprobs",
@@ -154,7 +163,7 @@ class VLLMEngine(RolloutEngine):
     """``vllm.LLM`` rollouts with in-process weight sync from the trainer (module doc)."""
 
     def __init__(self, config: RolloutConfig, tokenizer, model=None):
-        vllm = import_vllm()
+        self.vllm = vllm = import_vllm()
         if not config.vllm_model and model is None:
             raise ConfigError("rollout.backend=vllm needs rollout.vllm_model (an HF model folder) "
                               "or the in-process student to start from")
@@ -178,14 +187,14 @@ class VLLMEngine(RolloutEngine):
                 tmp = tempfile.mkdtemp(prefix="xdistill-vllm-init-")
                 model_dir = str(export_hf(getattr(model, "_model", model), tmp, overwrite=True))
             check_head_size(model_dir)
-            return vllm.LLM(**engine_kwargs(self.config, model_dir, vllm))
+            return vllm.LLM(**engine_kwargs(self.config, model_dir))
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
 
-    def _params(self, vllm, sampling: SamplingParams, n: int) -> list:
+    def _params(self, sampling: SamplingParams, n: int) -> list:
         seeds = np.random.SeedSequence([int(sampling.seed)]).generate_state(n, dtype=np.uint32)
-        return [vllm.SamplingParams(temperature=float(sampling.temperature),
+        return [self.vllm.SamplingParams(temperature=float(sampling.temperature),
                                     top_p=float(sampling.top_p), top_k=0,
                                     max_tokens=int(sampling.max_new_tokens), seed=int(s),
                                     logprobs=0, stop_token_ids=list(self.stop_ids),
@@ -193,13 +202,12 @@ class VLLMEngine(RolloutEngine):
                 for s in seeds]
 
     def generate(self, prompts, sampling: SamplingParams) -> Rollouts:
-        vllm = import_vllm()
         prompts = tuple(prompts)
         if not prompts:
             raise ValueError("generate() needs at least one prompt")
         rows = encode_prompts(self.tok, prompts, self.config.max_prompt_len, add_bos=self.add_bos)
         outs = self.llm.generate([{"prompt_token_ids": r.tolist()} for r in rows],
-                                 self._params(vllm, sampling, len(rows)), use_tqdm=False)
+                                 self._params(sampling, len(rows)), use_tqdm=False)
         resp, logps, reasons = [], [], []
         for o in outs:
             c = o.outputs[0]
@@ -231,6 +239,7 @@ class VLLMEngine(RolloutEngine):
             raise RuntimeError(f"weight sync left {len(unwritten)} vLLM parameters unwritten "
                                f"(e.g. {unwritten[:3]}): the student's state dict does not match "
                                "the engine's model (rollout.vllm_model of another architecture?)")
+        self.shared.release_path()  # the worker keeps its mapping
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:

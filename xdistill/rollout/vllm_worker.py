@@ -51,10 +51,13 @@ class WeightSyncExtension:
         # per sync, vLLM warns "RotaryEmbedding: Failed to load weights": its cos/sin cache is a
         # buffer that no checkpoint holds, and is kept as it was
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
+        cached = getattr(self, "_xdistill_shared", None)
+        if cached is None or cached[0] != path:  # mapped once: the trainer then unlinks the file
+            cached = self._xdistill_shared = (path, shared_views(path, nbytes, layout))
         model = self.get_model()
         expected = {name for name, _ in model.named_parameters()}
         with set_current_vllm_config(self.vllm_config), torch.no_grad():
             initialize_layerwise_reload(model)
-            loaded = model.load_weights(iter(shared_views(path, nbytes, layout)))
+            loaded = model.load_weights(iter(cached[1]))
             finalize_layerwise_reload(model, self.vllm_config.model_config)
         return sorted(expected - set(expected if loaded is None else loaded))
