@@ -15,8 +15,9 @@ micro-batches ``m`` (``train.global_batch_size / (prompts.batch_size x world)`` 
 4. remote teachers start scoring, the student runs its forward meanwhile, then per-teacher
    on-policy losses with static weights, normalised by the global unit count -> backward.
 
-After the optimizer step, ``engine.sync_weights(model)`` every ``rollout.sync_every`` steps (a
-no-op in-process). Metrics: clamp counters, mean log-ratio, coverage, tool-token ratio, the time
+After the optimizer step, ``engine.sync_weights(model)`` every ``rollout.sync_every`` steps, and
+once at the start after any resume (a no-op in-process; vLLM: :mod:`xdistill.rollout.vllm_engine`).
+Metrics: clamp counters, mean log-ratio, coverage, tool-token ratio, the time
 split. With ``loss.offpolicy_lambda > 0`` a fraction of the steps instead trains on off-policy
 batches from ``offpolicy.data`` (:func:`xdistill.train.onpolicy_step.build_mix`).
 """
@@ -31,6 +32,7 @@ import torch
 
 from xdistill import distributed as xdist
 from xdistill.data.loader import WatchedIterator
+from xdistill.errors import ConfigError
 from xdistill.train import core
 from xdistill.train.config import grad_accum_steps
 from xdistill.train.mode import Run, TrainMode
@@ -146,12 +148,17 @@ class OnPolicyMode(TrainMode):
         self.pool = TeacherPool([t.worker for t in cfg.teachers])
         self.loaders = [prompt_loader(cfg, env.rank, env.world_size)] + (
             self.mix.loaders if self.mix else [])
+        if cfg.rollout.backend == "vllm" and env.world_size > 1:
+            raise ConfigError(f"rollout.backend=vllm runs in one trainer process for now; this run "
+                              f"has {env.world_size} (use rollout.backend=hf with torchrun)")
         gen_model = _SyncedGenerate(run.model) if env.distributed else run.model
         self.engine = build_engine(cfg.rollout, gen_model, plan.student_tok)
         if plan.needs_reference:
             self.reference = _frozen_initial_student(cfg, run.device)
 
     def start(self, run: Run) -> None:
+        # an engine with its own copy of the weights (vLLM) starts from the student as resumed
+        self.engine.sync_weights(run.model)
         self.pool.start()
         self.pool.check_tokenizers(run.plan.teacher_toks, {
             t.name: f"teachers.{i}.tokenizer" for i, t in enumerate(run.cfg.teachers)})
@@ -222,6 +229,8 @@ class OnPolicyMode(TrainMode):
         return {"prompts_batch_size": cfg.prompts.batch_size}
 
     def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
         if self.pool is not None:
             self.pool.close()
 
