@@ -130,21 +130,16 @@ class OnPolicyMode(TrainMode):
         return -1
 
     def build(self, run: Run) -> None:
-        from xdistill.data import TeacherTokenization
         from xdistill.rollout import RolloutScorer, build_engine
         from xdistill.teacher import TeacherPool
-        from xdistill.train.setup import teacher_bos
 
         cfg, env, plan = run.cfg, run.env, run.plan
         run.accum = grad_accum_steps(cfg, env.world_size, cfg.prompts.batch_size)
         if cfg.loss.offpolicy_lambda > 0:
             self.mix = build_mix(cfg, plan, env)
-        self.scorer = RolloutScorer(
-            plan.student_tok,
-            [TeacherTokenization(t.name, plan.teacher_toks[t.name], t.max_len,
-                            add_bos=teacher_bos(t, plan.teacher_toks[t.name]))
-             for t in cfg.teachers],
-            student_add_bos=cfg.rollout.add_bos, chunks=cfg.scoring.chunks, method=cfg.scoring.method)
+        self.scorer = RolloutScorer(plan.student_tok, plan.tokenizations(),
+                                    student_add_bos=cfg.rollout.add_bos, chunks=cfg.scoring.chunks,
+                                    method=cfg.scoring.method)
         self.pool = TeacherPool([t.worker for t in cfg.teachers])
         self.loaders = [prompt_loader(cfg, env.rank, env.world_size)] + (
             self.mix.loaders if self.mix else [])
@@ -160,8 +155,7 @@ class OnPolicyMode(TrainMode):
         # an engine with its own copy of the weights (vLLM) starts from the student as resumed
         self.engine.sync_weights(run.model)
         self.pool.start()
-        self.pool.check_tokenizers(run.plan.teacher_toks, {
-            t.name: f"teachers.{i}.tokenizer" for i, t in enumerate(run.cfg.teachers)})
+        self.pool.check_tokenizers(run.plan.tokenizers(), run.plan.tokenizer_keys())
         self.iters = [WatchedIterator(ld, "prompt" if i == 0 else "data")
                       for i, ld in enumerate(self.loaders)]
 
@@ -175,8 +169,7 @@ class OnPolicyMode(TrainMode):
 
     def units(self, micros: list) -> dict[str, int]:
         if micros and micros[0][0] == "offpolicy":
-            return sum_counts(self.mix.loss_fn, [b for _, b in micros],
-                              self.mix.cfg.loss.ce_weight > 0)
+            return sum_counts(self.mix.loss_fn, [b for _, b in micros], self.mix.ce_weight > 0)
         total: dict[str, int] = {}
         for _, (indices, _, scored) in micros:
             for k, n in local_units(self._plan, scored.batch, self.rows(indices),
