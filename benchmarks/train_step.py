@@ -104,7 +104,8 @@ def loss_parts(run, batch, rounds: int) -> dict:
     """Loss forward+backward alone, per teacher (MultiTeacherLoss with that teacher only) on
     fixed logits, and the plain reference KL for the same-tokenizer teacher."""
     from xdistill.losses import MultiTeacherLoss
-    from xdistill.train.step import global_counts, loss_inputs, student_logits
+    from xdistill.train.forward import student_logits
+    from xdistill.train.step import global_counts, loss_inputs
 
     n = global_counts(run.mode.loss_fn, [batch], False)
     out = {}
@@ -154,7 +155,8 @@ def measure(cfg, steps: int) -> dict:
     from xdistill.train import core
     from xdistill.train.offpolicy import OffPolicyMode
     from xdistill.train.metrics import Timers
-    from xdistill.train.step import global_counts, micro_step, student_logits
+    from xdistill.train.forward import student_logits
+    from xdistill.train.step import global_counts, micro_step
 
     run = core.build(cfg, OffPolicyMode())
     run.mode.pool.start()

@@ -12,18 +12,42 @@ from xdistill.tokenization.encode import Encoding
 from xdistill.tokenization.table import TokenByteTable
 
 
-def tiny_llama(vocab_size: int, seed: int = 0, logit_scale: float = 1.0):
-    """A 2-layer Llama with hidden size 32; ``logit_scale`` sharpens its (random) distributions."""
+def tiny_llama(vocab_size: int, seed: int = 0, logit_scale: float = 1.0, *, hidden_size: int = 32,
+               heads: int = 4, kv_heads: int = 2):
+    """A 2-layer Llama (hidden size 32, head size 8 by default); ``logit_scale`` sharpens its
+    (random) distributions."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size,
+                      intermediate_size=2 * hidden_size, num_hidden_layers=2,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads,
                       max_position_embeddings=512, tie_word_embeddings=False)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():
         model.lm_head.weight.mul_(logit_scale)
     return model.eval()
+
+
+def recomputed_logprobs(tok, model, ro, temperature, top_p=1.0):
+    """Forward on the right-padded prompt+response rows; sampled-token log-probs [B, Tr]."""
+    from xdistill.losses.onpolicy import input_token_logprobs
+    from xdistill.rollout import RolloutScorer, nucleus_logprobs
+
+    batch = RolloutScorer(tok)(ro).batch
+    with torch.no_grad():
+        z = model(input_ids=batch.input_ids_BTs, attention_mask=batch.attention_mask_BTs.long()).logits
+    if top_p == 1.0:
+        lp_BTs = input_token_logprobs(z, batch.input_ids_BTs, temperature=temperature)
+    else:
+        lp = nucleus_logprobs(z.reshape(-1, z.shape[-1]), temperature, top_p).view_as(z)
+        nxt = batch.input_ids_BTs[:, 1:, None]
+        lp_BTs = torch.cat([torch.zeros_like(z[:, :1, 0]), lp[:, :-1].gather(2, nxt).squeeze(2)], 1)
+    out = torch.zeros_like(ro.behaviour_logp_BTr)
+    for b in range(ro.batch_size):
+        p, r = int(ro.prompt_len_B[b]), int(ro.response_len_B[b])
+        out[b, :r] = lp_BTs[b, p:p + r]
+    return out
 
 
 class PermutedTokenizer:

@@ -7,11 +7,10 @@ import importlib.util
 import pytest
 import torch
 
-from rollout_helpers import tiny_llama
+from rollout_helpers import recomputed_logprobs, tiny_llama
 from xdistill.errors import ConfigError
-from xdistill.losses.onpolicy import input_token_logprobs
-from xdistill.rollout import (HFGenerateEngine, RolloutConfig, RolloutScorer, SamplingParams,
-                              build_engine, nucleus_logprobs, sampling_for_step)
+from xdistill.rollout import (HFGenerateEngine, RolloutConfig, SamplingParams, build_engine,
+                              sampling_for_step)
 
 PROMPTS = ("The cat sat on", (("user", "Name a colour."),), "One two three four five six")
 
@@ -22,30 +21,12 @@ def setup(get_tokenizer):
     return tok, tiny_llama(tok.vocab_size, seed=0, logit_scale=30.0)
 
 
-def _recomputed(tok, model, ro, temperature, top_p=1.0):
-    """Forward on the right-padded prompt+response rows; sampled-token log-probs [B, Tr]."""
-    batch = RolloutScorer(tok)(ro).batch
-    with torch.no_grad():
-        z = model(input_ids=batch.input_ids_BTs, attention_mask=batch.attention_mask_BTs.long()).logits
-    if top_p == 1.0:
-        lp_BTs = input_token_logprobs(z, batch.input_ids_BTs, temperature=temperature)
-    else:
-        lp = nucleus_logprobs(z.reshape(-1, z.shape[-1]), temperature, top_p).view_as(z)
-        nxt = batch.input_ids_BTs[:, 1:, None]
-        lp_BTs = torch.cat([torch.zeros_like(z[:, :1, 0]), lp[:, :-1].gather(2, nxt).squeeze(2)], 1)
-    out = torch.zeros_like(ro.behaviour_logp_BTr)
-    for b in range(ro.batch_size):
-        p, r = int(ro.prompt_len_B[b]), int(ro.response_len_B[b])
-        out[b, :r] = lp_BTs[b, p:p + r]
-    return out
-
-
 @pytest.mark.parametrize("temperature,top_p", [(0.7, 1.0), (1.0, 1.0), (1.3, 0.8)])
 def test_behaviour_logprobs_equal_recomputed_forward(setup, temperature, top_p):
     tok, model = setup
     eng = HFGenerateEngine(model, tok, max_prompt_len=64)
     ro = eng.generate(PROMPTS, SamplingParams(temperature, top_p, 10, seed=5))
-    ref = _recomputed(tok, model, ro, temperature, top_p)
+    ref = recomputed_logprobs(tok, model, ro, temperature, top_p)
     m = ro.response_mask_BTr
     assert m.sum() > 0 and ro.temperature == temperature and ro.top_p == top_p
     assert torch.allclose(ro.behaviour_logp_BTr[m], ref[m], atol=2e-4), \
@@ -100,7 +81,11 @@ def test_config_validation_and_vllm_gate(setup):
         RolloutConfig(temperature=0.0)
     with pytest.raises(ConfigError, match="top_p"):
         RolloutConfig(top_p=1.5)
+    with pytest.raises(ConfigError, match="vllm_dtype"):
+        RolloutConfig(vllm_dtype="auto")
+    with pytest.raises(ConfigError, match="vllm_kv_cache_gb"):
+        RolloutConfig(vllm_kv_cache_gb=0.0)
     assert isinstance(build_engine(RolloutConfig(), model, tok), HFGenerateEngine)
     if importlib.util.find_spec("vllm") is None:
-        with pytest.raises(ConfigError, match="vllm is not installed"):
+        with pytest.raises(ConfigError, match="vllm cannot be imported.*make vllm-env"):
             build_engine(RolloutConfig(backend="vllm"), model, tok)

@@ -152,7 +152,7 @@ def test_teacher_bos_setting_resolution(get_tokenizer):
     from types import SimpleNamespace
 
     from xdistill.errors import ConfigError
-    from xdistill.train.setup import teacher_bos
+    from xdistill.train.teacher_plan import teacher_bos
 
     spm, gpt2 = get_tokenizer("mistral"), get_tokenizer("gpt2")
     t = lambda v: SimpleNamespace(name="t", add_bos=v)  # noqa: E731

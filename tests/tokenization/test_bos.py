@@ -113,19 +113,23 @@ def test_packed_windows_and_prompts_follow_the_model(get_tokenizer):
 
 
 def test_run_configs_resolve_every_setting(get_tokenizer, tmp_path):
-    """The off-policy plan sets data.add_bos and each teacher's from its own model."""
+    """The plan sets data.add_bos and each teacher's from its own model."""
     from types import SimpleNamespace
 
-    from xdistill.train.setup import resolve_bos_settings
+    from xdistill.train.teacher_plan import DistillPlan, plan_teacher, resolve_bos_settings
+
+    def teacher(name, tok, add_bos):
+        return SimpleNamespace(name=name, tokenizer=tok, add_bos=add_bos, max_len=None,
+                               worker=SimpleNamespace(model=""))
 
     cfg = SimpleNamespace(data=SimpleNamespace(add_bos=None),
-                          teachers=[SimpleNamespace(name="gemma", add_bos=None),
-                                    SimpleNamespace(name="smol", add_bos=None),
-                                    SimpleNamespace(name="forced", add_bos=False)])
-    plan = SimpleNamespace(student_tok=get_tokenizer("smollm2-135m"),
-                           teacher_toks={"gemma": get_tokenizer("gemma3-270m"),
-                                         "smol": get_tokenizer("smollm2-135m"),
-                                         "forced": get_tokenizer("gemma3-270m")})
+                          teachers=[teacher("gemma", "gemma3-270m", None),
+                                    teacher("smol", "smollm2-135m", None),
+                                    teacher("forced", "gemma3-270m", False)])
+    student = get_tokenizer("smollm2-135m")
+    plan = DistillPlan(student, {t.name: plan_teacher(t, i, student)
+                                 for i, t in enumerate(cfg.teachers)})
+    assert [tp.add_bos for tp in plan.teachers.values()] == [True, False, False]
     resolve_bos_settings(cfg, plan)
     assert cfg.data.add_bos is False
     assert [t.add_bos for t in cfg.teachers] == [True, False, False]

@@ -200,7 +200,7 @@ def uncommon_answer_fraction(assets: dict) -> float:
     """GOLD diagnostic: fraction of held-out answer tokens (student side) without an
     identical-bytes teacher token, i.e. in GOLD's "uncommon" set."""
     from xdistill.tokenization import load_tokenizer
-    from xdistill.train.setup import shared_vocab
+    from xdistill.train.teacher_plan import shared_vocab
 
     s, t = load_tokenizer(assets["tok_student"]), load_tokenizer(assets["tok_teacher"])
     shared = set(shared_vocab(s, t)[0].tolist())

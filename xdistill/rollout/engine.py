@@ -15,8 +15,9 @@ importance-sampling correction needs; with T = 1 and top_p = 1 (the recommended 
 they are the student's own log-probs at sampling time.
 
 Backends: :class:`HFGenerateEngine` (``transformers`` ``generate``: KV cache, batched with left
-padding, seeded) and :class:`VLLMEngine` (optional, only when ``vllm`` is installed; untested here).
-:func:`build_engine` picks one from :class:`RolloutConfig`.
+padding, seeded) and :class:`xdistill.rollout.vllm_engine.VLLMEngine` (optional: vLLM in its own
+venv, ``make vllm-env``; weights synced from the trainer's student). :func:`xdistill.rollout.build.build_engine`
+picks one from :class:`RolloutConfig`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from xdistill.errors import ConfigError
 from xdistill.rollout.render import encode_prompts, stop_token_ids
 from xdistill.tokenization.bos import resolve_add_bos
 from xdistill.tokenization.tokenizer import padding_id
+
+
+VLLM_DTYPES = ("bfloat16", "float16", "float32")
 
 
 @dataclass
@@ -54,13 +58,22 @@ class RolloutConfig:
     # base seed of the sampling RNG (each call adds its step number)
     seed: int = 0
     # vllm only: copy the student's weights into the vLLM engine every this many optimizer steps
+    # (and once at the start, after any resume)
     sync_every: int = 1
-    # vllm only: path (HF folder) of the student checkpoint the engine starts from
+    # vllm only: path (HF folder) of a checkpoint of the student's architecture the engine starts
+    # from; empty = the trainer's student, exported to a temporary folder (the weights are synced
+    # in at the start either way)
     vllm_model: str = ""
-    # vllm only: fraction of GPU memory vLLM may take
+    # vllm only: fraction of GPU memory vLLM may take (on a GPU host without vllm_kv_cache_gb)
     vllm_gpu_memory_utilization: float = 0.4
-    # vllm only: dtype of the engine's weights
+    # vllm only: GiB of KV cache (vLLM's kv_cache_memory_bytes); null = 1 GiB on a CPU host,
+    # sized by vLLM from vllm_gpu_memory_utilization on a GPU
+    vllm_kv_cache_gb: float | None = None
+    # vllm only: dtype of the engine's weights: bfloat16, float16 or float32 (float32 makes its
+    # behaviour log-probs match the float32 trainer's to ~1e-5)
     vllm_dtype: str = "bfloat16"
+    # vllm only: skip torch.compile and CUDA graphs (quicker start; on a GPU slower decoding)
+    vllm_enforce_eager: bool = True
 
     def __post_init__(self):
         if self.temperature <= 0:
@@ -70,6 +83,12 @@ class RolloutConfig:
             raise ConfigError(f"rollout.top_p must lie in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1 or self.max_prompt_len < 1 or self.sync_every < 1:
             raise ConfigError("rollout.max_new_tokens, max_prompt_len and sync_every must be >= 1")
+        if self.vllm_dtype not in VLLM_DTYPES:
+            raise ConfigError(f"rollout.vllm_dtype must be one of {', '.join(VLLM_DTYPES)}, "
+                              f"got {self.vllm_dtype!r}")
+        if self.vllm_kv_cache_gb is not None and self.vllm_kv_cache_gb <= 0:
+            raise ConfigError(f"rollout.vllm_kv_cache_gb must be > 0 or null, got "
+                              f"{self.vllm_kv_cache_gb}")
 
 
 @dataclass(frozen=True)
@@ -137,6 +156,9 @@ class RolloutEngine(ABC):
 
     def sync_weights(self, model) -> None:  # noqa: B027 - in-process engines share the weights
         """Bring the engine's weights up to date with the student (no-op in-process)."""
+
+    def close(self) -> None:  # noqa: B027 - in-process engines hold nothing
+        """Release the engine's processes and buffers (no-op in-process)."""
 
 
 def _right_pad(rows: list[np.ndarray], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -237,77 +259,6 @@ class HFGenerateEngine(RolloutEngine):
         return Rollouts(prompts, prompt_BTp, prompt_len_B, resp_BTr, length_B.long(), mask_BTr,
                         torch.where(mask_BTr, logp_BTr, torch.zeros_like(logp_BTr)),
                         float(sampling.temperature), float(sampling.top_p), reasons)
-
-
-class VLLMEngine(RolloutEngine):
-    """vLLM offline engine (``vllm.LLM``) -- optional, and UNTESTED in this repository (no vLLM and
-    no GPU in CI): it is constructed only when the config asks for it and raises a
-    :class:`ConfigError` when ``vllm`` is not installed.
-
-    Behaviour log-probs are requested as vLLM's *processed* log-probs (after temperature/top-p,
-    ``logprobs_mode="processed_logprobs"``, vLLM >= 0.10), the same definition as the HF backend.
-    Weight sync: the trainer calls :meth:`sync_weights` every ``RolloutConfig.sync_every``
-    optimizer steps; it streams the student's (full, gathered) state dict into the engine's model
-    with ``load_weights`` (names must follow the HF checkpoint layout the engine was loaded from).
-    """
-
-    def __init__(self, config: RolloutConfig, tokenizer):
-        try:
-            import vllm  # noqa: F401
-        except ImportError:
-            raise ConfigError("rollout.backend is 'vllm' but vllm is not installed; install vllm "
-                              "or set rollout.backend=hf") from None
-        if not config.vllm_model:
-            raise ConfigError("rollout.backend=vllm needs rollout.vllm_model (an HF model folder)")
-        self.config, self.tok = config, tokenizer
-        self.llm = vllm.LLM(model=config.vllm_model, dtype=config.vllm_dtype,
-                            gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-                            logprobs_mode="processed_logprobs", skip_tokenizer_init=True)
-        self.stop_ids = stop_token_ids(tokenizer)
-        self.pad_id = padding_id(tokenizer)
-
-    def generate(self, prompts, sampling: SamplingParams) -> Rollouts:
-        import vllm
-
-        prompts = tuple(prompts)
-        rows = encode_prompts(self.tok, prompts, self.config.max_prompt_len,
-                              add_bos=self.config.add_bos)
-        params = vllm.SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
-                                     max_tokens=sampling.max_new_tokens, seed=sampling.seed,
-                                     logprobs=0, stop_token_ids=list(self.stop_ids),
-                                     detokenize=False)
-        outs = self.llm.generate([{"prompt_token_ids": r.tolist()} for r in rows], params)
-        resp, logps, reasons = [], [], []
-        for o in outs:
-            c = o.outputs[0]
-            ids = np.asarray(c.token_ids, dtype=np.int64)
-            resp.append(ids)
-            logps.append(np.array([lp[int(t)].logprob for t, lp in zip(ids, c.logprobs)],
-                                  dtype=np.float32))
-            reasons.append("stop" if c.finish_reason == "stop" else "length")
-        resp_BTr, len_B = _right_pad(resp, self.pad_id)
-        mask = torch.arange(resp_BTr.shape[1])[None, :] < len_B[:, None]
-        logp = torch.zeros(resp_BTr.shape, dtype=torch.float32)
-        for b, lp in enumerate(logps):
-            logp[b, :lp.size] = torch.from_numpy(lp)
-        prompt_BTp, prompt_len_B = _right_pad(rows, self.pad_id)
-        return Rollouts(prompts, prompt_BTp, prompt_len_B, resp_BTr, len_B, mask, logp,
-                        sampling.temperature, sampling.top_p, tuple(reasons))
-
-    def sync_weights(self, model) -> None:
-        state = {k: v.detach() for k, v in model.state_dict().items()}
-        runner = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner
-        runner.model.load_weights(state.items())
-
-
-def build_engine(config: RolloutConfig, model, tokenizer) -> RolloutEngine:
-    """The engine ``config.backend`` names (``model``: the in-process student, for "hf")."""
-    if config.backend == "hf":
-        return HFGenerateEngine(model, tokenizer, max_prompt_len=config.max_prompt_len,
-                                add_bos=config.add_bos)
-    if config.backend == "vllm":
-        return VLLMEngine(config, tokenizer)
-    raise ConfigError(f"unknown rollout.backend {config.backend!r}; allowed: hf, vllm")
 
 
 def sampling_for_step(config: RolloutConfig, step: int, rank: int = 0,

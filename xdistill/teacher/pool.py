@@ -116,12 +116,13 @@ class TeacherPool:
                 if client.name in views:
                     steps[client.name] = client.submit(views[client.name])
         except BaseException:
-            self._drain(steps)
+            self.discard(steps)
             raise
         return steps
 
-    def _drain(self, steps: dict[str, int]) -> None:
-        """Collect and release already submitted steps after a failed submit (errors ignored)."""
+    def discard(self, steps: dict[str, int]) -> None:
+        """Collect and release submitted steps whose outputs nobody will read (after a failure;
+        teacher errors ignored)."""
         for name, step in steps.items():
             try:
                 self.clients[name].collect(step).release()
@@ -158,7 +159,7 @@ class TeacherPool:
 
     def submit_remote(self, batch) -> dict[str, int]:
         """Send ``batch`` to the remote teachers only (they compute while this process works);
-        :meth:`complete` later runs the in-process teachers and collects everything."""
+        :meth:`submit_inprocess` later runs the in-process teachers, :meth:`collect` gathers all."""
         views = self._views(batch)
         steps = {}
         try:
@@ -166,15 +167,14 @@ class TeacherPool:
                 if client.placement != "inprocess" and client.name in views:
                     steps[client.name] = client.submit(views[client.name])
         except BaseException:
-            self._drain(steps)
+            self.discard(steps)
             raise
         return steps
 
-    def complete(self, batch, remote_steps: dict[str, int] | None) -> TeacherResults:
-        """Every teacher's output for ``batch`` whose remote part was submitted ahead
-        (``remote_steps`` from :meth:`submit_remote`; None = submit everything now)."""
-        if remote_steps is None:
-            return self.forward(batch)
+    def submit_inprocess(self, batch, remote_steps: dict[str, int]) -> dict[str, int]:
+        """Run the in-process teachers on ``batch`` now (their outputs wait in their slots) and
+        return every teacher's step, ``remote_steps`` (from :meth:`submit_remote`) included, for
+        :meth:`collect`."""
         views = self._views(batch)
         steps = dict(remote_steps)
         try:
@@ -182,9 +182,9 @@ class TeacherPool:
                 if client.placement == "inprocess" and client.name in views:
                     steps[client.name] = client.submit(views[client.name])
         except BaseException:
-            self._drain(steps)
+            self.discard(steps)
             raise
-        return self.collect(steps)
+        return steps
 
     def close(self) -> None:
         errors = []

@@ -8,7 +8,8 @@ The loop, checkpoints, evaluation cadence and export are the shared core
    :class:`xdistill.train.pipeline.MicroBatchStream` that submits the next micro-batches to
    remote teachers while the student computes (``train.pipeline_teachers``);
 2. their loss units are counted (the core sums them over ranks: ``num_valid``);
-3. per micro-batch: teachers (in-process now, remote ones collected) -> student forward ->
+3. per micro-batch (:func:`xdistill.train.forward.teachers_and_student`): in-process teachers
+   -> student forward (remote teachers compute meanwhile) -> remote outputs collected ->
    ``MultiTeacherLoss`` -> backward (gradient sync only on the last micro-batch).
 
 Checkpoints (``checkpoint.every``) hold model, optimizer, scheduler, every loader's state (as of
@@ -33,10 +34,6 @@ from xdistill.train.step import micro_step, record_report, sum_counts, window_ha
 
 log = get_logger("train")
 STOP_EXIT_CODE = core.STOP_EXIT_CODE
-
-
-def _teacher_keys(cfg) -> dict:
-    return {t.name: f"teachers.{i}.tokenizer" for i, t in enumerate(cfg.teachers)}
 
 
 class OffPolicyMode(TrainMode):
@@ -66,20 +63,21 @@ class OffPolicyMode(TrainMode):
     def build(self, run: Run) -> None:
         cfg, env = run.cfg, run.env
         run.accum = grad_accum_steps(cfg, env.world_size)
-        self.loaders = setup.build_loaders(cfg, run.plan, env.rank, env.world_size, self.shards)
+        self.loaders = setup.build_loaders(cfg.data, run.plan, env.rank, env.world_size,
+                                           self.shards)
         self.loss_fn = setup.build_loss(cfg, run.plan)
         self.pool = setup.build_pool(cfg, run.plan)
         if cfg.eval.paths and cfg.eval.every >= 0:
             data = replace(cfg.data, num_workers=0, epochs=None)
-            self.eval_loaders = setup.build_loaders(cfg, run.plan, env.rank, env.world_size,
-                                                    self.shards, data=data, paths=cfg.eval.paths)
+            self.eval_loaders = setup.build_loaders(data, run.plan, env.rank, env.world_size,
+                                                    self.shards, paths=cfg.eval.paths)
 
     def start(self, run: Run) -> None:
         from xdistill.train.pipeline import MicroBatchStream
 
         if self.pool is not None:
             self.pool.start()
-            self.pool.check_tokenizers(run.plan.teacher_toks, _teacher_keys(run.cfg))
+            self.pool.check_tokenizers(run.plan.tokenizers(), run.plan.tokenizer_keys())
         lookahead = 0
         if self.pool is not None and run.cfg.train.pipeline_teachers and self.pool.has_remote:
             lookahead = max(0, self.pool.remote_slots - 1)
@@ -95,20 +93,20 @@ class OffPolicyMode(TrainMode):
             return self.stream.peek_step(step)
 
     def units(self, micros: list) -> dict[str, int]:
-        return sum_counts(self.loss_fn, micros, self._ce)
+        return sum_counts(self.loss_fn, [m.batch for m in micros], self._ce)
 
     def micro_step(self, run, micro, num_valid, timers, metrics) -> None:
+        """``micro``: a :class:`PendingMicro` of :meth:`micro_batches`; the stream submits it (and
+        the next ones) to the remote teachers as it is consumed."""
         with timers("data"):
-            pending = self.stream.take(self.stream.current_step)
-        if pending.batch is not micro:
-            raise RuntimeError("off-policy micro-batches consumed out of order")
-        report = micro_step(run.model, self.loss_fn, self.pool, micro, num_valid, timers,
+            self.stream.consume(micro)
+        batch = micro.batch
+        report = micro_step(run.model, self.loss_fn, self.pool, batch, num_valid, timers,
                             device=run.device, ce_weight=run.cfg.loss.ce_weight,
-                            remote=pending.remote,
-                            label_smoothing=run.cfg.loss.label_smoothing)
+                            remote=micro.remote, label_smoothing=run.cfg.loss.label_smoothing)
         record_report(metrics, report)
-        metrics.add("tokens", micro.stats.student_tokens)
-        metrics.add("forward_tokens", micro.stats.student_tokens)
+        metrics.add("tokens", batch.stats.student_tokens)
+        metrics.add("forward_tokens", batch.stats.student_tokens)
 
     def evaluate(self, run, step: int):
         if not self.eval_loaders:
@@ -123,7 +121,7 @@ class OffPolicyMode(TrainMode):
 
     def log_samples(self, run, step: int, micros: list) -> None:
         path = core.out_path(run.cfg, f"samples_rank{xdist.get_rank()}.jsonl")
-        hashes = [h for b in micros for h in window_hashes(b)]
+        hashes = [h for m in micros for h in window_hashes(m.batch)]
         with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps({"step": step, "hashes": hashes}) + "\n")
 

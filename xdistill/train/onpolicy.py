@@ -15,8 +15,9 @@ micro-batches ``m`` (``train.global_batch_size / (prompts.batch_size x world)`` 
 4. remote teachers start scoring, the student runs its forward meanwhile, then per-teacher
    on-policy losses with static weights, normalised by the global unit count -> backward.
 
-After the optimizer step, ``engine.sync_weights(model)`` every ``rollout.sync_every`` steps (a
-no-op in-process). Metrics: clamp counters, mean log-ratio, coverage, tool-token ratio, the time
+After the optimizer step, ``engine.sync_weights(model)`` every ``rollout.sync_every`` steps, and
+once at the start after any resume (a no-op in-process; vLLM: :mod:`xdistill.rollout.vllm_engine`).
+Metrics: clamp counters, mean log-ratio, coverage, tool-token ratio, the time
 split. With ``loss.offpolicy_lambda > 0`` a fraction of the steps instead trains on off-policy
 batches from ``offpolicy.data`` (:func:`xdistill.train.onpolicy_step.build_mix`).
 """
@@ -31,6 +32,7 @@ import torch
 
 from xdistill import distributed as xdist
 from xdistill.data.loader import WatchedIterator
+from xdistill.errors import ConfigError
 from xdistill.train import core
 from xdistill.train.config import grad_accum_steps
 from xdistill.train.mode import Run, TrainMode
@@ -128,33 +130,32 @@ class OnPolicyMode(TrainMode):
         return -1
 
     def build(self, run: Run) -> None:
-        from xdistill.data import TeacherTokenization
         from xdistill.rollout import RolloutScorer, build_engine
         from xdistill.teacher import TeacherPool
-        from xdistill.train.setup import teacher_bos
 
         cfg, env, plan = run.cfg, run.env, run.plan
         run.accum = grad_accum_steps(cfg, env.world_size, cfg.prompts.batch_size)
         if cfg.loss.offpolicy_lambda > 0:
             self.mix = build_mix(cfg, plan, env)
-        self.scorer = RolloutScorer(
-            plan.student_tok,
-            [TeacherTokenization(t.name, plan.teacher_toks[t.name], t.max_len,
-                            add_bos=teacher_bos(t, plan.teacher_toks[t.name]))
-             for t in cfg.teachers],
-            student_add_bos=cfg.rollout.add_bos, chunks=cfg.scoring.chunks, method=cfg.scoring.method)
+        self.scorer = RolloutScorer(plan.student_tok, plan.tokenizations(),
+                                    student_add_bos=cfg.rollout.add_bos, chunks=cfg.scoring.chunks,
+                                    method=cfg.scoring.method)
         self.pool = TeacherPool([t.worker for t in cfg.teachers])
         self.loaders = [prompt_loader(cfg, env.rank, env.world_size)] + (
             self.mix.loaders if self.mix else [])
+        if cfg.rollout.backend == "vllm" and env.world_size > 1:
+            raise ConfigError(f"rollout.backend=vllm runs in one trainer process for now; this run "
+                              f"has {env.world_size} (use rollout.backend=hf with torchrun)")
         gen_model = _SyncedGenerate(run.model) if env.distributed else run.model
         self.engine = build_engine(cfg.rollout, gen_model, plan.student_tok)
         if plan.needs_reference:
             self.reference = _frozen_initial_student(cfg, run.device)
 
     def start(self, run: Run) -> None:
+        # an engine with its own copy of the weights (vLLM) starts from the student as resumed
+        self.engine.sync_weights(run.model)
         self.pool.start()
-        self.pool.check_tokenizers(run.plan.teacher_toks, {
-            t.name: f"teachers.{i}.tokenizer" for i, t in enumerate(run.cfg.teachers)})
+        self.pool.check_tokenizers(run.plan.tokenizers(), run.plan.tokenizer_keys())
         self.iters = [WatchedIterator(ld, "prompt" if i == 0 else "data")
                       for i, ld in enumerate(self.loaders)]
 
@@ -168,8 +169,7 @@ class OnPolicyMode(TrainMode):
 
     def units(self, micros: list) -> dict[str, int]:
         if micros and micros[0][0] == "offpolicy":
-            return sum_counts(self.mix.loss_fn, [b for _, b in micros],
-                              self.mix.cfg.loss.ce_weight > 0)
+            return sum_counts(self.mix.loss_fn, [b for _, b in micros], self.mix.ce_weight > 0)
         total: dict[str, int] = {}
         for _, (indices, _, scored) in micros:
             for k, n in local_units(self._plan, scored.batch, self.rows(indices),
@@ -222,6 +222,8 @@ class OnPolicyMode(TrainMode):
         return {"prompts_batch_size": cfg.prompts.batch_size}
 
     def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
         if self.pool is not None:
             self.pool.close()
 

@@ -2,10 +2,16 @@
 
 Legend: B samples, Ts/Tt student/teacher tokens, Vs/Vt vocabularies, K top-k, N shared vocabulary.
 
-Plan (:func:`build_onpolicy_plan`, before any model loads): tokenizers, which teachers share the
-student's tokenizer (identity views, ``align=None``), the :class:`OnPolicyLossSpec` and static
-weight of each teacher, projections (``reverse_kl``/``jsd`` through ``cross: projection``) and
-shared vocabularies (``cross: exact``).
+Plan (:func:`build_onpolicy_plan`, before any model loads): the per-teacher plans both modes
+share (:mod:`xdistill.train.teacher_plan`: tokenizers, which teachers share the student's tokenizer
+-- identity views, ``align=None`` --, BOS settings, projections for ``reverse_kl``/``jsd`` through
+``cross: projection``, shared vocabularies for ``cross: exact`` and ``strict_topk``), the
+:class:`OnPolicyLossSpec` and static weight of each teacher, and with ``loss.offpolicy_lambda >
+0`` the off-policy loss specs of the mixed-in batches (:func:`mix_specs`, checked by the
+off-policy planner :func:`xdistill.train.setup.plan_offpolicy_teacher`).
+
+A scored batch runs through the step skeleton both modes share
+(:func:`xdistill.train.forward.teachers_and_student`); this module supplies its loss.
 
 Loss of a step: ``L = sum_i w_i * L_i`` with ``L_i = (1 / N_i) * sum_units loss_u``, where
 ``N_i`` is teacher ``i``'s global number of loss units (tokens for a same-tokenizer teacher,
@@ -23,12 +29,11 @@ Timing (seconds per step): ``generation``, ``score`` (re-render, re-tokenize, al
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
-from xdistill import distributed as xdist
 from xdistill.errors import ConfigError
+from xdistill.losses import MultiTeacherLoss
 from xdistill.losses.bytecredit import credit_alignment, uses_byte_credit
 from xdistill.losses.chunks import ChunkAlignment
 from xdistill.losses.onpolicy_kinds import FULL_LOGITS_KINDS, KINDS_2026, KindParams
@@ -36,37 +41,33 @@ from xdistill.losses.policy import PPOClip
 from xdistill.losses.onpolicy import (Clamps, OnPolicyLossSpec, count_onpolicy_units, counter_keys,
                                       onpolicy_loss, reward_weights)
 from xdistill.train import setup
+from xdistill.train.config import TeacherLossConfig
+from xdistill.train.forward import student_logits, teachers_and_student
 from xdistill.train.onpolicy_config import OnPolicyConfig
-
-if TYPE_CHECKING:
-    from xdistill.tokenization.tokenizer import Tokenizer
+from xdistill.train.teacher_plan import (DistillPlan, TeacherPlan, load_student_tokenizer,
+                                         plan_teacher, resolve_bos_settings, resolve_student_bos,
+                                         with_projection, with_shared)
 
 
 @dataclass
-class OnPolicyPlan:
-    """Everything decided before compute (see the module doc)."""
+class OnPolicyPlan(DistillPlan):
+    """Everything decided before compute (see the module doc): the student's and teachers' plans
+    (:class:`DistillPlan`: tokenizers, same-tokenizer flags, BOS, projections for ``cross:
+    projection``, shared vocabularies for ``cross: exact`` and strict_topk) and the losses."""
 
-    # the student's tokenizer
-    student_tok: Tokenizer
-    # teacher name -> tokenizer
-    teacher_toks: dict
-    # teacher name -> True when its tokenizer fingerprint equals the student's
-    same_tok: dict
     # teacher name -> OnPolicyLossSpec
-    specs: dict
+    specs: dict = field(default_factory=dict)
     # teacher name -> static weight
-    weights: dict
-    # teacher name -> torch sparse CSR proj_VsVt (cross route projection)
-    projections: dict = field(default_factory=dict)
-    # teacher name -> (student ids [N], teacher ids [N]) of identical token bytes (cross route
-    # exact, strict_topk)
-    shared: dict = field(default_factory=dict)
+    weights: dict = field(default_factory=dict)
     # teacher name -> BytePrefixTables (bpm, escd)
     tables: dict = field(default_factory=dict)
     # teacher name -> LongTokenTables (bpm, escd with loss.long_tokens)
     long_tables: dict = field(default_factory=dict)
     # True when some teacher's simple_opd uses the reference KL (needs the initial student)
     needs_reference: bool = False
+    # the off-policy loss specs of the mixed-in batches, in config order (loss.offpolicy_lambda
+    # > 0; else empty)
+    mix_specs: list = field(default_factory=list)
 
 
 def _kind_params(tl, clamps, baseline: str) -> KindParams:
@@ -77,51 +78,51 @@ def _kind_params(tl, clamps, baseline: str) -> KindParams:
 
 
 def build_onpolicy_plan(cfg: OnPolicyConfig) -> OnPolicyPlan:
-    """Load tokenizers/projections and check every teacher/loss pairing (no model loads)."""
+    """Load tokenizers/projections and check every teacher/loss pairing, the mixed-in
+    off-policy losses' included (no model loads)."""
     lc = cfg.loss
     clamps = Clamps(lc.logp_min, lc.loss_max, lc.exp_clip)
-    student = setup._load_tok(cfg.student_tokenizer, cfg.student.path, "student_tokenizer")
-    plan = OnPolicyPlan(student, {}, {}, {}, {})
+    student = load_student_tokenizer(cfg)
+    plan = OnPolicyPlan(student)
     for i, t in enumerate(cfg.teachers):
-        key, tl = f"teachers.{i}", t.loss
-        tok = setup._load_tok(t.tokenizer, t.worker.model, f"{key}.tokenizer")
-        same = tok.fingerprint == student.fingerprint
-        plan.teacher_toks[t.name], plan.same_tok[t.name] = tok, same
-        plan.specs[t.name] = OnPolicyLossSpec(tl.kind, tl.beta, tl.temperature, tl.cross, clamps,
-                                              unpaired=lc.unpaired,
-                                              credit="token" if same else lc.credit,
-                                              stop_advantage=lc.stop_advantage,
-                                              params=_kind_params(tl, clamps,
-                                                                  lc.advantage_baseline),
-                                              baseline=lc.advantage_baseline)
-        plan.weights[t.name] = float(tl.weight)
-        plan.needs_reference |= tl.kind == "simple_opd" and tl.ref_beta > 0
-        if tl.kind == "topk_kl" and not same:
-            raise ConfigError(f"{key}.loss.kind: 'topk_kl' needs the student's tokenizer; teacher "
-                              f"{t.name!r} uses {tok.name!r}, the student {student.name!r}")
-        if tl.kind in ("bpm", "escd"):
-            plan.tables[t.name] = byteprefix_tables(student, tok)
-            if tl.long_tokens:
-                from xdistill.rollout.bytecredit import build_long_token_tables
-                plan.long_tables[t.name] = build_long_token_tables(student.table, tok.table)
-        if tl.kind == "strict_topk" or (not same and tl.kind in ("reverse_kl", "jsd")
-                                        and tl.cross == "exact"):
-            plan.shared[t.name] = _shared(key, student, tok)
-        elif not same and tl.kind in ("reverse_kl", "jsd"):
-            if not tl.projection:
-                raise ConfigError(f"{key}.loss.projection: cross-tokenizer {tl.kind!r} through "
-                                  "the projection needs an artifact (or set loss.cross = exact)")
-            plan.projections[t.name] = setup._projection(t, key, student, tok)
-    setup.resolve_bos_settings(cfg, plan, "rollout")
+        plan.teachers[t.name] = _plan_teacher_loss(plan, t, plan_teacher(t, i, student), clamps, lc)
+    resolve_bos_settings(cfg, plan, "rollout")
+    if lc.offpolicy_lambda > 0:
+        resolve_student_bos(cfg, student, "offpolicy.data")
+        plan.mix_specs = mix_specs(cfg, plan)
     return plan
 
 
-def _shared(key: str, student, tok):
-    s_N, t_N = setup.shared_vocab(student, tok)
-    if s_N.numel() == 0:
-        raise ConfigError(f"{key}: no token has identical bytes in {student.name!r} and "
-                          f"{tok.name!r}; use loss.cross = projection")
-    return s_N, t_N
+def _plan_teacher_loss(plan: OnPolicyPlan, t, tp: TeacherPlan, clamps, lc) -> TeacherPlan:
+    """Record teacher ``t``'s on-policy loss spec, weight and tables in ``plan``; returns ``tp``
+    with the projection or shared vocabulary its loss needs."""
+    tl, same, student, tok = t.loss, tp.same_tokenizer, plan.student_tok, tp.tokenizer
+    plan.specs[t.name] = OnPolicyLossSpec(tl.kind, tl.beta, tl.temperature, tl.cross, clamps,
+                                          unpaired=lc.unpaired,
+                                          credit="token" if same else lc.credit,
+                                          stop_advantage=lc.stop_advantage,
+                                          params=_kind_params(tl, clamps, lc.advantage_baseline),
+                                          baseline=lc.advantage_baseline)
+    plan.weights[t.name] = float(tl.weight)
+    plan.needs_reference |= tl.kind == "simple_opd" and tl.ref_beta > 0
+    if tl.kind == "topk_kl" and not same:
+        raise ConfigError(f"{tp.key}.loss.kind: 'topk_kl' needs the student's tokenizer; teacher "
+                          f"{t.name!r} uses {tok.name!r}, the student {student.name!r}")
+    if tl.kind in ("bpm", "escd"):
+        plan.tables[t.name] = byteprefix_tables(student, tok)
+        if tl.long_tokens:
+            from xdistill.rollout.bytecredit import build_long_token_tables
+            plan.long_tables[t.name] = build_long_token_tables(student.table, tok.table)
+    if tl.kind == "strict_topk":
+        return with_shared(tp, student, "loss 'strict_topk' works on the shared vocabulary")
+    if not same and tl.kind in ("reverse_kl", "jsd") and tl.cross == "exact":
+        return with_shared(tp, student, f"loss {tl.kind!r} with loss.cross = exact works on the "
+                           "shared vocabulary", "use loss.cross = projection")
+    if not same and tl.kind in ("reverse_kl", "jsd"):
+        return with_projection(tp, tl.projection, student,
+                               f"cross-tokenizer {tl.kind!r} through the projection needs an "
+                               "artifact (or set loss.cross = exact)")
+    return tp
 
 
 def byteprefix_tables(student, teacher):
@@ -139,7 +140,8 @@ def byteprefix_tables(student, teacher):
 def teacher_alignment(plan: OnPolicyPlan, name: str, view):
     """None for an identity view of a same-tokenizer teacher, else the view's chunk alignment
     (the 2026 kinds always work on chunks: the identity view's for a same-tokenizer teacher)."""
-    if view.identity and plan.same_tok[name] and plan.specs[name].kind not in KINDS_2026:
+    if (view.identity and plan.teachers[name].same_tokenizer
+            and plan.specs[name].kind not in KINDS_2026):
         return None
     return ChunkAlignment.from_view(view)
 
@@ -208,10 +210,11 @@ def teacher_inputs(plan: OnPolicyPlan, name: str, view, out, s_width: int) -> tu
         return align, dict(kw, topk_logp_BTtK=out.topk_logp_BTtK, topk_idx_BTtK=out.topk_idx_BTtK,
                            tail_logmass_BTt=out.tail_logmass_BTt)
     kw["teacher_logits_BTtV"] = logits
-    if name in plan.projections:
-        kw["projection"] = plan.projections[name]  # moved (and cached) by the loss itself
-    if name in plan.shared:
-        s_N, t_N = plan.shared[name]
+    tp = plan.teachers[name]
+    if tp.projection is not None:
+        kw["projection"] = tp.projection  # moved (and cached) by the loss itself
+    if tp.shared is not None:
+        s_N, t_N = tp.shared
         kw.update(shared_s_idx_N=s_N.to(logits.device), shared_t_idx_N=t_N.to(logits.device))
     return align, kw
 
@@ -229,9 +232,9 @@ def _kind_inputs(plan, name, spec, out, logits, view) -> dict:
     else:
         kw["teacher_token_logp_BTt"] = input_token_logprobs(
             logits, view.input_ids_BTt.to(logits.device), temperature=spec.temperature)
-    if name in plan.shared:
-        s_N, t_N = plan.shared[name]
-        kw.update(shared_s_idx_N=s_N, shared_t_idx_N=t_N)
+    shared = plan.teachers[name].shared
+    if shared is not None:
+        kw.update(shared_s_idx_N=shared[0], shared_t_idx_N=shared[1])
     if name in plan.tables:
         kw["tables"] = plan.tables[name]
     if name in plan.long_tables:
@@ -247,7 +250,7 @@ def byte_credit_terms(plan, name: str, batch, align, stop_BTs, s_mask_BTs):
     merged = credit_alignment(spec.kind, spec.stop_advantage, align, stop_BTs, s_mask_BTs,
                               view.loss_mask_BTt)
     cpu = (lambda x: None if x is None else x.cpu())  # noqa: E731
-    student, teacher = plan.student_tok, plan.teacher_toks[name]
+    student, teacher = plan.student_tok, plan.teachers[name].tokenizer
     return build_byte_terms(student.table, teacher.table, cpu(batch.input_ids_BTs),
                             cpu(view.input_ids_BTt), ChunkAlignment(*map(cpu, (
                                 merged.s_chunk_BTs, merged.t_chunk_BTt, merged.chunk_valid_BC,
@@ -316,20 +319,12 @@ def loss_and_backward(run, scored, timers, *, backward: bool = True) -> dict:
 
 def scored_step(run, scored, num_valid, timers, metrics, *, backward: bool = True,
                 rows=None) -> None:
-    """Teachers, student forward, weighted on-policy losses and backward of one scored batch.
+    """Teachers, student forward, weighted on-policy losses and backward of one scored batch
+    (:func:`xdistill.train.forward.teachers_and_student`: remote teachers compute while the
+    student runs its forward)."""
+    cfg, plan = run.cfg, run.plan
 
-    Remote teachers are submitted first and compute while the student runs its forward."""
-    cfg, plan, pool = run.cfg, run.plan, run.mode.pool
-    with timers("transport"):
-        batch = scored.batch.to(run.device, non_blocking=True)
-    with timers("teacher"):
-        remote = pool.submit_remote(batch)
-    results = None
-    try:
-        with timers("student"):
-            logits = setup_student_logits(run.model, batch)
-        with timers("teacher"):
-            results = pool.complete(batch, remote)
+    def loss_of(logits, batch, results):
         outputs = {name: results[name].to(run.device) for name in plan.specs}
         weights = sample_weights(scored, cfg.loss.reward_beta)
         if weights is not None:
@@ -341,14 +336,10 @@ def scored_step(run, scored, num_valid, timers, metrics, *, backward: bool = Tru
                                    sample_weight_B=weights, stop_BTs=stop,
                                    behaviour_logp_BTs=scored.behaviour_logp_BTs.to(run.device),
                                    ref_logp_BTs=ref, rows=rows, chunk_size=cfg.loss.chunk_size)
-        if backward:
-            with timers("student"):
-                loss.backward()
-    finally:
-        if results is not None:
-            results.release()
-        elif remote:
-            pool.collect(remote).release()
+        return loss, None
+
+    teachers_and_student(run.model, run.mode.pool, scored.batch, timers, loss_of,
+                         device=run.device, backward=backward)
 
 
 @torch.no_grad()
@@ -357,14 +348,8 @@ def reference_logprobs(run, batch) -> torch.Tensor:
     by the mode for simple_opd's reference KL)."""
     from xdistill.losses.onpolicy import input_token_logprobs
 
-    ref = run.mode.reference
-    logits = setup_student_logits(ref, batch)
+    logits = student_logits(run.mode.reference, batch)
     return input_token_logprobs(logits.float(), batch.input_ids_BTs, batch.loss_mask_BTs)
-
-
-def setup_student_logits(model, batch) -> torch.Tensor:
-    return model(input_ids=batch.input_ids_BTs, attention_mask=batch.attention_mask_BTs.long(),
-                 use_cache=False).logits
 
 
 def finish_metrics(metrics: dict, plan: OnPolicyPlan) -> dict:
@@ -384,12 +369,10 @@ def finish_metrics(metrics: dict, plan: OnPolicyPlan) -> dict:
 class OffPolicyMix:
     """Off-policy batches mixed into an on-policy run (``loss.offpolicy_lambda > 0``)."""
 
-    # the equivalent off-policy run config (teachers with their off-policy loss kinds)
-    cfg: object
-    # its plan (tokenizers, projections, loss specs)
-    plan: object
-    # MultiTeacherLoss over the off-policy kinds
-    loss_fn: object
+    # MultiTeacherLoss over the teachers' off-policy kinds (OnPolicyPlan.mix_specs)
+    loss_fn: MultiTeacherLoss
+    # weight of the student's own next-token CE on these batches (offpolicy.ce_weight)
+    ce_weight: float
     # one resumable loader of this rank's shard of offpolicy.data
     loaders: list
 
@@ -415,38 +398,38 @@ def derived_offpolicy_kind(t, same: bool) -> str:
     return "alm"
 
 
-def offpolicy_config(cfg: OnPolicyConfig, plan: OnPolicyPlan):
-    """The :class:`OffPolicyConfig` of the mixed-in batches (shares student, teachers, optim)."""
-    from xdistill.train.config import (LossConfig, OffPolicyConfig, TeacherLossConfig,
-                                       TeacherRunConfig)
-    from xdistill.train.run_config import TrainConfig
+def mix_teacher_loss(t, same: bool) -> TeacherLossConfig:
+    """Teacher ``t``'s off-policy loss on mixed-in batches: :func:`derived_offpolicy_kind`, its
+    on-policy weight, temperature, projection and JSD beta, and the divergence direction of its
+    on-policy kind (reverse for reverse_kl / strict_topk, jsd for jsd, else forward)."""
+    tl = t.loss
+    direction = {"reverse_kl": "reverse", "jsd": "jsd", "strict_topk": "reverse"}.get(
+        tl.kind, "forward")
+    return TeacherLossConfig(kind=derived_offpolicy_kind(t, same), weight=tl.weight,
+                             temperature=tl.temperature, projection=tl.projection,
+                             direction=direction, beta=tl.beta)
 
-    teachers = []
+
+def mix_specs(cfg: OnPolicyConfig, plan: OnPolicyPlan) -> list:
+    """The mixed-in batches' :class:`TeacherSpec` per teacher, checked against the tokenizer pair
+    and worker output like an off-policy run's (:func:`setup.plan_offpolicy_teacher`; the
+    on-policy plan's projection or shared vocabulary is reused when it has one)."""
+    specs = []
     for t in cfg.teachers:
-        kind = derived_offpolicy_kind(t, plan.same_tok[t.name])
-        direction = {"reverse_kl": "reverse", "jsd": "jsd", "strict_topk": "reverse"}.get(
-            t.loss.kind, "forward")
-        loss = TeacherLossConfig(kind=kind, weight=t.loss.weight, temperature=t.loss.temperature,
-                                 projection=t.loss.projection, direction=direction,
-                                 beta=t.loss.beta)
-        teachers.append(TeacherRunConfig(name=t.name, tokenizer=t.tokenizer, max_len=t.max_len,
-                                         add_bos=t.add_bos, worker=t.worker, loss=loss))
-    data = cfg.offpolicy.data
-    train = TrainConfig(steps=cfg.train.steps, global_batch_size=0, seed=cfg.train.seed,
-                        out_dir=cfg.train.out_dir)
-    return OffPolicyConfig(student=cfg.student, student_tokenizer=cfg.student_tokenizer,
-                           teachers=teachers, data=data,
-                           loss=LossConfig(ce_weight=cfg.offpolicy.ce_weight,
-                                           chunk_size=cfg.loss.chunk_size),
-                           optim=cfg.optim, scheduler=cfg.scheduler, train=train)
+        tp = plan.teachers[t.name]
+        _, spec = setup.plan_offpolicy_teacher(tp, mix_teacher_loss(t, tp.same_tokenizer),
+                                               t.worker.output, plan.student_tok)
+        specs.append(spec)
+    return specs
 
 
 def build_mix(cfg: OnPolicyConfig, plan: OnPolicyPlan, env) -> OffPolicyMix:
-    """Plan, loss and this rank's loader of the off-policy batches (reusing train.setup)."""
-    off = offpolicy_config(cfg, plan)
-    off_plan = setup.build_plan(off)
-    loaders = setup.build_loaders(off, off_plan, env.rank, env.world_size, env.world_size)
-    return OffPolicyMix(off, off_plan, setup.build_loss(off, off_plan), loaders)
+    """Loss and this rank's loader of the off-policy batches (:attr:`OnPolicyPlan.mix_specs`)."""
+    loss_fn = MultiTeacherLoss(plan.mix_specs, weighting="static",
+                               ce_weight=cfg.offpolicy.ce_weight, chunk_size=cfg.loss.chunk_size)
+    loaders = setup.build_loaders(cfg.offpolicy.data, plan, env.rank, env.world_size,
+                                  env.world_size)
+    return OffPolicyMix(loss_fn, cfg.offpolicy.ce_weight, loaders)
 
 
 def offpolicy_micro(run, batch, num_valid, timers, metrics) -> None:
@@ -455,6 +438,6 @@ def offpolicy_micro(run, batch, num_valid, timers, metrics) -> None:
 
     mix = run.mode.mix
     report = micro_step(run.model, mix.loss_fn, run.mode.pool, batch, num_valid, timers,
-                        device=run.device, ce_weight=mix.cfg.loss.ce_weight)
+                        device=run.device, ce_weight=mix.ce_weight)
     record_report(metrics, report)
     metrics.add("tokens", batch.stats.student_tokens)

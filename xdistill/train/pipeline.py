@@ -58,13 +58,6 @@ class MicroBatchStream:
         self._next_step: int | None = None
 
     @property
-    def current_step(self) -> int:
-        """The step of the next micro-batch to consume."""
-        if not self._queue:
-            raise RuntimeError("micro-batch stream is empty")
-        return self._queue[0].step
-
-    @property
     def per_step(self) -> int:
         return self.accum * len(self.iters)
 
@@ -92,29 +85,29 @@ class MicroBatchStream:
             if micro.remote is None:
                 micro.remote = self.pool.submit_remote(micro.batch)
 
-    def take(self, step: int) -> PendingMicro:
-        """The next micro-batch of ``step``, with the following ones submitted ahead."""
-        if self._next_step is None:
-            self.start(step)
-        while len(self._queue) < 1 + self.lookahead and self._may_pull():
-            self._pull_step()
-        micro = self._queue[0]
-        if micro.step != step:
-            raise RuntimeError(f"micro-batch stream out of order: asked for step {step}, the "
-                               f"next micro-batch belongs to step {micro.step}")
-        self._submit_ahead(1 + self.lookahead)
-        return self._queue.popleft()
-
-    def peek_step(self, step: int) -> list:
-        """The CPU batches of ``step`` (pulled if needed) without consuming or submitting them:
-        the trainer counts their loss units before the first micro-batch runs."""
+    def peek_step(self, step: int) -> list[PendingMicro]:
+        """The micro-batches of ``step`` (pulled if needed), in consumption order, neither consumed
+        nor submitted: the trainer counts their loss units before the first one runs, then hands
+        each to :meth:`consume`."""
         if self._next_step is None:
             self.start(step)
         while sum(1 for m in self._queue if m.step == step) < self.per_step:
             if self._next_step > step:
                 raise RuntimeError(f"step {step} is no longer in the micro-batch stream")
             self._pull_step()
-        return [m.batch for m in self._queue if m.step == step]
+        return [m for m in self._queue if m.step == step]
+
+    def consume(self, micro: PendingMicro) -> PendingMicro:
+        """Take ``micro`` (the next micro-batch, from :meth:`peek_step`) off the stream: it and the
+        ``lookahead`` micro-batches after it are submitted to the remote teachers (their step ids
+        in ``micro.remote``); returns it."""
+        if not self._queue or self._queue[0] is not micro:
+            raise RuntimeError("micro-batches consumed out of order: the one given is not the "
+                               "next in the stream")
+        while len(self._queue) < 1 + self.lookahead and self._may_pull():
+            self._pull_step()
+        self._submit_ahead(1 + self.lookahead)
+        return self._queue.popleft()
 
     def state_after(self, step: int) -> list:
         """Loader states right after ``step`` was consumed (for its checkpoint)."""

@@ -9,23 +9,21 @@ micro-batch's backward then adds ``d(sum_mb / n_global)``, gradient accumulation
 FSDP's *sum* reduction over ranks (``student.grad_reduce = "sum"``) adds the ranks' parts: the
 update equals one process on the whole global batch, whatever the split.
 
-Timing (seconds, per step, this rank): ``data`` waiting for the loader, ``teacher`` teacher
-forwards (:meth:`TeacherPool.forward`), ``transport`` moving batches and teacher outputs to the
-student device and building loss inputs, ``student`` student forward + backward (the loss's
-backward included), ``loss`` the loss forward, ``optim`` clip + optimizer + scheduler.
+Timing (seconds, per step, this rank): ``data`` waiting for the loader, ``teacher`` in-process
+teacher forwards and waiting for remote ones, ``transport`` moving batches and teacher outputs
+to the student device and building loss inputs, ``student`` student forward + backward (the
+loss's backward included), ``loss`` the loss forward, ``optim`` clip + optimizer + scheduler.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from contextlib import nullcontext
-
-import torch
 
 from xdistill.losses import ChunkAlignment, TeacherLossInput
 from xdistill.losses import cross_entropy
 from xdistill.losses.multi_teacher import SAME_TOKENIZER_LOSSES, LossReport
+from xdistill.train.forward import teachers_and_student
 from xdistill.train.metrics import Timers, all_reduce_counts
 
 
@@ -88,11 +86,6 @@ def window_hashes(batch) -> list[str]:
     return out
 
 
-def student_logits(model, batch) -> torch.Tensor:
-    return model(input_ids=batch.input_ids_BTs, attention_mask=batch.attention_mask_BTs.long(),
-                 use_cache=False).logits
-
-
 def compute_loss(loss_fn, ce_weight, logits_BTsVs, batch, inputs, num_valid,
                  label_smoothing: float = 0.0):
     """(loss tensor, :class:`LossReport`) of one micro-batch, normalised by the global
@@ -126,35 +119,22 @@ def record_report(metrics, report: LossReport) -> None:
 def micro_step(model, loss_fn, pool, batch, num_valid, timers: Timers, *, device,
                ce_weight: float = 0.0, backward: bool = True, hook=None,
                remote: dict | None = None, label_smoothing: float = 0.0) -> LossReport:
-    """Teachers, student forward, loss and (optionally) backward of one micro-batch.
+    """Teachers, student forward, loss and (optionally) backward of one micro-batch
+    (:func:`xdistill.train.forward.teachers_and_student` with the multi-teacher loss).
 
     Returns the micro-batch's :class:`LossReport` (terms already divided by the global counts,
     so summing them over micro-batches and ranks gives the step's values). ``hook(logits,
     batch)`` is called after the student forward (evaluation uses it). ``remote``: the remote
     teachers' step ids when the batch was submitted ahead (:mod:`xdistill.train.pipeline`).
-    The teachers' output slots are released only after the backward (autograd may hold views of
-    them).
     """
-    with timers("transport"):
-        batch = batch.to(device, non_blocking=True)
-    with timers("teacher"):
-        results = pool.complete(batch, remote) if pool is not None else None
-    try:
+    specs = loss_fn.specs if loss_fn is not None else ()
+
+    def loss_of(logits, batch, results):
         with timers("transport"):
-            specs = loss_fn.specs if loss_fn is not None else ()
             inputs = loss_inputs(specs, batch, results, device) if results is not None else []
-        grad = nullcontext() if backward else torch.no_grad()
-        with grad, timers("student"):
-            logits = student_logits(model, batch)
-        if hook is not None:
-            hook(logits, batch)
-        with grad, timers("loss"):
-            loss, report = compute_loss(loss_fn, ce_weight, logits, batch, inputs, num_valid,
-                                        label_smoothing)
-        if backward:
-            with timers("student"):
-                loss.backward()
-    finally:
-        if results is not None:
-            results.release()
-    return report
+        with timers("loss"):
+            return compute_loss(loss_fn, ce_weight, logits, batch, inputs, num_valid,
+                                label_smoothing)
+
+    return teachers_and_student(model, pool, batch, timers, loss_of, device=device,
+                                remote=remote, backward=backward, hook=hook)
