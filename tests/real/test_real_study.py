@@ -1,0 +1,34 @@
+"""The real-model evidence study (``benchmarks/real/study.py``, PROTOCOL.md) end to end in its
+2-step plumbing mode: every stage runs the real trainer on Gemma-3-270M / SmolLM2-135M, and the
+confirmatory table is generated from the raw ``results.json`` with both test families. Slow (a
+few minutes on 2 cores): the numbers mean nothing at 2 steps, the plumbing does."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.real, pytest.mark.integration, pytest.mark.slow]
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "real" / "study.py"
+
+
+def test_smoke_study_runs_every_stage_and_generates_the_table(tmp_path):
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    out = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--smoke"],
+                         capture_output=True, text=True, env=env, timeout=3600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    state = json.loads((tmp_path / "study.json").read_text())
+    assert set(state) == {"ce_lr", "teacher", "pkl_lr", "smoothing", "confirm"}
+    assert [c["step"] for c in state["teacher"]["checks"]] == [1, 2]
+    raw = json.loads((tmp_path / "evidence" / "results.json").read_text())
+    assert sorted(raw["runs"]) == sorted(state["confirm"]["arms"])
+    assert all("ood" in r["final"] for arm in raw["runs"].values() for r in arm.values())
+    text = (tmp_path / "evidence" / "RESULTS.md").read_text()
+    assert "| pkl vs ce |" in text and "| pkl vs self_kl |" in text
+    assert "twelfth_night" in text and "out-of-domain bpb" in text
