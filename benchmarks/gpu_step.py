@@ -187,7 +187,7 @@ def child(variant: str, cfg_path: str, result_path: str) -> None:
 
     def micro_batches(run_, step, timers):
         micros = take(run_, step, timers)
-        collate[step] = sum(m.stats.collate_seconds for m in micros)
+        collate[step] = sum(m.batch.stats.collate_seconds for m in micros)  # PendingMicro
         return micros
 
     run.mode.micro_batches = micro_batches
