@@ -25,6 +25,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterable, Iterator
+from itertools import islice
 from pathlib import Path
 
 from xdistill.assets.paths import asset_dir
@@ -41,22 +43,25 @@ def passages(max_chars: int = 600, limit: int | None = None,
              plays: list[str] | None = None) -> list[str]:
     """Shakespeare split at blank lines and regrouped into passages of up to ``max_chars``
     (``plays``: only these plays, by file stem, e.g. ``["tempest"]``; default all)."""
-    out, cur = [], ""
-    paths = sorted(shakespeare_dir().glob("*.txt"))
-    for path in [p for p in paths if plays is None or p.stem in plays]:
-        for para in path.read_text(encoding="utf-8").split("\n\n"):
-            para = para.strip()
-            if not para:
-                continue
-            if cur and len(cur) + len(para) > max_chars:
-                out.append(cur)
-                cur = ""
-            cur = f"{cur}\n\n{para}" if cur else para
-            if limit is not None and len(out) >= limit:
-                return out
+    paths = [p for p in sorted(shakespeare_dir().glob("*.txt")) if plays is None or p.stem in plays]
+    paras = (para for path in paths for para in path.read_text(encoding="utf-8").split("\n\n"))
+    return list(islice(group_paragraphs(paras, max_chars), limit))
+
+
+def group_paragraphs(paras: Iterable[str], max_chars: int) -> Iterator[str]:
+    """Paragraphs (stripped, empty ones dropped) joined by blank lines into passages of up to
+    ``max_chars`` (a longer paragraph is a passage of its own)."""
+    cur = ""
+    for para in paras:
+        para = para.strip()
+        if not para:
+            continue
+        if cur and len(cur) + len(para) > max_chars:
+            yield cur
+            cur = ""
+        cur = f"{cur}\n\n{para}" if cur else para
     if cur:
-        out.append(cur)
-    return out
+        yield cur
 
 
 def make_corpus(out: Path, n_train: int = 400, n_eval: int = 40, max_chars: int = 600) -> tuple[Path, Path]:

@@ -26,20 +26,16 @@ def ood_passages(max_chars: int = 600, limit_kb: int = OOD_KB) -> list[str]:
     """The first ``limit_kb`` KB of the Python reference topics, in passages of paragraphs."""
     from pydoc_data.topics import topics
 
-    out, cur, total = [], "", 0
-    for key in sorted(topics):
-        for para in topics[key].split("\n\n"):
-            para = para.strip()
-            if not para:
-                continue
-            if cur and len(cur) + len(para) > max_chars:
-                out.append(cur)
-                total += len(cur.encode())
-                cur = ""
-                if total >= limit_kb * 1024:
-                    return out
-            cur = f"{cur}\n\n{para}" if cur else para
-    return out + ([cur] if cur else [])
+    from xdistill.tiny import group_paragraphs
+
+    paras = (para for key in sorted(topics) for para in topics[key].split("\n\n"))
+    out, total = [], 0
+    for passage in group_paragraphs(paras, max_chars):
+        out.append(passage)
+        total += len(passage.encode())
+        if total >= limit_kb * 1024:
+            break
+    return out
 
 
 def texts(slice_kb: int) -> dict[str, list[str]]:

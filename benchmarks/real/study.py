@@ -109,13 +109,20 @@ def save(args, state: dict, name: str, raw) -> None:
         (folder / "study.json").write_text(json.dumps(state, indent=1))
 
 
+def tune(args, state, stage: str, arm: str, a: dict, values, key: str, ev: dict) -> float:
+    """One tuning stage: ``arm`` over ``values`` of ``key`` on validation, the best value (by
+    :func:`best`) recorded in ``state[stage]`` with its grid, the raw runs saved."""
+    table = grid(args, a, arm, values, key, args.tune_seeds, ev["valid"], stage)
+    chosen = best(table)
+    state[stage] = {"chosen": chosen, "valid_bpb": table[f"{chosen:g}"]["mean"],
+                    "grid": {k: {"bpb": v["bpb"], "mean": v["mean"]} for k, v in table.items()}}
+    save(args, state, stage, table)
+    say(f"[study] {stage}: {key} {chosen:g} (validation bpb {state[stage]['valid_bpb']:.4f})")
+    return chosen
+
+
 def stage_ce_lr(args, state, a, ev) -> None:
-    table = grid(args, a, "ce", args.lr_grid, "lr", args.tune_seeds, ev["valid"], "ce_lr")
-    lr = best(table)
-    state["ce_lr"] = {"chosen": lr, "valid_bpb": table[f"{lr:g}"]["mean"],
-                      "grid": {k: {"bpb": v["bpb"], "mean": v["mean"]} for k, v in table.items()}}
-    save(args, state, "ce_lr", table)
-    say(f"[study] CE-only rate {lr:g} (validation bpb {state['ce_lr']['valid_bpb']:.4f})")
+    tune(args, state, "ce_lr", "ce", a, args.lr_grid, "lr", ev)
 
 
 def stage_teacher(args, state, a, ev, data) -> None:
@@ -145,21 +152,12 @@ def stage_teacher(args, state, a, ev, data) -> None:
 
 def stage_pkl_lr(args, state, a, ev) -> None:
     a = {**a, "teacher": state["teacher"]["chosen"]["model"]}
-    table = grid(args, a, "pkl", args.lr_grid, "lr", args.tune_seeds, ev["valid"], "pkl_lr")
-    state["pkl_lr"] = {"chosen": best(table),
-                       "grid": {k: {"bpb": v["bpb"], "mean": v["mean"]} for k, v in table.items()}}
-    save(args, state, "pkl_lr", table)
-    say(f"[study] distillation rate {state['pkl_lr']['chosen']:g}")
+    tune(args, state, "pkl_lr", "pkl", a, args.lr_grid, "lr", ev)
 
 
 def stage_smoothing(args, state, a, ev) -> None:
     a = {**a, "lr": state["ce_lr"]["chosen"]}
-    table = grid(args, a, "ce_ls", args.ls_grid, "label_smoothing", args.tune_seeds, ev["valid"],
-                 "smoothing")
-    state["smoothing"] = {"chosen": best(table), "grid": {
-        k: {"bpb": v["bpb"], "mean": v["mean"]} for k, v in table.items()}}
-    save(args, state, "smoothing", table)
-    say(f"[study] label smoothing {state['smoothing']['chosen']:g}")
+    tune(args, state, "smoothing", "ce_ls", a, args.ls_grid, "label_smoothing", ev)
 
 
 def stage_confirm(args, state, a, ev, data) -> None:
