@@ -21,12 +21,18 @@ heartbeat every 10 s; results are written after every part, so a kill keeps what
              full logits / projected / top-k teacher outputs and over CUDA IPC;
 4. ``cpu``   (only when asked: ``--parts cpu``) ``benchmarks/real/step.py --random-init`` on the
              host CPU, GPU hidden, 2 cores (``taskset``): the real-pair step (Gemma-3-270M ->
-             SmolLM2-135M shapes) float32 vs ``dtype: auto``, 2 rounds; on a CPU with AMX-BF16
+             SmolLM2-135M shapes) float32 vs ``dtype: auto`` vs float32 with glibc's default
+             allocator (``--cpu-variants``), 2 rounds (``--cpu-repeats``); on a CPU with AMX-BF16
              this is the bf16 speed-up the 2-core development machines (no AMX) cannot show.
+5. ``profile`` (only when asked: ``--parts profile``) ``benchmarks/real/profile_step.py
+             --random-init``: the same step's ops under torch.profiler, float32 and auto, on the
+             same 2 cores: which ops the bf16 step still spends its time in.
 
 Writes ``gpu_check.json`` and ``gpu_check.md`` (plus ``tests.log``, ``junit.xml``, ``step.log``,
-``step.md``: six files) into ``--out``. ``--dry-run`` runs the same parts on CPU: the environment, the GPU
-tests' collection (they import and are selected), and the step benchmark with 2-layer models.
+``step.md``: six files; the cpu and profile parts add ``cpu.log``, ``cpu_step.md``,
+``profile.log``, ``profile_step.md``) into ``--out``. ``--dry-run`` runs the same parts on CPU:
+the environment, the GPU tests' collection (they import and are selected), and the step
+benchmark with 2-layer models.
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ DEFAULT_BUDGET_S = 480.0
 # seconds at most per part; "step" gets the rest. On an H200 machine (2026-11-26) env took 11 s,
 # the 9 GPU tests > 210 s (~30 s per trainer CLI run there), a step variant 50-90 s
 PART_SHARE = {"env": 30.0, "tests": 200.0}
-PARTS = ("env", "tests", "step", "cpu")
+PARTS = ("env", "tests", "step", "cpu", "profile")
 
 
 def say(msg: str) -> None:
@@ -323,15 +329,19 @@ def part_commands(args, out: Path, work: Path, left_s: float) -> dict[str, list[
         step += ["--tiny", "--steps", "2", "--batch", "2", "--micro-batch", "1",
                  "--seq-len", "128", "--workers", "1"]
     cpu = [py, str(REPO / "benchmarks" / "real" / "step.py"), "--random-init", "--variants",
-           "float32,auto", "--repeats", "2", "--out", str(out / "cpu_step.md")]
+           args.cpu_variants, "--repeats", str(args.cpu_repeats), "--out", str(out / "cpu_step.md")]
+    profile = [py, str(REPO / "benchmarks" / "real" / "profile_step.py"), "--random-init",
+               "--variants", "float32,auto", "--out", str(out / "profile_step.md")]
     if args.bundle and (Path(args.bundle) / CPU_PROJECTION).is_file():
         cpu += ["--projection", str(Path(args.bundle) / CPU_PROJECTION)]
+        profile += ["--projection", str(Path(args.bundle) / CPU_PROJECTION)]
     if args.dry_run:
         cpu += ["--steps", "2", "--batch", "1", "--seq-len", "16", "--repeats", "1"]
+        profile += ["--steps", "1", "--batch", "1", "--seq-len", "16", "--top", "5"]
     if shutil.which("taskset"):      # 2 cores, as the machines the CPU numbers come from
-        cpu = ["taskset", "-c", "0,1", *cpu]
+        cpu, profile = ["taskset", "-c", "0,1", *cpu], ["taskset", "-c", "0,1", *profile]
     return {"env": [py, str(Path(__file__).resolve()), "--child-env", str(work / "env.json")],
-            "tests": tests, "step": step, "cpu": cpu}
+            "tests": tests, "step": step, "cpu": cpu, "profile": profile}
 
 
 def check(args) -> int:
@@ -351,7 +361,7 @@ def check(args) -> int:
         share = args.tests_limit_s if name == "tests" and args.tests_limit_s else None
         limit = min(share or PART_SHARE.get(name, left), left)
         log = (work if name == "env" else out) / f"{name}.log"
-        res = run_part(name, cmd, {**env, "CUDA_VISIBLE_DEVICES": ""} if name == "cpu" else env,
+        res = run_part(name, cmd, {**env, "CUDA_VISIBLE_DEVICES": ""} if name in ("cpu", "profile") else env,
                        log, limit)
         if name == "env" and (work / "env.json").is_file():
             res["report"] = json.loads((work / "env.json").read_text())
@@ -391,7 +401,7 @@ def markdown(results: dict, out: Path) -> str:
         lines += [f"* FAILED `{f['test']}`: {f['message']}" for f in summary["failures"]]
         if summary.get("unfinished"):
             lines.append(f"* killed at the part's limit while running `{summary['unfinished']}`")
-    for md in ("step.md", "cpu_step.md"):
+    for md in ("step.md", "cpu_step.md", "profile_step.md"):
         if (out / md).is_file():
             lines += ["", (out / md).read_text(encoding="utf-8")]
     return "\n".join(lines) + "\n"
@@ -411,6 +421,9 @@ def main(argv=None) -> int:
                     help=f"comma-separated, from {', '.join(PARTS)}")
     ap.add_argument("--variants", default="",
                     help="step benchmark variants, in order (default: all; dry run: logits,topk)")
+    ap.add_argument("--cpu-variants", default="float32,auto,system",
+                    help="benchmarks/real/step.py variants of the cpu part")
+    ap.add_argument("--cpu-repeats", type=int, default=2, help="rounds of the cpu part")
     ap.add_argument("--tests-k", default="",
                     help="pytest -k expression for the tests part (e.g. rerun what a lease missed)")
     ap.add_argument("--tests-limit-s", type=float, default=0.0,

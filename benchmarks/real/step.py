@@ -1,7 +1,7 @@
 """Real-pair off-policy step on CPU: Gemma-3-270M teacher -> SmolLM2-135M student (P-KL).
 
     .venv/bin/python benchmarks/real/step.py [--steps 6] [--batch 4] [--seq-len 64]
-        [--variants before,split,threads,projected,pipelined,bf16,eager,cached,float32,auto]
+        [--variants before,split,threads,projected,pipelined,bf16,eager,cached,float32,auto,system]
         [--repeats 1] [--random-init] [--projection NPZ]
         [--out FILE]
 
@@ -41,6 +41,9 @@ above it, except the last four):
 * ``auto``      ``threads`` with ``dtype: auto`` (teacher) and ``param_dtype: auto`` (student),
                 the defaults: bfloat16 where torch reports fast bf16 units, else float32.
                 Compare it with ``float32`` in the same run.
+* ``system``    ``float32`` with ``train.host_allocator: system``: glibc returns every large
+                freed block to the OS and page-faults it in again next step (every other variant
+                runs with the default, ``auto`` = reuse on CPU; ``xdistill/host_memory.py``).
 
 Top-k teacher outputs are not a variant: cross-tokenizer P-KL needs the teacher's full
 distribution (logits or projected); ``output: topk`` serves same-tokenizer ``topk_kl``.
@@ -59,7 +62,7 @@ import time
 from pathlib import Path
 
 VARIANTS = ("before", "split", "threads", "projected", "pipelined", "bf16", "eager", "cached",
-            "float32", "auto")
+            "float32", "auto", "system")
 PHASES = ("data", "teacher", "transport", "student", "loss", "optim")
 
 
@@ -133,7 +136,8 @@ def config(variant: str, a: dict, args, out: Path) -> dict:
             "loss": {"ce_weight": 0.1, "chunk_size": 64},
             "optim": {"lr": 1e-5}, "scheduler": {"kind": "constant"},
             "train": {"steps": args.steps, "out_dir": str(out), "tensorboard": False,
-                      "num_threads": threads, "pipeline_teachers": variant == "pipelined"},
+                      "num_threads": threads, "pipeline_teachers": variant == "pipelined",
+                      "host_allocator": "system" if variant == "system" else "auto"},
             "checkpoint": {"export_hf": False, "resume": ""}}
 
 
@@ -157,7 +161,7 @@ def child(variant: str, cfg_path: str) -> dict:
         ms = [core.train_step(run, s) for s in range(1, cfg.train.steps + 1)][1:]
         cache = getattr(engine, "cache", None)
         note = "" if cache is None else cache.summary()
-        if variant in ("float32", "bf16", "auto"):
+        if variant in ("float32", "bf16", "auto", "system"):
             from xdistill.student.mixed import compute_dtype_of
 
             weights = next(engine.model.parameters()).dtype if engine is not None else "?"

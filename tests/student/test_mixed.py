@@ -151,3 +151,24 @@ def test_resume_is_bitwise_under_auto_with_bf16_units(tmp_path, monkeypatch):
     assert all(torch.equal(a[k], b[k]) for k in a)
     f32 = train(str(tmp_path / "f32.pt"), 6, student={"param_dtype": "float32"})
     assert f32 != full  # auto really computed in bf16 here
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_a_plain_embedding_table_is_never_cast_whole(kind, monkeypatch):
+    """A plain nn.Embedding looks up float32 rows and casts them: its table is cast only by a
+    tied output head (once per forward), and its gradient is float32 all the way."""
+    from xdistill.student import mixed
+
+    model, _ = _pair(kind)
+    cast = []
+    real = mixed.ShadowCast._cast
+    monkeypatch.setattr(mixed.ShadowCast, "_cast",
+                        lambda self, p: cast.append(id(p)) or real(self, p))
+    emb = model.get_input_embeddings()
+    seen = []
+    emb.register_forward_hook(lambda m, a, out: seen.append(out.dtype), prepend=True)
+    model(input_ids=torch.tensor([[1, 2, 3]])).logits.float().sum().backward()
+    tied = model.get_output_embeddings().weight is emb.weight
+    assert cast.count(id(emb.weight)) == (1 if tied else 0)
+    assert seen == [torch.float32]  # the rows before the cast
+    assert emb.weight.grad.dtype == torch.float32

@@ -15,6 +15,13 @@ optimizer, its state, checkpoints and exports see only them), and every module c
 * without autograd (evaluation, generation) the copies are cached until a parameter changes
   (its version counter or storage), so a generate loop casts the weights once, not per token.
 
+An embedding table is not cast: its module looks up float32 rows and casts only them (the same
+values as rows of a cast table), so a step never copies the whole table for the few rows it reads
+(SmolLM2's is 49k x 576, tied to the output head, which casts it once); its gradient reaches the
+master in float32 without a compute-dtype copy of the table's size. Only a plain ``nn.Embedding``
+forward qualifies: one that computes on its rows (Gemma-3 scales them in the weights' dtype) casts
+its table as every other module does.
+
 Losses and log-softmax stay float32 in :mod:`xdistill.losses` (they upcast their inputs).
 Buffers are not cast (rotary frequencies stay float32), as in FSDP2.
 """
@@ -35,6 +42,9 @@ class ShadowCast:
         self._cache: dict[int, tuple[tuple, torch.Tensor]] = {}
         self._handles = []
         for module in model.modules():
+            if type(module).forward is nn.Embedding.forward:  # float32 rows, then cast
+                self._handles.append(module.register_forward_hook(self._cast_output))
+                continue
             names = [n for n, p in module.named_parameters(recurse=False)
                      if p is not None and p.is_floating_point()]
             if names:
@@ -59,6 +69,11 @@ class ShadowCast:
             for n in names:
                 module.__dict__[n] = self._cast(module._parameters[n])
         return hook
+
+    def _cast_output(self, module: nn.Module, args, output):
+        if isinstance(output, torch.Tensor) and output.is_floating_point():
+            return output.to(self.compute_dtype)
+        return output
 
     @staticmethod
     def _post(names: list[str]):

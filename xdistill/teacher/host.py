@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from xdistill.child_signals import ignore_stop_signals
+from xdistill.host_memory import HOST_ALLOCATOR_ENV, apply_host_allocator
 from xdistill.teacher.transport import make_writer
 from xdistill.teacher.worker import TeacherRequest
 
@@ -41,6 +42,7 @@ class WorkerHost:
             torch.set_num_threads(num_threads)
         self.engine = engine_factory()
         self.info = self.engine.info
+        apply_host_allocator(os.environ.get(HOST_ALLOCATOR_ENV, "auto"), str(self.info.device))
         self.writer = make_writer(transport, n_slots, self.info.device)
 
     def handle(self, slot: int, step: int, ids_BTt: np.ndarray, mask_BTt: np.ndarray) -> dict:

@@ -46,6 +46,7 @@ import torch
 
 from xdistill import distributed as xdist
 from xdistill.errors import TeacherError, XDistillError
+from xdistill.host_memory import HOST_ALLOCATOR_ENV, apply_host_allocator
 from xdistill.log import get_logger, init_logging
 from xdistill.metrics import MetricsWriter
 from xdistill.train.metrics import StepMetrics, Timers, all_reduce_counts, first_nonfinite
@@ -78,6 +79,16 @@ def set_num_threads(cfg: RunConfig) -> None:
 
         torch.set_num_threads(cfg.train.num_threads)
         set_align_threads(cfg.train.num_threads)
+
+
+def set_host_allocator(cfg: RunConfig) -> None:
+    """``train.host_allocator`` for this process and, through the environment, the teacher
+    worker processes it starts (:mod:`xdistill.host_memory`)."""
+    device = cfg.train.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    apply_host_allocator(cfg.train.host_allocator, device)
+    os.environ[HOST_ALLOCATOR_ENV] = cfg.train.host_allocator
 
 
 def build_student_stack(cfg: RunConfig, env: DistEnv, mode: TrainMode,
@@ -343,6 +354,7 @@ def build(cfg: RunConfig, mode: TrainMode) -> Run:
     env = xdist.init_distributed()
     plan = mode.plan(cfg, env)
     set_num_threads(cfg)
+    set_host_allocator(cfg)
     device, model, optimizer, scheduler = build_student_stack(cfg, env, mode, plan.student_tok)
     run = Run(cfg, env, mode, plan, device, model, optimizer, scheduler)
     mode.build(run)

@@ -62,6 +62,11 @@ class TrainConfig:
     # torch intra-op and aligner (numba) threads of the training process (0 = their defaults:
     # one per core)
     num_threads: int = 0
+    # large freed host blocks: "reuse" keeps them in the process for the next step (glibc
+    # mallopt; no page faults re-touching fresh memory every step; resident memory stays at its
+    # peak), "system" = the C library's default (return them to the OS), "auto" = reuse on a CPU
+    # device, system on CUDA. Teacher worker processes follow the trainer's choice
+    host_allocator: Literal["auto", "reuse", "system"] = "auto"
     # a step whose loss or gradient norm is NaN/inf is skipped (no optimizer update) and logged
     # with the teachers whose terms were non-finite; the run stops with an error after this many
     # such steps in a row (or when no step of the run was finite)
