@@ -216,20 +216,26 @@ def arm_config(arm: str, seed: int, args, a: dict, out: Path) -> dict:
 
 
 def run_arm(arm: str, seed: int, args, a: dict, root: Path) -> dict:
+    from onpolicy_arms import ONPOLICY_ARMS, onpolicy_config
+
     out = root / "runs" / arm / f"seed{seed}"
-    cfg = arm_config(arm, seed, args, a, out)
-    job = {"cfg": cfg, "eval": a["eval"], "eval_every": args.eval_every,
+    onpolicy = arm in ONPOLICY_ARMS
+    cfg = (onpolicy_config if onpolicy else arm_config)(arm, seed, args, a, out)
+    every = args.eval_every * (cfg["train"]["steps"] // args.steps) if onpolicy else args.eval_every
+    job = {"cfg": cfg, "eval": a["eval"], "eval_every": every,
            "teacher_preds": a["teacher_preds"],
-           **({"final_evals": a["final_evals"]} if a.get("final_evals") else {})}
+           **({"final_evals": a["final_evals"]} if a.get("final_evals") else {}),
+           **({"samples": a["samples"]} if a.get("samples") else {})}
     result = out / "result.json"
     if result.exists() and json.loads(result.read_text()).get("digest") == _digest(job):
         say(f"[{arm} seed {seed}] cached")
         return json.loads(result.read_text())
     out.mkdir(parents=True, exist_ok=True)
     (out / "job.json").write_text(json.dumps(job))
-    say(f"[{arm} seed {seed}] training {args.steps} steps (log: {out / 'run.log'})")
-    stream([sys.executable, str(HERE / "distill_eval.py"), "arm", str(out / "job.json")], out / "run.log",
-           f"{arm} seed {seed}", args.steps)
+    steps = cfg["train"]["steps"]
+    say(f"[{arm} seed {seed}] training {steps} steps (log: {out / 'run.log'})")
+    stream([sys.executable, str(HERE / "distill_eval.py"), "arm", str(out / "job.json")],
+           out / "run.log", f"{arm} seed {seed}", steps)
     res = json.loads(result.read_text())
     last = res["curve"][-1]
     agree = "" if last["agree"] is None else f", agreement {last['agree']:.4f}"

@@ -99,20 +99,35 @@ def start(job: dict) -> dict:
     return {"figures": figures, "preds": job["preds"]}
 
 
-def run_arm(job: dict) -> dict:
+def build_arm_run(cfg_dict: dict):
+    """(run, config, the student's add_bos): an on-policy run when the config has a ``rollout``
+    section (``onpolicy_arms.py``), else off-policy."""
     from xdistill.config import from_dict
     from xdistill.train import core
+
+    if "rollout" in cfg_dict:
+        from xdistill.train.onpolicy import OnPolicyMode
+        from xdistill.train.onpolicy_config import OnPolicyConfig
+
+        cfg = from_dict(OnPolicyConfig, cfg_dict)
+        return core.build(cfg, OnPolicyMode()), cfg, False
     from xdistill.train.config import OffPolicyConfig
     from xdistill.train.offpolicy import OffPolicyMode
 
-    cfg = from_dict(OffPolicyConfig, job["cfg"])
+    cfg = from_dict(OffPolicyConfig, cfg_dict)
+    return core.build(cfg, OffPolicyMode()), cfg, cfg.data.add_bos
+
+
+def run_arm(job: dict) -> dict:
+    from xdistill.train import core
+
     teacher = load_preds(job["teacher_preds"]) if job.get("teacher_preds") else None
+    run, cfg, add_bos = build_arm_run(job["cfg"])
     ev, every, steps = job["eval"], job["eval_every"], cfg.train.steps
-    run = core.build(cfg, OffPolicyMode())
     tok = run.plan.student_tok
 
     def evaluate(step: int) -> dict:
-        point = {"step": step, "bpb": held_out_bpb(run.model, tok, ev, cfg.data.add_bos),
+        point = {"step": step, "bpb": held_out_bpb(run.model, tok, ev, add_bos),
                  "agree": None if teacher is None else
                  agreement(greedy_by_offset(run.model, tok, ev["texts"], False), teacher)}
         agree = "" if teacher is None else f" | agreement {point['agree']:.4f}"
@@ -131,14 +146,21 @@ def run_arm(job: dict) -> dict:
             if step == steps or (every > 0 and step % every == 0):
                 curve.append(evaluate(step))
         seconds = time.perf_counter() - t0
-        final = {name: held_out_bpb(run.model, tok, e, cfg.data.add_bos)
+        final = {name: held_out_bpb(run.model, tok, e, add_bos)
                  for name, e in job.get("final_evals", {}).items()}   # e.g. out-of-domain text
         for name, bpb in final.items():
             say(f"final {name} bpb {bpb:.4f}")
     finally:
         run.mode.close()
+    samples = None
+    if job.get("samples"):       # the student's own text, judged by the teacher (samples.py)
+        from samples import sample_figures
+
+        samples = sample_figures(run.model, tok, job["samples"])
+        say(f"samples | teacher bpb {samples['teacher_bpb_on_samples']:.4f} | repetition "
+            f"{samples['repetition']:.3f}")
     return {"curve": curve, "losses": losses, "seconds": seconds,
-            **({"final": final} if final else {})}
+            **({"final": final} if final else {}), **({"samples": samples} if samples else {})}
 
 
 def adapt(job: dict) -> dict:

@@ -19,7 +19,12 @@ ARM_TEXT = {"ce": "CE only on the slice", "pkl": "P-KL to the adapted Gemma (mul
             "SmolLM2 (same tokenizer) + CE, weight 1 each",
             "ce_ls": "CE + label smoothing (eps tuned on validation)",
             "pkl_stock": "P-KL to the *stock* Gemma (not adapted) + CE",
-            "self_kl": "CE + forward KL to the stock student only (a soft target, nothing new)"}
+            "self_kl": "CE + forward KL to the stock student only (a soft target, nothing new)",
+            "op_k1": "on-policy k1 to the adapted Gemma (the student's samples of slice prompts; "
+            "as many student tokens as an off-policy arm)",
+            "op_k1_byte": "on-policy k1 with byte-level credit, otherwise as `op_k1`"}
+ONPOLICY_ARMS = ("op_k1", "op_k1_byte")
+SAMPLE_KEYS = ("teacher_bpb_on_samples", "repetition")
 
 
 def _ms(values: list[float]) -> tuple[float, float]:
@@ -36,6 +41,10 @@ def summarise(results: dict) -> dict:
                     "per_seed": {s: r["curve"][-1]["bpb"] for s, r in runs.items()}}
         if all("ood" in r.get("final", {}) for r in runs.values()):
             out[arm]["ood"] = _ms([r["final"]["ood"] for r in runs.values()])
+        if all("samples" in r for r in runs.values()):
+            for key in SAMPLE_KEYS:
+                out[arm][key] = _ms([r["samples"][key] for r in runs.values()])
+                out[arm][f"per_seed_{key}"] = {s: r["samples"][key] for s, r in runs.items()}
     return out
 
 
@@ -46,7 +55,7 @@ def gain_lines(summary: dict) -> list[str]:
 
     if "ce" not in summary:
         return []
-    arms = [arm for arm in summary if arm != "ce"]
+    arms = [arm for arm in summary if arm != "ce" and arm not in ONPOLICY_ARMS]  # family C
     if not arms:
         return []
     per_seed = {arm: s["per_seed"] for arm, s in summary.items()}
@@ -72,6 +81,31 @@ def control_lines(summary: dict) -> list[str]:
             *format_comparisons(rows, "bits/byte").rstrip("\n").split("\n")]
 
 
+def onpolicy_lines(summary: dict) -> list[str]:
+    """Family C (PROTOCOL.md, amendment 1): on-policy against off-policy P-KL at equal student
+    tokens on test bits per byte, and every teacher arm against CE only on the teacher's bits per
+    byte on the student's samples; Holm over the comparisons of each measure."""
+    from xdistill.quality.stats import compare, format_comparisons
+
+    ops = [arm for arm in ONPOLICY_ARMS if arm in summary]
+    if not ops or "pkl" not in summary:
+        return []
+    per_seed = {arm: s["per_seed"] for arm, s in summary.items()}
+    rows = compare(per_seed, [(arm, "pkl") for arm in ops], higher_is_better=False,
+                   shared_seeds=True)
+    lines = ["", "On-policy (amendment 1, family C): against P-KL at equal student tokens, test "
+             "bits per byte:", "", *format_comparisons(rows, "bits/byte").rstrip("\n").split("\n")]
+    key = "per_seed_teacher_bpb_on_samples"
+    if "ce" in summary and all(key in summary[a] for a in [*ops, "pkl", "ce"]):
+        per_seed = {arm: summary[arm][key] for arm in [*ops, "pkl", "ce"]}
+        rows = compare(per_seed, [(arm, "ce") for arm in [*ops, "pkl"]], higher_is_better=False,
+                       shared_seeds=True)
+        lines += ["", "The teacher's bits per byte on the student's samples of test prompts "
+                  "(the on-policy objective), against CE only:", "",
+                  *format_comparisons(rows, "teacher bits/byte").rstrip("\n").split("\n")]
+    return lines
+
+
 def data_lines(meta: dict) -> list[str]:
     """The data paragraph: the protocol's own (``meta["data_text"]``) or the first recipe's."""
     if "data_text" in meta:
@@ -93,19 +127,24 @@ def block(results: dict, meta: dict) -> str:
              *data_lines(meta), "Starting figures (held-out):", ""]
     lines += [f"- {k}: {v:.4f}" for k, v in meta["start"]["figures"].items()]
     ood = all("ood" in s for s in summary.values())
+    smp = all(SAMPLE_KEYS[0] in s for s in summary.values())
     lines += ["", "| arm | what | held-out bpb (mean ± std) | teacher agreement | "
-              + ("out-of-domain bpb | " if ood else "") + "seeds | s/run |",
-              "|---|---|---|---|" + ("---|" if ood else "") + "---|---|"]
+              + ("out-of-domain bpb | " if ood else "")
+              + ("teacher bpb on samples | 4-gram repetition | " if smp else "") + "seeds | s/run |",
+              "|---|---|---|---|" + ("---|" if ood else "") + ("---|---|" if smp else "")
+              + "---|---|"]
     for arm, s in summary.items():
         (bm, bs), (am, as_) = s["bpb"], s["agree"]
         extra = f"{s['ood'][0]:.4f} ± {s['ood'][1]:.4f} | " if ood else ""
+        if smp:
+            extra += " | ".join(f"{s[k][0]:.4f} ± {s[k][1]:.4f}" for k in SAMPLE_KEYS) + " | "
         lines.append(f"| `{arm}` | {ARM_TEXT.get(arm, arm)} | {bm:.4f} ± {bs:.4f} | {am:.4f} ± "
                      f"{as_:.4f} | {extra}{s['seeds']} | {s['seconds']:.0f} |")
     lines += ["", "Against CE only (gain = lower held-out bits per byte; Welch and paired t over "
               "seeds, each Holm-adjusted over the comparisons below; raw per-seed values in "
               "`results.json` beside this file):", ""]
-    lines += gain_lines(summary) + control_lines(summary) + ["", "![curves](curves.png)", "",
-                                                             END]
+    lines += (gain_lines(summary) + control_lines(summary) + onpolicy_lines(summary)
+              + ["", "![curves](curves.png)", "", END])
     return "\n".join(lines)
 
 

@@ -65,6 +65,6 @@ def prepare_splits(root: Path, slice_kb: int) -> dict:
         out[name] = str(folder)
         out[f"{name}_kb"] = sum(len(d.encode()) for d in docs) / 1024
         out[f"{name}_sha256"] = hashlib.sha256("\n".join(docs).encode()).hexdigest()[:16]
-        if name in ("valid", "test"):
+        if name in ("valid", "test", "slice"):   # agreement passages; on-policy prompts
             out[f"{name}_texts"] = docs
     return out

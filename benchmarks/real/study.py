@@ -15,10 +15,15 @@ cached by its configuration, so the study can span several sessions):
                  reported as a deviation).
 3. ``pkl_lr``    P-KL to that teacher at each rate of ``LR_GRID``, seeds 0-1, validation; picks
                  the distillation arms' rate.
-4. ``smoothing`` CE + label smoothing at CE's rate, each eps of ``LS_GRID``, seeds 0-1.
-5. ``confirm``   every arm of ``CONFIRM_ARMS``, seeds 100-104 (never used before), scored once on
-                 the test play (*Twelfth Night*), plus the out-of-domain text at the end; the table
-                 (Welch and paired t against CE-only, Holm over the comparisons) is generated from
+4. ``op_lr``     on-policy k1 to that teacher (``onpolicy_arms.py``: prompts cut from the
+                 student's slice, as many sampled student tokens as an off-policy arm trains on)
+                 at each rate of ``LR_GRID``, seeds 0-1, validation; picks the on-policy arms' rate
+                 (PROTOCOL.md, amendment 1).
+5. ``smoothing`` CE + label smoothing at CE's rate, each eps of ``LS_GRID``, seeds 0-1.
+6. ``confirm``   every arm of ``CONFIRM_ARMS``, seeds 100-104 (never used before), scored once on
+                 the test play (*Twelfth Night*), plus the out-of-domain text and the student's
+                 samples of test prompts judged by the teacher (``samples.py``) at the end; the
+                 table (Welch and paired t, Holm over each family's comparisons) is generated from
                  the committed ``evidence/results.json``.
 """
 
@@ -32,6 +37,7 @@ import time
 from pathlib import Path
 
 import distill  # this script's folder is on the path when it runs
+import onpolicy_arms
 import splits
 
 HERE = Path(__file__).resolve().parent
@@ -43,8 +49,10 @@ ADAPT_CHECKS = (60, 120, 240, 480)
 LEAD = 0.15
 TUNE_SEEDS = (0, 1)
 CONFIRM_SEEDS = (100, 101, 102, 103, 104)
-CONFIRM_ARMS = ("ce", "ce_ls", "pkl", "pkl_stock", "self_kl", "multi", "alm")
-STAGES = ("ce_lr", "teacher", "pkl_lr", "smoothing", "confirm")
+CONFIRM_ARMS = ("ce", "ce_ls", "pkl", "pkl_stock", "self_kl", "multi", "alm",
+                *onpolicy_arms.ONPOLICY_ARMS)
+STAGES = ("ce_lr", "teacher", "pkl_lr", "op_lr", "smoothing", "confirm")
+SAMPLE_PROMPTS, SAMPLE_SEED = 32, 4321   # test prompts the student continues (samples.py)
 say = distill.say
 
 
@@ -66,6 +74,7 @@ def parse(argv=None) -> argparse.Namespace:
         args.steps, args.eval_every, args.eval_batches, args.agree_passages = 2, 0, 1, 2
         args.checks, args.tune_seeds, args.confirm_seeds = (1, 2), (0,), (100,)
     args.lr_grid, args.ls_grid = ((1e-4,), (0.1,)) if args.smoke else (LR_GRID, LS_GRID)
+    args.sample_prompts = 2 if args.smoke else SAMPLE_PROMPTS
     args.records = RECORDS if not args.smoke else args.out / "evidence"
     return args
 
@@ -155,6 +164,17 @@ def stage_pkl_lr(args, state, a, ev) -> None:
     tune(args, state, "pkl_lr", "pkl", a, args.lr_grid, "lr", ev)
 
 
+def onpolicy_assets(args, state, a: dict, data: dict) -> dict:
+    """``a`` with the chosen teacher and the prompts file cut from the student's slice."""
+    path = onpolicy_arms.write_prompts(data["slice_texts"], args.out / "prompts_slice.jsonl")
+    return {**a, "teacher": state["teacher"]["chosen"]["model"], "prompts": path}
+
+
+def stage_op_lr(args, state, a, ev, data) -> None:
+    tune(args, state, "op_lr", "op_k1", onpolicy_assets(args, state, a, data), args.lr_grid,
+         "lr", ev)
+
+
 def stage_smoothing(args, state, a, ev) -> None:
     a = {**a, "lr": state["ce_lr"]["chosen"]}
     tune(args, state, "smoothing", "ce_ls", a, args.ls_grid, "label_smoothing", ev)
@@ -164,13 +184,18 @@ def stage_confirm(args, state, a, ev, data) -> None:
     from distill_report import write_report
 
     teacher = state["teacher"]["chosen"]["model"]
-    a = {**a, "teacher": teacher, "label_smoothing": state["smoothing"]["chosen"],
-         "eval": ev["test"], "final_evals": {"ood": ev["ood"]}}
+    samples = {"prompts": onpolicy_arms.prompts(data["test_texts"], args.sample_prompts),
+               "new_tokens": onpolicy_arms.NEW_TOKENS, "seed": SAMPLE_SEED, "teacher": teacher,
+               "teacher_add_bos": True}
+    a = {**onpolicy_assets(args, state, a, data), "label_smoothing":
+         state["smoothing"]["chosen"], "eval": ev["test"], "final_evals": {"ood": ev["ood"]},
+         "samples": samples}
     (args.out / "confirm").mkdir(parents=True, exist_ok=True)
     start = distill.starting_figures(args, a, args.out / "confirm")   # on the test play
     a["teacher_preds"] = start["preds"]
-    rates = {arm: state["ce_lr" if arm in ("ce", "ce_ls") else "pkl_lr"]["chosen"]
-             for arm in CONFIRM_ARMS}
+    stage_of = lambda arm: ("ce_lr" if arm in ("ce", "ce_ls") else  # noqa: E731
+                            "op_lr" if arm in onpolicy_arms.ONPOLICY_ARMS else "pkl_lr")
+    rates = {arm: state[stage_of(arm)]["chosen"] for arm in CONFIRM_ARMS}
     results = {arm: {} for arm in CONFIRM_ARMS}
     for seed in args.confirm_seeds:
         for arm in CONFIRM_ARMS:
@@ -223,7 +248,7 @@ def main(argv=None) -> int:
         missing = [s for s in STAGES[:STAGES.index(name)] if s not in state]
         if missing:
             raise SystemExit(f"[study] stage {name!r} needs {', '.join(missing)} first")
-        extra = (data,) if name in ("teacher", "confirm") else ()
+        extra = (data,) if name in ("teacher", "op_lr", "confirm") else ()
         globals()[f"stage_{name}"](args, state, a, ev, *extra)
     say(f"[study] done in {(time.perf_counter() - t0) / 60:.1f} min")
     return 0

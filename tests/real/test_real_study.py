@@ -24,7 +24,7 @@ def test_smoke_study_runs_every_stage_and_generates_the_table(tmp_path):
                          capture_output=True, text=True, env=env, timeout=3600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     state = json.loads((tmp_path / "study.json").read_text())
-    assert set(state) == {"ce_lr", "teacher", "pkl_lr", "smoothing", "confirm"}
+    assert set(state) == {"ce_lr", "teacher", "pkl_lr", "op_lr", "smoothing", "confirm"}
     assert [c["step"] for c in state["teacher"]["checks"]] == [1, 2]
     raw = json.loads((tmp_path / "evidence" / "results.json").read_text())
     assert sorted(raw["runs"]) == sorted(state["confirm"]["arms"])
@@ -32,3 +32,11 @@ def test_smoke_study_runs_every_stage_and_generates_the_table(tmp_path):
     text = (tmp_path / "evidence" / "RESULTS.md").read_text()
     assert "| pkl vs ce |" in text and "| pkl vs self_kl |" in text
     assert "twelfth_night" in text and "out-of-domain bpb" in text
+    # amendment 1: on-policy arms at 2 x 64 / 32 = 4 steps, the samples judged by the teacher
+    assert {"op_k1", "op_k1_byte"} <= set(raw["runs"])
+    op = next(iter(raw["runs"]["op_k1"].values()))
+    assert op["curve"][-1]["step"] == 4
+    samples = [r["samples"] for arm in raw["runs"].values() for r in arm.values()]
+    assert all(s["teacher_bpb_on_samples"] > 0 and 0 <= s["repetition"] <= 1 for s in samples)
+    assert "| op_k1 vs pkl |" in text and "teacher bpb on samples" in text
+    assert "| op_k1 vs ce |" in text  # the on-policy objective, family C
