@@ -15,7 +15,7 @@ Numba with 1 thread and with all cores. Paths:
 * bert-lossy: gpt2 x uncased WordPiece (lossy comparison space), same text: exact path.
 
 Throughput includes the whole ``align_batch`` call (validation, allocation, trimming). The
-pure-Python reference (:mod:`xdistill.align.reference`, same algorithms) is timed on a few rows
+pure-Python reference (``benchmarks/align_reference``, same algorithms) is timed on a few rows
 and extrapolated to the batch (stated in the table); "core" times only the reference walk / DP
 on precomputed lists, "row" the whole reference row. Also: first-call time in a fresh process
 with a cold and a warm numba cache (``NUMBA_CACHE_DIR`` set to a temp folder).
@@ -101,7 +101,7 @@ def best_of(fn, repeat: int) -> float:
 
 def python_time(kind, s_rows, t_rows, s_tab, t_tab, n_ref: int) -> tuple[float, float]:
     """Seconds per row of the reference: (core algorithm only, whole reference row)."""
-    from xdistill.align import reference as ref
+    import align_reference as ref
 
     anchor = 0 if kind == "dp-edit-noanchor" else 32
     folded = bool(s_tab.lossy or t_tab.lossy)

@@ -86,6 +86,27 @@ def test_package_imports_nothing_from_the_repository_scripts():
     assert not bad, "\n".join(bad)
 
 
+def _script_module_names() -> set[str]:
+    """Top-level names of the modules and packages under benchmarks/, tests/ and tools/: what a
+    script there (its own folder on sys.path) or a test (pytest's ``pythonpath``, the test
+    folders) can import without the ``benchmarks.`` / ``tests.`` prefix."""
+    names = set()
+    for top in ("benchmarks", "tests", "tools"):
+        for path in (REPO / top).rglob("*.py"):
+            names.add(path.stem if path.name != "__init__.py" else path.parent.name)
+    return names - {"__init__"}
+
+
+def test_package_imports_no_module_of_the_repository_scripts():
+    """Nor by the bare name a script's folder (or pytest's ``pythonpath``) makes importable:
+    ``align_reference`` (benchmarks/), the test helpers."""
+    local = _script_module_names()
+    assert {"align_reference", "conftest"} <= local
+    bad = [f"{path.relative_to(REPO)}: imports {name}" for path in sorted(PKG.rglob("*.py"))
+           for name in imports_of(path) if name.split(".")[0] in local]
+    assert not bad, "\n".join(bad)
+
+
 def test_no_sys_path_manipulation_anywhere():
     """Scripts import the installed package; tests get their folders from pytest (rootdir
     import); subprocesses get PYTHONPATH. Inserting into sys.path is never needed."""
@@ -102,6 +123,19 @@ def test_benchmarks_and_tests_do_not_import_each_other():
         other = {"benchmarks": "tests", "tests": "benchmarks"}.get(top)
         if other and any(n.split(".")[0] == other for n in imports_of(path)):
             bad.append(str(path.relative_to(REPO)))
+    assert not bad, "\n".join(bad)
+
+
+def test_tests_import_benchmark_support_packages_not_scripts(pytestconfig):
+    """Tests may import the support packages of the folders pytest's ``pythonpath`` adds
+    (``benchmarks/align_reference``), never a benchmark script by its bare name."""
+    folders = [Path(f) for f in pytestconfig.getini("pythonpath")]
+    scripts = {p.stem for f in folders for p in f.glob("*.py")}
+    packages = {p.parent.name for f in folders for p in f.glob("*/__init__.py")}
+    assert "align_reference" in packages and not scripts & packages
+    bad = [f"{p.relative_to(REPO)}: imports {n}" for p in REPO_PY
+           if p.relative_to(REPO).parts[0] == "tests"
+           for n in imports_of(p) if n.split(".")[0] in scripts]
     assert not bad, "\n".join(bad)
 
 

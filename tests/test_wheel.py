@@ -14,6 +14,7 @@ import subprocess
 import sys
 import sysconfig
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.integration
+
+# code that lived in the package once and is not product: it must not come back into the wheel
+NOT_PRODUCT = ("xdistill/align/reference.py", "xdistill/align/reference_dp.py")
 
 
 def _run(cmd, cwd, env=None, timeout=600) -> subprocess.CompletedProcess:
@@ -35,6 +39,9 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path):
     assert build.returncode == 0, build.stderr[-3000:]
     wheels = list(dist.glob("xdistill-*.whl"))
     assert len(wheels) == 1, wheels
+    names = zipfile.ZipFile(wheels[0]).namelist()
+    assert "xdistill/align/api.py" in names, names
+    assert not [n for n in names if n in NOT_PRODUCT or "align_reference" in n], names
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=False).create(env_dir)
     py = env_dir / "bin" / "python"

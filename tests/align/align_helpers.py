@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from xdistill.align.reference import RowAlignment, align_row_reference
+from align_reference import RowAlignment, align_row_reference
 from xdistill.tokenization.table import ROLE_BOS, ROLE_CHAT, ROLE_EOS, TokenByteTable
 
 ROLES = (ROLE_BOS, ROLE_EOS, ROLE_CHAT)

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from align_helpers import (SPICY, Vocab, check_invariants, compare_with_reference, pad,
                            random_cuts, segment)
+from align_reference import (anchored_chunk_path, banded_chunk_path, effective_lengths,
+                             find_anchors, symbols, trim_anchors)
 from xdistill.align import align_batch, align_pair
-from xdistill.align.reference import (anchored_chunk_path, banded_chunk_path, effective_lengths,
-                                      find_anchors, symbols, trim_anchors)
 from xdistill.tokenization.table import ROLE_BOS, ROLE_CHAT, ROLE_EOS
 
 TEXT = st.text(st.one_of(st.sampled_from(SPICY), st.characters(exclude_categories=("Cs",))),

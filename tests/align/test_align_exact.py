@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from align_helpers import (ROLES, SPICY, Vocab, check_invariants, compare_with_reference, pad,
                            segment)
+from align_reference import align_row_reference
 from xdistill.align import align_batch, align_pair
-from xdistill.align.reference import align_row_reference
 from xdistill.tokenization.table import ROLE_BOS, ROLE_EOS
 
 TEXT = st.text(st.one_of(st.sampled_from(SPICY), st.characters(exclude_categories=("Cs",))),

@@ -1,5 +1,8 @@
 """Slow pure-Python reference of the aligner, written from the definitions (tests, benchmarks).
 
+Not part of the package: ``benchmarks/align.py`` imports it as ``align_reference`` (its own folder
+is on ``sys.path``), the tests through pytest's ``pythonpath`` (``pyproject.toml``).
+
 Legend: n / m student / teacher tokens of one row; L text bytes; Ls / Lt DP symbols.
 
 Same definitions as :mod:`xdistill.align.api`, one row at a time, with plain lists:
@@ -9,7 +12,7 @@ Same definitions as :mod:`xdistill.align.api`, one row at a time, with plain lis
   offsets of both sides' token boundaries; a role token sits at the byte offset of the text
   before it;
 * :func:`banded_chunk_path` / :func:`find_anchors` / :func:`trim_anchors` /
-  :func:`anchored_chunk_path` (in :mod:`xdistill.align.reference_dp`, re-exported here): the
+  :func:`anchored_chunk_path` (in :mod:`align_reference.dp`, re-exported here): the
   DP path, i.e. the common prefix cut back to a common cut, unique K-gram anchors cut back to
   common cuts, and on the gaps the banded chunk DP (most bytes inside chunks, unaligned text
   pushed towards the end on ties), with the Numba version's band schedule and tie-breaking;
@@ -23,8 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xdistill.align.reference_dp import (anchored_chunk_path, banded_chunk_path,  # noqa: F401
-                                         find_anchors, trim_anchors)
+from align_reference.dp import (anchored_chunk_path, banded_chunk_path,  # noqa: F401
+                              find_anchors, trim_anchors)
 from xdistill.tokenization.table import ROLE_TEXT, TokenByteTable
 
 WHITESPACE = b" \t\n\v\f\r"
