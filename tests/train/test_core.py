@@ -238,3 +238,24 @@ def test_both_mode_configs_inherit_the_run_sections():
         assert (cfg.train.steps, cfg.checkpoint.every) == (7, 7)
         with pytest.raises(ConfigError, match="'checkpoint.evry'"):
             load_config(cls, None, ["checkpoint.evry=1"])
+
+
+def test_both_teacher_configs_extend_one_shared_teacher_part():
+    """A teacher's name, tokenizer, max_len, add_bos and worker are declared (and documented)
+    once, in RunTeacherConfig; each mode's teacher config adds only its loss."""
+    import dataclasses
+
+    from xdistill.config import field_docs
+    from xdistill.train.config import TeacherLossConfig, TeacherRunConfig
+    from xdistill.train.onpolicy_config import OnPolicyTeacherConfig, OnPolicyTeacherLoss
+    from xdistill.train.run_config import RunTeacherConfig
+
+    shared = [f.name for f in dataclasses.fields(RunTeacherConfig)]
+    assert shared == ["name", "tokenizer", "max_len", "add_bos", "worker"]
+    for cls, loss in ((TeacherRunConfig, TeacherLossConfig),
+                      (OnPolicyTeacherConfig, OnPolicyTeacherLoss)):
+        assert issubclass(cls, RunTeacherConfig)
+        assert [f.name for f in dataclasses.fields(cls)] == shared + ["loss"]
+        assert set(vars(cls)["__annotations__"]) == {"loss"}
+        assert isinstance(cls().loss, loss) and field_docs(cls)["loss"]
+        assert all(field_docs(cls)[n] == field_docs(RunTeacherConfig)[n] for n in shared)
