@@ -67,6 +67,17 @@ def test_short_run_of_only_nonfinite_steps_fails_too(tmp_path, tiny_assets):
     assert not (tmp_path / "run" / "export").exists()
 
 
+def _reduced(total: float, **teachers: float):
+    """Typed step metrics holding a total loss and teachers' loss terms (reduced on one rank)."""
+    from xdistill.train.metrics import TOTAL, StepMetrics, teacher_loss
+
+    m = StepMetrics()
+    m.add(TOTAL, total)
+    for name, value in teachers.items():
+        m.add(teacher_loss(name), value)
+    return m.reduce()
+
+
 def test_optimizer_step_skips_a_nonfinite_step_and_recovers(tmp_path, tiny_assets):
     """core.optimizer_step: NaN loss -> weights untouched, scheduler advanced, streak 1; a finite
     step afterwards updates the weights and resets the streak."""
@@ -79,13 +90,14 @@ def test_optimizer_step_skips_a_nonfinite_step_and_recovers(tmp_path, tiny_asset
     for p in run.model.parameters():
         p.grad = torch.ones_like(p)
     lr0 = run.optimizer.param_groups[0]["lr"]
-    _, _, applied = core.optimizer_step(run, 1, {"loss": math.nan, "same/loss": math.nan})
+    _, _, applied = core.optimizer_step(run, 1, _reduced(math.nan, same=math.nan))
     assert not applied and run.nonfinite_streak == 1
+    assert run.last_nonfinite == "non-finite loss terms ['loss', 'same/loss'] (teachers ['same'])"
     assert all(torch.equal(before[k], v) for k, v in run.model.state_dict().items())
     assert run.optimizer.param_groups[0]["lr"] != lr0  # the schedule still advanced
     for p in run.model.parameters():
         p.grad = torch.ones_like(p)
-    _, norm, applied = core.optimizer_step(run, 2, {"loss": 1.0})
+    _, norm, applied = core.optimizer_step(run, 2, _reduced(1.0))
     assert applied and run.nonfinite_streak == 0 and math.isfinite(norm)
     assert not all(torch.equal(before[k], v) for k, v in run.model.state_dict().items())
 
@@ -146,9 +158,41 @@ def test_step_metrics_reduce_by_declared_kind():
     m.mean("w", 1.0)
     m.mean("w", torch.tensor(3.0))
     m.local("lr", 0.1)
-    assert m.reduce() == {"loss": 0.75, "w": 2.0, "lr": 0.1}
+    assert m.reduce().flat() == {"loss": 0.75, "w": 2.0, "lr": 0.1}
     with pytest.raises(ValueError, match="two different reductions"):
         m.mean("loss", 1.0)
+
+
+def test_reduced_metrics_stay_typed_until_flattened():
+    """The guard asks the typed metrics which values are losses and whose: a NaN statistic is
+    no loss, a NaN teacher term names its teacher (whatever its name looks like); per-unit
+    figures divide by their teacher's global units; the flat keys come out in the written order
+    (sums, means, local values, units, per-unit figures)."""
+    from xdistill.train.metrics import (CE, TOTAL, Metric, StepMetrics, StepReport,
+                                        teacher_loss)
+
+    m = StepMetrics()
+    m.add(TOTAL, torch.tensor(math.nan))
+    m.add(CE, 0.5)
+    m.add(teacher_loss("ok"), torch.tensor(0.25))
+    m.add(teacher_loss("bad"), torch.tensor(math.nan))
+    m.add(Metric("clamp/loss", "ok"), math.nan)       # a counter that merely ends in "loss"
+    m.mean(Metric("weight", "ok"), 1.0)
+    m.per_unit(Metric("mean_logratio", "ok"), 3.0)
+    m.per_unit(Metric("mean_logratio", "bad"), 3.0)
+    m.local("lr", 0.1)
+    reduced = m.reduce({"ok": 2, "bad": 0})
+    assert reduced.nonfinite_losses() == [teacher_loss("bad"), TOTAL]
+    assert reduced.get(Metric("mean_logratio", "ok")) == 1.5
+    assert reduced.get(Metric("mean_logratio", "bad")) == 3.0   # no units: divided by 1
+    assert reduced.teacher_losses() == {"bad": reduced.get(teacher_loss("bad")), "ok": 0.25}
+    flat = StepReport(reduced, 0.1, 2.0, 4.0, False, {"data": 1.0}).flat()
+    assert list(flat) == ["bad/loss", "ce", "loss", "ok/clamp/loss", "ok/loss", "ok/weight", "lr",
+                          "units/ok", "units/bad", "ok/mean_logratio", "bad/mean_logratio",
+                          "grad_norm", "step_s", "skipped", "time/data"]
+    assert flat["skipped"] == 1.0 and flat["units/ok"] == 2
+    with pytest.raises(ValueError, match="two different reductions"):
+        m.mean(Metric("loss", "ok"), 1.0)   # the key of the loss term, as a statistic
 
 
 def test_modes_declare_what_the_core_reads():
@@ -194,3 +238,24 @@ def test_both_mode_configs_inherit_the_run_sections():
         assert (cfg.train.steps, cfg.checkpoint.every) == (7, 7)
         with pytest.raises(ConfigError, match="'checkpoint.evry'"):
             load_config(cls, None, ["checkpoint.evry=1"])
+
+
+def test_both_teacher_configs_extend_one_shared_teacher_part():
+    """A teacher's name, tokenizer, max_len, add_bos and worker are declared (and documented)
+    once, in RunTeacherConfig; each mode's teacher config adds only its loss."""
+    import dataclasses
+
+    from xdistill.config import field_docs
+    from xdistill.train.config import TeacherLossConfig, TeacherRunConfig
+    from xdistill.train.onpolicy_config import OnPolicyTeacherConfig, OnPolicyTeacherLoss
+    from xdistill.train.run_config import RunTeacherConfig
+
+    shared = [f.name for f in dataclasses.fields(RunTeacherConfig)]
+    assert shared == ["name", "tokenizer", "max_len", "add_bos", "worker"]
+    for cls, loss in ((TeacherRunConfig, TeacherLossConfig),
+                      (OnPolicyTeacherConfig, OnPolicyTeacherLoss)):
+        assert issubclass(cls, RunTeacherConfig)
+        assert [f.name for f in dataclasses.fields(cls)] == shared + ["loss"]
+        assert set(vars(cls)["__annotations__"]) == {"loss"}
+        assert isinstance(cls().loss, loss) and field_docs(cls)["loss"]
+        assert all(field_docs(cls)[n] == field_docs(RunTeacherConfig)[n] for n in shared)

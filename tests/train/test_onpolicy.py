@@ -378,6 +378,4 @@ def H_step(run, scored, rows):
     num_valid = all_reduce_counts(local_units(run.plan, scored.batch, rows))
     metrics = StepMetrics()
     scored_step(run, scored, num_valid, Timers(), metrics, rows=rows)
-    out = metrics.reduce()
-    out.update({f"units/{k}": v for k, v in num_valid.items()})
-    return out
+    return metrics.reduce(num_valid).flat()

@@ -136,7 +136,8 @@ class TeacherReport:
 class LossReport(Mapping):
     """Typed metrics of one :class:`MultiTeacherLoss` call (values detached, on the logits'
     device). Reading it as a mapping gives the flat keys ``loss``, ``ce``, ``<name>/loss``,
-    ``<name>/weight``, ``<name>/coverage``, ``<name>/score`` as Python floats."""
+    ``<name>/weight``, ``<name>/coverage``, ``<name>/score`` as Python floats, for direct users
+    of the loss; the trainer reads the typed fields (``xdistill.train.step.record_report``)."""
 
     # the weighted total (detached)
     total: torch.Tensor

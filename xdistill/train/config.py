@@ -16,8 +16,7 @@ from xdistill.data.config import DataConfig, validate_data
 from xdistill.errors import ConfigError
 from xdistill.losses.multi_teacher import (CROSS_TOKENIZER_LOSSES, SAME_TOKENIZER_LOSSES, SCORES,
                                            WEIGHTINGS)
-from xdistill.teacher.config import TeacherConfig
-from xdistill.train.run_config import (RunConfig, check_loss_scale, check_path,
+from xdistill.train.run_config import (RunConfig, RunTeacherConfig, check_loss_scale, check_path,
                                        check_teacher_names, default_out_dir, validate_run_sections,
                                        validate_student_source, validate_teacher_worker)
 
@@ -58,22 +57,10 @@ class TeacherLossConfig:
 
 
 @dataclass
-class TeacherRunConfig:
-    """One teacher of a run: its tokenizer, its worker and its loss."""
+class TeacherRunConfig(RunTeacherConfig):
+    """One teacher of an off-policy run: the shared part (:class:`RunTeacherConfig`: name,
+    tokenizer, max_len, add_bos, worker) and its loss."""
 
-    # teacher name (unique; used in metrics as <name>/loss)
-    name: str = "teacher"
-    # tokenizer spec (asset name, folder, .tiktoken/.model/.gguf); "" = the worker's model folder
-    tokenizer: str = ""
-    # most teacher tokens per window (longer windows are cut at a byte boundary shared with the
-    # student); null = no limit
-    max_len: int | None = None
-    # prepend this teacher's BOS token to each of its rows; null = the teacher model's own
-    # default (Gemma adds its <bos>, SmolLM2 and GPT-2 add none); true/false override it (a
-    # value unlike the model's default is logged once as a warning)
-    add_bos: bool | None = None
-    # the teacher worker: model folder, placement, output kind, transport, timeouts
-    worker: TeacherConfig = field(default_factory=TeacherConfig)
     # how this teacher's divergence is computed and weighted
     loss: TeacherLossConfig = field(default_factory=TeacherLossConfig)
 

@@ -10,7 +10,7 @@
         micros = mode.micro_batches(step)     this rank's share of the global batch
         num_valid = all-reduced loss units    (global normalisation, see xdistill.train.step)
         for each micro-batch: mode.micro_step (teachers, student forward, loss, backward)
-        metrics.reduce() (one collective); clip; non-finite guard; AdamW; scheduler
+        metrics.reduce() (one collective, typed); clip; non-finite guard; AdamW; scheduler
         mode.after_update(step)               e.g. push the new weights to the rollout engine
         log; evaluate; checkpoint; debugging stop
     export (Hugging Face format), end-of-run summary
@@ -26,7 +26,9 @@ import it.
 
 Non-finite steps: when the reduced loss or the global gradient norm is NaN/inf, the optimizer
 update is skipped (the scheduler still advances, so the learning rate stays a function of the step),
-a warning names the step and the teachers whose terms were non-finite, and after
+a warning names the step and the teachers whose terms were non-finite (the guard asks the typed
+metrics, :class:`xdistill.train.metrics.ReducedMetrics`, which values are losses and whose they
+are; it never reads a key), and after
 ``train.max_nonfinite_steps`` such steps in a row -- or at the end of a run none of whose steps
 was finite -- the run stops with a :class:`TrainingError` and exports nothing.
 """
@@ -49,7 +51,8 @@ from xdistill.errors import TeacherError, XDistillError
 from xdistill.host_memory import HOST_ALLOCATOR_ENV, apply_host_allocator
 from xdistill.log import get_logger, init_logging
 from xdistill.metrics import MetricsWriter
-from xdistill.train.metrics import StepMetrics, Timers, all_reduce_counts, first_nonfinite
+from xdistill.train.metrics import (Metric, ReducedMetrics, StepMetrics, StepReport, Timers,
+                                    all_reduce_counts)
 from xdistill.train.mode import Run, TrainMode
 
 if TYPE_CHECKING:
@@ -169,8 +172,14 @@ def _device_sync(device: torch.device):
     return torch.cuda.synchronize if device.type == "cuda" else None
 
 
-def train_step(run: Run, step: int) -> dict:
-    """One optimizer step (module docstring); returns this step's metrics (reduced over ranks)."""
+def train_step(run: Run, step: int) -> dict[str, float]:
+    """One optimizer step (:func:`step_report`); returns its metrics flattened as they are
+    written (``loss``, ``<teacher>/loss``, ``units/<teacher>``, ``lr``, ``time/<phase>``, ...)."""
+    return step_report(run, step).flat()
+
+
+def step_report(run: Run, step: int) -> StepReport:
+    """One optimizer step (module docstring); returns its typed report (reduced over ranks)."""
     timers = Timers(sync=_device_sync(run.device))
     metrics = StepMetrics()
     t0 = time.perf_counter()
@@ -179,23 +188,16 @@ def train_step(run: Run, step: int) -> dict:
     for i, micro in enumerate(micros):
         _set_sync(run.model, i == len(micros) - 1)
         run.mode.micro_step(run, micro, num_valid, timers, metrics)
-    reduced = metrics.reduce()
-    reduced.update({f"units/{k}": v for k, v in num_valid.items()})
-    run.mode.finish_metrics(reduced)
+    reduced = metrics.reduce(num_valid)
     with timers("optim"):
         lr, norm, applied = optimizer_step(run, step, reduced)
     run.mode.after_update(run, step)
     if run.cfg.train.log_samples:
         run.mode.log_samples(run, step, micros)
-    elapsed = time.perf_counter() - t0
-    reduced.update({"lr": lr, "grad_norm": norm, "step_s": elapsed, "skipped": float(not applied)})
-    if "tokens" in reduced:
-        reduced["tok_per_s"] = reduced["tokens"] / elapsed
-    reduced.update({f"time/{k}": v for k, v in timers.seconds.items()})
-    return reduced
+    return StepReport(reduced, lr, norm, time.perf_counter() - t0, applied, dict(timers.seconds))
 
 
-def optimizer_step(run: Run, step: int, reduced: dict) -> tuple[float, float, bool]:
+def optimizer_step(run: Run, step: int, reduced: ReducedMetrics) -> tuple[float, float, bool]:
     """Clip; AdamW unless the loss or the gradient norm is non-finite; scheduler; zero grads.
 
     Returns (lr used by this step, gradient norm before clipping, whether the update was applied).
@@ -204,8 +206,7 @@ def optimizer_step(run: Run, step: int, reduced: dict) -> tuple[float, float, bo
 
     lr = float(run.optimizer.param_groups[0]["lr"])
     norm = clip_grad_norm(run.model, run.cfg.optim.grad_clip)
-    loss_keys = [k for k in reduced if k == "loss" or k.endswith("/loss") or k == "ce"]
-    bad = first_nonfinite(reduced, loss_keys)
+    bad = reduced.nonfinite_losses()
     applied = not bad and math.isfinite(norm)
     if applied:
         run.optimizer.step()
@@ -222,9 +223,10 @@ def optimizer_step(run: Run, step: int, reduced: dict) -> tuple[float, float, bo
     return lr, norm, applied
 
 
-def _report_nonfinite(run: Run, step: int, bad: list[str], norm: float) -> None:
-    teachers = sorted({k.split("/")[0] for k in bad if "/" in k})
-    what = (f"non-finite loss terms {bad}" + (f" (teachers {teachers})" if teachers else "")
+def _report_nonfinite(run: Run, step: int, bad: list[Metric], norm: float) -> None:
+    teachers = sorted({m.teacher for m in bad if m.teacher is not None})
+    what = (f"non-finite loss terms {[m.key for m in bad]}"
+            + (f" (teachers {teachers})" if teachers else "")
             if bad else f"non-finite gradient norm {norm} with a finite loss")
     run.last_nonfinite = what
     if xdist.is_main_process():
@@ -248,10 +250,10 @@ def _last_checkpoint_text(run: Run) -> str:
     return f"The last good checkpoint is {run.last_checkpoint}."
 
 
-def log_metrics(run: Run, step: int, metrics: dict) -> None:
+def log_metrics(run: Run, step: int, metrics: dict, *, evaluation: bool = False) -> None:
+    """Write a step's flat metrics (every ``train.log_every`` steps) or an evaluation's (always)."""
     every = run.cfg.train.log_every
-    if run.writer is not None and (step % every == 0
-                                   or any(k.startswith("eval/") for k in metrics)):
+    if run.writer is not None and (step % every == 0 or evaluation):
         run.writer.write(step, metrics)
     if run.trackers is not None:
         run.trackers.log(step, metrics)
@@ -267,7 +269,7 @@ def after_step(run: Run, step: int) -> dict:
     if (every > 0 and step % every == 0) or (last and every >= 0):
         out = run.mode.evaluate(run, step)
         if out:
-            log_metrics(run, step, out)
+            log_metrics(run, step, out, evaluation=True)
     if (cfg.checkpoint.every > 0 and step % cfg.checkpoint.every == 0) or last:
         save(run, step)
     maybe_stop(run, step)

@@ -12,20 +12,25 @@ evaluation: a fresh loader each time), summed over all ranks:
 * ``eval/<teacher>/loss``: the teacher's loss term (no grad), normalised by its global unit count;
   ``eval/<teacher>/coverage``: fraction of student loss tokens its loss covers (mean over batches);
 * ``eval/distill_loss``: the weighted total of the distillation loss.
+
+The batches' loss reports are recorded as typed step metrics (:func:`xdistill.train.step.record_report`,
+in float64) and reduced over batches and ranks in one collective; :func:`eval_figures` turns them
+into the flat keys.
 """
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from dataclasses import replace
 from itertools import islice
 
 import torch
 
-from xdistill import distributed as xdist
 from xdistill.losses.engine import shift_targets, token_logprobs
-from xdistill.train.metrics import Timers
-from xdistill.train.step import global_counts, micro_step
+from xdistill.losses.multi_teacher import LossReport
+from xdistill.train.metrics import (CE, TOTAL, Metric, ReducedMetrics, StepMetrics, Timers,
+                                    teacher_loss)
+from xdistill.train.step import global_counts, micro_step, record_report
 
 
 @torch.no_grad()
@@ -47,43 +52,53 @@ def evaluate(model, loss_fn, pool, loaders, plan, cfg, device) -> dict:
     batches = [b for loader in loaders for b in islice(iter(loader), cfg.eval.batches)]
     ce = cfg.loss.ce_weight > 0 or loss_fn is None
     num_valid = global_counts(loss_fn, batches, ce)
-    sums: dict[str, float] = defaultdict(float)
+    metrics = StepMetrics()
     timers = Timers()
     for batch in batches:
         report = micro_step(model, loss_fn, pool, batch, num_valid, timers, device=device,
                             ce_weight=cfg.loss.ce_weight, backward=False,
                             label_smoothing=cfg.loss.label_smoothing,
-                            hook=lambda logits, b: _accumulate(sums, logits, b, lengths_V))
-        for k, v in report.as_dict().items():
-            sums["terms/" + k] += v
-            sums["n/" + k] += 1
+                            hook=lambda logits, b: _accumulate(metrics, logits, b, lengths_V))
+        record_report(metrics, _in_float64(report))
     model.train(was_training)
-    keys = sorted(sums)
-    total = xdist.all_reduce_sum(torch.tensor([sums[k] for k in keys], dtype=torch.float64))
-    g = dict(zip(keys, total.tolist()))
-    out = {"eval/loss": g["nll"] / max(g["tokens"], 1),
-           "eval/bpb": g["nll"] / (math.log(2) * max(g["bytes"], 1)),
-           "eval/tokens": int(g["tokens"]), "eval/bytes": int(g["bytes"])}
-    for k in keys:
-        if not k.startswith("terms/"):
-            continue
-        name = k[len("terms/"):]
-        if name in ("loss", "ce"):
-            continue
-        if name.endswith("/loss"):
-            out["eval/" + name] = g[k]  # shares of the global mean: sum
-        elif name.endswith("/coverage"):
-            out["eval/" + name] = g[k] / max(g["n/" + name], 1)
-    if loss_fn is not None:
-        out["eval/distill_loss"] = g.get("terms/loss", 0.0) - cfg.loss.ce_weight * g.get("terms/ce", 0.0)
+    return eval_figures(metrics.reduce(), loss_fn is not None, cfg.loss.ce_weight)
+
+
+NLL, TOKENS, BYTES = Metric("nll"), Metric("tokens"), Metric("bytes")
+
+
+def _in_float64(report: LossReport) -> LossReport:
+    """The report's tensors in float64: the batches' terms are summed in double precision."""
+    def f64(x):
+        return None if x is None else x.double()
+
+    teachers = {name: replace(t, loss=t.loss.double(), score=f64(t.score))
+                for name, t in report.teachers.items()}
+    return LossReport(report.total.double(), f64(report.ce), teachers)
+
+
+def eval_figures(reduced: ReducedMetrics, distill: bool, ce_weight: float) -> dict:
+    """The evaluation's figures (module doc) from its typed metrics, reduced over all batches
+    and ranks: the flat ``eval/*`` keys, in the order they are written."""
+    nll, tokens, n_bytes = (reduced.get(m, 0.0) for m in (NLL, TOKENS, BYTES))
+    out = {"eval/loss": nll / max(tokens, 1), "eval/bpb": nll / (math.log(2) * max(n_bytes, 1)),
+           "eval/tokens": int(tokens), "eval/bytes": int(n_bytes)}
+    terms = {}
+    for name, loss in reduced.teacher_losses().items():
+        terms["eval/" + teacher_loss(name).key] = loss  # shares of the global mean: summed
+        cov = Metric("coverage", name)
+        terms["eval/" + cov.key] = reduced.get(cov)      # averaged over batches
+    out.update(sorted(terms.items()))
+    if distill:
+        out["eval/distill_loss"] = reduced.get(TOTAL, 0.0) - ce_weight * reduced.get(CE, 0.0)
     return out
 
 
-def _accumulate(sums, logits_BTsVs, batch, lengths_V) -> None:
+def _accumulate(metrics: StepMetrics, logits_BTsVs, batch, lengths_V) -> None:
     nll, tokens, n_bytes = nll_and_bytes(logits_BTsVs, batch.labels_BTs, lengths_V.to(logits_BTsVs.device))
-    sums["nll"] += nll
-    sums["tokens"] += tokens
-    sums["bytes"] += n_bytes
+    metrics.add(NLL, nll)
+    metrics.add(TOKENS, tokens)
+    metrics.add(BYTES, n_bytes)
 
 
 def model_bits_per_byte(model, tok, paths, *, seq_len: int = 256, batch_size: int = 4,

@@ -83,9 +83,6 @@ class TrainMode:
     def after_update(self, run: Run, step: int) -> None:
         """Called after every optimizer step (applied or skipped)."""
 
-    def finish_metrics(self, reduced: dict) -> None:
-        """Derive step metrics that need the reduced values (in place)."""
-
     def evaluate(self, run: Run, step: int) -> dict | None:
         return None
 

@@ -29,6 +29,7 @@ from xdistill.log import get_logger
 from xdistill.train import core, setup
 from xdistill.train.config import (OffPolicyConfig, data_ranks, grad_accum_steps,
                                    validate_offpolicy)
+from xdistill.train.metrics import TOKENS
 from xdistill.train.mode import Run, TrainMode
 from xdistill.train.step import micro_step, record_report, sum_counts, window_hashes
 
@@ -105,7 +106,7 @@ class OffPolicyMode(TrainMode):
                             device=run.device, ce_weight=run.cfg.loss.ce_weight,
                             remote=micro.remote, label_smoothing=run.cfg.loss.label_smoothing)
         record_report(metrics, report)
-        metrics.add("tokens", batch.stats.student_tokens)
+        metrics.add(TOKENS, batch.stats.student_tokens)
         metrics.add("forward_tokens", batch.stats.student_tokens)
 
     def evaluate(self, run, step: int):

@@ -35,10 +35,11 @@ from xdistill.data.loader import WatchedIterator
 from xdistill.errors import ConfigError
 from xdistill.train import core
 from xdistill.train.config import grad_accum_steps
+from xdistill.train.metrics import TOKENS, Metric
 from xdistill.train.mode import Run, TrainMode
 from xdistill.train.onpolicy_config import OnPolicyConfig, validate_onpolicy
-from xdistill.train.onpolicy_step import (build_mix, build_onpolicy_plan, finish_metrics,
-                                          local_units, offpolicy_micro, scored_step)
+from xdistill.train.onpolicy_step import (build_mix, build_onpolicy_plan, local_units,
+                                          offpolicy_micro, scored_step)
 from xdistill.train.step import sum_counts
 
 
@@ -191,9 +192,6 @@ class OnPolicyMode(TrainMode):
         scored_step(run, scored, num_valid, timers, metrics, rows=self.rows(indices))
         _rollout_metrics(metrics, ro, scored)
 
-    def finish_metrics(self, reduced: dict) -> None:
-        finish_metrics(reduced, self._plan)
-
     def after_update(self, run, step: int) -> None:
         if step % run.cfg.rollout.sync_every == 0:
             self.engine.sync_weights(run.model)
@@ -270,16 +268,16 @@ def build_onpolicy_run(cfg: OnPolicyConfig, reward_fn=None) -> Run:
 def _rollout_metrics(metrics, ro, scored) -> None:
     st = scored.stats
     metrics.add("response_tokens", st.response_tokens)
-    metrics.add("tokens", st.response_tokens)
+    metrics.add(TOKENS, st.response_tokens)
     metrics.add("forward_tokens", scored.batch.stats.student_tokens)
     metrics.mean("tool_token_ratio", st.tool_token_ratio)
     metrics.mean("response_len", float(ro.response_len_B.float().mean()))
     metrics.mean("stop_fraction", float(np.mean([r == "stop" for r in ro.finish_reasons])))
     for name in st.coverage:
-        metrics.mean(f"{name}/coverage", st.coverage[name])
-        metrics.mean(f"{name}/tool_ratio", st.teacher_tool_ratio[name])
-        metrics.mean(f"{name}/unaligned_frac", st.unaligned_frac.get(name, 0.0))
-        metrics.add(f"{name}/missing_bytes", st.missing_bytes.get(name, 0))
+        metrics.mean(Metric("coverage", name), st.coverage[name])
+        metrics.mean(Metric("tool_ratio", name), st.teacher_tool_ratio[name])
+        metrics.mean(Metric("unaligned_frac", name), st.unaligned_frac.get(name, 0.0))
+        metrics.add(Metric("missing_bytes", name), st.missing_bytes.get(name, 0))
     metrics.mean("onpolicy/unaligned_frac", float(np.mean(list(st.unaligned_frac.values())))
                  if st.unaligned_frac else 0.0)
 

@@ -16,8 +16,7 @@ from xdistill.data.config import DataConfig, validate_data
 from xdistill.errors import ConfigError
 from xdistill.losses.onpolicy import CROSS_ROUTES, ONPOLICY_LOSSES
 from xdistill.rollout.engine import RolloutConfig
-from xdistill.teacher.config import TeacherConfig
-from xdistill.train.run_config import (RunConfig, check_loss_scale, check_path,
+from xdistill.train.run_config import (RunConfig, RunTeacherConfig, check_loss_scale, check_path,
                                        check_teacher_names, default_out_dir, validate_run_sections,
                                        validate_student_source, validate_teacher_worker)
 
@@ -78,20 +77,10 @@ class OnPolicyTeacherLoss:
 
 
 @dataclass
-class OnPolicyTeacherConfig:
-    """One teacher of an on-policy run: tokenizer, worker and on-policy loss."""
+class OnPolicyTeacherConfig(RunTeacherConfig):
+    """One teacher of an on-policy run: the shared part (:class:`RunTeacherConfig`: name,
+    tokenizer, max_len, add_bos, worker) and its on-policy loss."""
 
-    # teacher name (unique; metrics <name>/loss)
-    name: str = "teacher"
-    # tokenizer spec (asset name, folder, ...); "" = the worker's model folder
-    tokenizer: str = ""
-    # most teacher tokens per scored row (the prompt is cut from the left first); null = no limit
-    max_len: int | None = None
-    # prepend this teacher's BOS token to its rows (unless its rendered prompt already starts
-    # with it); null = the teacher model's own default (Gemma: true); true/false override it
-    add_bos: bool | None = None
-    # the teacher worker: model folder, placement, output kind, transport, timeouts
-    worker: TeacherConfig = field(default_factory=TeacherConfig)
     # the on-policy loss of this teacher
     loss: OnPolicyTeacherLoss = field(default_factory=OnPolicyTeacherLoss)
 

@@ -43,6 +43,7 @@ from xdistill.losses.onpolicy import (Clamps, OnPolicyLossSpec, count_onpolicy_u
 from xdistill.train import setup
 from xdistill.train.config import TeacherLossConfig
 from xdistill.train.forward import student_logits, teachers_and_student
+from xdistill.train.metrics import TOKENS, TOTAL, Metric, StepMetrics, teacher_loss
 from xdistill.train.onpolicy_config import OnPolicyConfig
 from xdistill.train.teacher_plan import (DistillPlan, TeacherPlan, load_student_tokenizer,
                                          plan_teacher, resolve_bos_settings, resolve_student_bos,
@@ -264,7 +265,7 @@ def onpolicy_losses(plan, logits_BTsVs, batch, outputs, num_valid, metrics, *,
                     ref_logp_BTs=None, rows=None, chunk_size=None) -> torch.Tensor:
     """``sum_i w_i L_i`` (normalised by the global ``num_valid[name]``); records each teacher's
     term (summed), weight (averaged), clamp counters and log-ratio sums (summed) in
-    ``metrics`` (a :class:`xdistill.train.metrics.StepMetrics`)."""
+    ``metrics`` (a :class:`xdistill.train.metrics.StepMetrics`, :func:`_record_teacher`)."""
     total = None
     for name, spec in plan.specs.items():
         view = batch.teacher(name)
@@ -282,18 +283,28 @@ def onpolicy_losses(plan, logits_BTsVs, batch, outputs, num_valid, metrics, *,
                             num_valid=num_valid[name], **kw)
         term = plan.weights[name] * res.loss
         total = term if total is None else total + term
-        metrics.add(f"{name}/loss", res.loss.detach())
-        metrics.mean(f"{name}/weight", plan.weights[name])
-        for c in counter_keys(spec, align is not None and not view.identity):
-            metrics.add(f"{name}/clamp/{c}", float(res.counters.get(c, 0)))
-        if uses_byte_credit(spec.credit, spec.kind, align):
-            g = res.credit_gap_sum
-            metrics.add(f"{name}/credit_gap_sum", g if g == g else 0.0)
-        if spec.kind in ("k1", "k3"):
-            r = res.mean_logratio
-            metrics.add(f"{name}/logratio_sum", r * res.units if r == r else 0.0)
-    metrics.add("loss", total.detach())
+        _record_teacher(metrics, name, spec, res, plan.weights[name],
+                        align is not None and not view.identity,
+                        uses_byte_credit(spec.credit, spec.kind, align))
+    metrics.add(TOTAL, total.detach())
     return total
+
+
+def _record_teacher(metrics: StepMetrics, name: str, spec, res, weight: float, cross: bool,
+                    byte_credit: bool) -> None:
+    """Teacher ``name``'s loss term (summed), weight (averaged), clamp counters (summed), and
+    per loss unit: the mean log-ratio (k1, k3) and the byte-credit gap (mean measured error
+    log P_ub - log P_lb; both summed here, divided by the teacher's global units on reduction)."""
+    metrics.add(teacher_loss(name), res.loss.detach())
+    metrics.mean(Metric("weight", name), weight)
+    for c in counter_keys(spec, cross):
+        metrics.add(Metric(f"clamp/{c}", name), float(res.counters.get(c, 0)))
+    if spec.kind in ("k1", "k3"):
+        r = res.mean_logratio
+        metrics.per_unit(Metric("mean_logratio", name), r * res.units if r == r else 0.0)
+    if byte_credit:
+        g = res.credit_gap_sum
+        metrics.per_unit(Metric("credit_gap", name), g if g == g else 0.0)
 
 
 def sample_weights(scored, beta: float):
@@ -303,18 +314,16 @@ def sample_weights(scored, beta: float):
     return reward_weights(scored.rewards_B, beta)
 
 
-def loss_and_backward(run, scored, timers, *, backward: bool = True) -> dict:
+def loss_and_backward(run, scored, timers, *, backward: bool = True) -> dict[str, float]:
     """:func:`scored_step` of one scored batch on its own: units counted over ranks, metrics
-    reduced; returns them (``units/<name>``, ``<name>/loss``, ``loss``, ...)."""
-    from xdistill.train.metrics import StepMetrics, all_reduce_counts
+    reduced; returns them flat (``units/<name>``, ``<name>/loss``, ``loss``, ...)."""
+    from xdistill.train.metrics import all_reduce_counts
 
     num_valid = all_reduce_counts(local_units(run.plan, scored.batch,
                                               stop_BTs=scored.stop_BTs))
     metrics = StepMetrics()
     scored_step(run, scored, num_valid, timers, metrics, backward=backward)
-    out = metrics.reduce()
-    out.update({f"units/{k}": v for k, v in num_valid.items()})
-    return out
+    return metrics.reduce(num_valid).flat()
 
 
 def scored_step(run, scored, num_valid, timers, metrics, *, backward: bool = True,
@@ -350,18 +359,6 @@ def reference_logprobs(run, batch) -> torch.Tensor:
 
     logits = student_logits(run.mode.reference, batch)
     return input_token_logprobs(logits.float(), batch.input_ids_BTs, batch.loss_mask_BTs)
-
-
-def finish_metrics(metrics: dict, plan: OnPolicyPlan) -> dict:
-    """Turn summed log-ratios into means over the global units (after the rank reduction)."""
-    for name in plan.specs:
-        s = metrics.pop(f"{name}/logratio_sum", None)
-        if s is not None:
-            metrics[f"{name}/mean_logratio"] = s / max(metrics.get(f"units/{name}", 0), 1)
-        g = metrics.pop(f"{name}/credit_gap_sum", None)
-        if g is not None:  # byte credit: mean measured error log P_ub - log P_lb per unit
-            metrics[f"{name}/credit_gap"] = g / max(metrics.get(f"units/{name}", 0), 1)
-    return metrics
 
 
 # ----------------------------------------------------------------------------- off-policy mixing
@@ -440,4 +437,4 @@ def offpolicy_micro(run, batch, num_valid, timers, metrics) -> None:
     report = micro_step(run.model, mix.loss_fn, run.mode.pool, batch, num_valid, timers,
                         device=run.device, ce_weight=mix.ce_weight)
     record_report(metrics, report)
-    metrics.add("tokens", batch.stats.student_tokens)
+    metrics.add(TOKENS, batch.stats.student_tokens)

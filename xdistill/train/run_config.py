@@ -5,7 +5,8 @@
 tokenizer, AdamW, the learning-rate schedule, the loop, checkpoints) and add only their own
 sections (teachers, data or prompts, loss, ...). The trainer core (:mod:`xdistill.train.core`)
 reads nothing but these shared sections. Also here: the checks both modes run on them
-(:func:`validate_run_sections`) and the small path / teacher checks their validators share.
+(:func:`validate_run_sections`) and the small path / teacher checks their validators share,
+and :class:`RunTeacherConfig`, the part of a teacher's config both modes share.
 
 Every field is documented by the comment above it (``xdistill config show`` prints them).
 """
@@ -18,6 +19,7 @@ from typing import Literal
 
 from xdistill.errors import ConfigError
 from xdistill.student.config import StudentConfig
+from xdistill.teacher.config import TeacherConfig
 from xdistill.train.optim import OptimConfig, SchedulerConfig
 
 
@@ -109,6 +111,29 @@ class RunSchedulerConfig(SchedulerConfig):
     total_steps: int = 0
     # final learning rate as a fraction of lr (cosine/linear)
     min_lr_ratio: float = 0.1
+
+
+@dataclass
+class RunTeacherConfig:
+    """One teacher of a run, the part both modes share: its name, tokenizer, length cap, BOS and
+    worker. Each mode's teacher config extends it with its loss only
+    (:class:`xdistill.train.config.TeacherRunConfig`,
+    :class:`xdistill.train.onpolicy_config.OnPolicyTeacherConfig`)."""
+
+    # teacher name (unique; used in metrics as <name>/loss)
+    name: str = "teacher"
+    # tokenizer spec (asset name, folder, .tiktoken/.model/.gguf); "" = the worker's model folder
+    tokenizer: str = ""
+    # most teacher tokens per row; null = no limit. Off-policy: longer windows are cut at a byte
+    # boundary shared with the student; on-policy: a scored row's prompt is cut from the left first
+    max_len: int | None = None
+    # prepend this teacher's BOS token to each of its rows (on-policy: unless its rendered prompt
+    # already starts with it); null = the teacher model's own default (Gemma adds its <bos>,
+    # SmolLM2 and GPT-2 add none); true/false override it (a value unlike the model's default is
+    # logged once as a warning)
+    add_bos: bool | None = None
+    # the teacher worker: model folder, placement, output kind, transport, timeouts
+    worker: TeacherConfig = field(default_factory=TeacherConfig)
 
 
 @dataclass

@@ -24,7 +24,8 @@ from xdistill.losses import ChunkAlignment, TeacherLossInput
 from xdistill.losses import cross_entropy
 from xdistill.losses.multi_teacher import SAME_TOKENIZER_LOSSES, LossReport
 from xdistill.train.forward import teachers_and_student
-from xdistill.train.metrics import Timers, all_reduce_counts
+from xdistill.train.metrics import (CE, TOTAL, Metric, StepMetrics, Timers, all_reduce_counts,
+                                    teacher_loss)
 
 
 def loss_inputs(specs, batch, outputs=None, device=None) -> list[TeacherLossInput]:
@@ -102,18 +103,19 @@ def compute_loss(loss_fn, ce_weight, logits_BTsVs, batch, inputs, num_valid,
                    labels_BTs=batch.labels_BTs, num_valid=num_valid)
 
 
-def record_report(metrics, report: LossReport) -> None:
-    """Put a loss report into the step metrics: loss terms summed (each already a share of the
+def record_report(metrics: StepMetrics, report: LossReport) -> None:
+    """Put a loss report into the step metrics, typed (:class:`xdistill.train.metrics.Metric`):
+    the total, the CE term and each teacher's loss term summed (each already a share of the
     global mean), weights / coverage / scores averaged."""
-    metrics.add("loss", report.total)
+    metrics.add(TOTAL, report.total)
     if report.ce is not None:
-        metrics.add("ce", report.ce)
+        metrics.add(CE, report.ce)
     for name, t in report.teachers.items():
-        metrics.add(f"{name}/loss", t.loss)
-        metrics.mean(f"{name}/weight", t.weight)
-        metrics.mean(f"{name}/coverage", t.coverage)
+        metrics.add(teacher_loss(name), t.loss)
+        metrics.mean(Metric("weight", name), t.weight)
+        metrics.mean(Metric("coverage", name), t.coverage)
         if t.score is not None:
-            metrics.mean(f"{name}/score", t.score)
+            metrics.mean(Metric("score", name), t.score)
 
 
 def micro_step(model, loss_fn, pool, batch, num_valid, timers: Timers, *, device,
