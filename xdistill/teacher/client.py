@@ -2,7 +2,7 @@
 
 Every client has the same surface::
 
-    client = make_client(config, projection_VsVt=None)   # or InProcess/Subprocess/RayClient
+    client = make_client(config, projection_VsVt=None)   # In-process/Subprocess/Ray/ServedClient
     client.start(); client.wait_ready()                   # or `with client:`
     step = client.submit(view)                            # TeacherView (or TeacherRequest)
     with client.collect(step) as lease:                   # TeacherLease
@@ -25,6 +25,7 @@ import functools
 import signal
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 
 import torch
 
@@ -448,9 +449,61 @@ class RayClient(_RemoteClient):
         self._broken = self._broken or "closed"
 
 
+class ServedClient(InProcessClient):
+    """A completions server (:mod:`xdistill.teacher.served`): ``submit`` hands the batch to a
+    background thread that sends its rows, ``collect`` waits for them (at most ``timeout_s``)."""
+
+    placement = "served"
+
+    def __init__(self, config: TeacherConfig, projection_VsVt=None, engine_factory=None):
+        if engine_factory is None:
+            from xdistill.teacher.served import ServedTeacher
+
+            engine_factory = functools.partial(ServedTeacher, config)
+        super().__init__(config, projection_VsVt, engine_factory)
+        self._runner = ThreadPoolExecutor(1, thread_name_prefix=f"served-{config.name}")
+
+    def start(self) -> None:
+        super().start()
+        self.transport = "http"
+
+    def submit(self, view) -> int:
+        self._check_usable()
+        request, slot = self._request(view), self._ring.acquire()
+        self._next_step += 1
+        out = {n: torch.empty(shape, dtype=dt) for n, (shape, dt)
+               in self.engine.output_spec(*request.input_ids_BTt.shape).items()}
+        self._done[request.step] = (slot, out, self._runner.submit(self.engine.run_into,
+                                                                   request, out))
+        return request.step
+
+    def collect(self, step: int, timeout: float | None = None) -> TeacherLease:
+        if step not in self._done:
+            raise TeacherError(f"teacher {self.name!r}: step {step} was not submitted")
+        slot, out, future = self._done.pop(step)
+        timeout = self.config.timeout_s if timeout is None else timeout
+        try:
+            future.result(timeout)
+        except BaseException as exc:
+            self._ring.release(slot)
+            if isinstance(exc, FutureTimeout):
+                raise self._fail(f"teacher {self.name!r} (served at {self.config.served.url}) "
+                                 f"did not answer request {step} within {timeout:g} s") from None
+            if isinstance(exc, TeacherError):
+                raise
+            raise teacher_error(f"teacher {self.name!r} (served) raised {type(exc).__name__}: "
+                                f"{exc}", traceback.format_exc()) from exc
+        return TeacherLease(make_output(self.info, step, out),
+                            functools.partial(self._ring.release, slot))
+
+    def close(self) -> None:
+        self._runner.shutdown(wait=False, cancel_futures=True)
+        super().close()
+
+
 def make_client(config: TeacherConfig, projection_VsVt=None, engine_factory=None,
                 **kwargs) -> TeacherClient:
     """The client class for ``config.placement``."""
     cls = {"inprocess": InProcessClient, "subprocess": SubprocessClient,
-           "ray": RayClient}[config.placement]
+           "ray": RayClient, "served": ServedClient}[config.placement]
     return cls(config, projection_VsVt, engine_factory, **kwargs)

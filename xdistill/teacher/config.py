@@ -13,7 +13,8 @@ from typing import Literal
 from xdistill.errors import ConfigError
 
 OutputKind = Literal["logits", "topk", "projected"]
-Placement = Literal["inprocess", "subprocess", "ray"]
+Placement = Literal["inprocess", "subprocess", "ray", "served"]
+ServedProtocol = Literal["vllm", "echo"]
 TransportKind = Literal["auto", "inprocess", "shm", "cuda_ipc", "ray"]
 DTypeName = Literal["auto", "float32", "bfloat16", "float16"]
 
@@ -33,12 +34,45 @@ class RayPlacement:
 
 
 @dataclass
+class ServedPlacement:
+    """A teacher answered by an OpenAI-compatible completions server (placement = "served";
+    xdistill.teacher.served). Only output "topk" at temperature 1: the server returns top-K
+    log-probs, never logits."""
+
+    # base URL of the server's OpenAI API, e.g. "http://127.0.0.1:8000/v1" (requests go to
+    # <url>/completions and <url>/models)
+    url: str = ""
+    # model name sent with each request; "" = the first model the server lists at <url>/models
+    model: str = ""
+    # request form: "vllm" = vLLM's extension (prompt_logprobs: K, plus the top-K of the one
+    # generated token for the last position); "echo" = the standard OpenAI form (echo: true,
+    # logprobs: K, max_tokens: 1) that other servers speak too
+    protocol: ServedProtocol = "vllm"
+    # ask for token ids instead of token strings (vLLM's return_tokens_as_token_ids); false for
+    # servers that reject the field: token strings are then mapped to ids through the tokenizer
+    # of the teacher's `model` folder (an unmappable string is a TeacherError naming it)
+    token_ids: bool = True
+    # seconds one HTTP request may take (connect + answer) before it counts as failed
+    timeout_s: float = 120.0
+    # extra tries of a request after a connection error, a timeout or an HTTP 5xx (4xx answers
+    # are never retried); waits 0.5 s, 1 s, 2 s, ... (at most 8 s) between tries
+    retries: int = 3
+    # rows of a batch in flight at once (one request per row)
+    concurrency: int = 8
+    # environment variable holding the API key (sent as "Authorization: Bearer <key>");
+    # "" = no key. The key itself never goes into a config
+    api_key_env: str = ""
+
+
+@dataclass
 class TeacherConfig:
     """One teacher model: where it runs, what it computes, how its output travels."""
 
     # teacher name (matches TeacherView.name)
     name: str = "teacher"
-    # local folder of a Hugging Face causal LM (AutoModelForCausalLM.from_pretrained)
+    # local folder of a Hugging Face causal LM (AutoModelForCausalLM.from_pretrained); for
+    # placement "served", the local folder of the served model (its config.json gives the
+    # vocabulary width, its tokenizer maps token strings); its weights are not loaded
     model: str = ""
     # weights (and compute) dtype. "auto" = bfloat16 where `device` has fast bf16 matrix units
     # (CUDA; CPUs whose torch reports AMX), else float32, whatever dtype the checkpoint was
@@ -51,7 +85,8 @@ class TeacherConfig:
     attn_implementation: str = ""
     # torch device of the teacher inside its worker ("cpu", "cuda", "cuda:1")
     device: str = "cpu"
-    # where the worker runs: in the training process, a spawned subprocess, or a Ray actor
+    # where the worker runs: in the training process, a spawned subprocess, a Ray actor, or
+    # "served": an OpenAI-compatible completions server (see `served`; output "topk" only)
     placement: Placement = "inprocess"
     # what the teacher returns: full logits, top-k log-probs + tail mass, or log-probs projected
     # into the student vocabulary through a sparse projection
@@ -89,6 +124,8 @@ class TeacherConfig:
     trust_remote_code: bool = False
     # Ray actor resources and placement (placement = "ray")
     ray: RayPlacement = field(default_factory=RayPlacement)
+    # the server of a teacher with placement = "served"
+    served: ServedPlacement = field(default_factory=ServedPlacement)
 
     def validate(self) -> "TeacherConfig":
         """Raise :class:`ConfigError` naming the first inconsistent field."""
@@ -110,10 +147,31 @@ class TeacherConfig:
             raise ConfigError(
                 f"{where}: transport {self.transport!r} needs placement 'subprocess' or 'ray' "
                 f"(an in-process teacher hands tensors over directly)")
-        if self.placement != "inprocess" and self.transport == "inprocess":
+        if self.placement not in ("inprocess", "served") and self.transport == "inprocess":
             raise ConfigError(f"{where}: transport 'inprocess' needs placement 'inprocess'")
         if self.transport == "ray" and self.placement != "ray":
             raise ConfigError(f"{where}: transport 'ray' needs placement 'ray'")
         if self.offload and self.placement != "inprocess":
             raise ConfigError(f"{where}: offload applies to in-process teachers only")
+        if self.placement == "served":
+            self._validate_served(where)
         return self
+
+    def _validate_served(self, where: str) -> None:
+        s = self.served
+        if self.output != "topk":
+            raise ConfigError(f"{where}: placement 'served' only serves output 'topk' (a "
+                              f"completions server returns top-K log-probs), got {self.output!r}")
+        if self.temperature != 1.0:
+            raise ConfigError(f"{where}: placement 'served' needs temperature 1.0 (the server's "
+                              f"top-K log-probs are at temperature 1), got {self.temperature}")
+        if not s.url.startswith(("http://", "https://")):
+            raise ConfigError(f"{where}: served.url must be an http(s) URL such as "
+                              f"'http://127.0.0.1:8000/v1', got {s.url!r}")
+        if s.timeout_s <= 0 or s.retries < 0 or s.concurrency < 1:
+            raise ConfigError(f"{where}: served.timeout_s must be > 0, served.retries >= 0 and "
+                              f"served.concurrency >= 1 (got {s.timeout_s}, {s.retries}, "
+                              f"{s.concurrency})")
+        if self.transport not in ("auto", "inprocess") or self.cache_mb:
+            raise ConfigError(f"{where}: placement 'served' takes no transport or cache_mb (its "
+                              "outputs arrive as JSON)")

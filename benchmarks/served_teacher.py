@@ -1,0 +1,136 @@
+"""Served vs in-process teacher: top-K throughput on the same batches, ratio in one run.
+
+Rows are windows of the Shakespeare asset corpus tokenized by the teacher's tokenizer (SmolLM2-135M
+by default), ``--batch`` rows of ``--tokens`` tokens per batch. Each round times one batch through
+the in-process float32 teacher (``output: topk``) and then through the served teacher (the same
+model in float32 behind ``vllm serve``, protocol ``vllm``); rounds alternate, the ratio is the
+median of the paired per-round ratios. Without ``--url`` a ``vllm serve`` is started here (run
+this in ``.venv-vllm``) in its own process group and killed at the end.
+
+    .venv-vllm/bin/python benchmarks/served_teacher.py [--rounds 5] [--url http://host:port/v1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def start_server(folder: str, log: Path) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", folder,
+           "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
+           "--max-model-len", "1024"]
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    url, t0 = f"http://127.0.0.1:{port}/v1", time.monotonic()
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/models", timeout=2).read()
+            print(f"vllm serve ready after {time.monotonic() - t0:.0f} s", flush=True)
+            return proc, url
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() - t0 > 300:
+            stop(proc)
+            raise SystemExit(f"vllm serve did not start; see {log}")
+        time.sleep(1.0)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def batches(folder: str, B: int, T: int, n: int):
+    import xdistill.tiny as mk
+    from xdistill.tokenization import load_tokenizer
+
+    tok = load_tokenizer(folder)
+    ids = [i for text in mk.passages(2000, limit=200) for i in tok.encode(text).ids]
+    out = []
+    for r in range(n):
+        rows = [ids[(r * B + b) * T:(r * B + b + 1) * T] for b in range(B)]
+        out.append((torch.tensor(rows), torch.ones(B, T, dtype=torch.bool)))
+    return out
+
+
+def main(argv=None) -> int:
+    from xdistill.assets.paths import model_dir
+    from xdistill.config import from_dict
+    from xdistill.teacher import TeacherConfig, TeacherRequest, TeacherWorker
+    from xdistill.teacher.client import make_client
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=str(model_dir("smollm2-135m")))
+    ap.add_argument("--url", default="")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--top-k", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args(argv)
+    proc = None
+    if not args.url:
+        proc, args.url = start_server(args.model, Path(tempfile.mkdtemp()) / "serve.log")
+    try:
+        data = batches(args.model, args.batch, args.tokens, args.rounds + 1)
+        local = TeacherWorker(TeacherConfig(name="t", model=args.model, output="topk",
+                                            top_k=args.top_k, dtype="float32"))
+        cfg = from_dict(TeacherConfig, {"name": "t", "model": args.model, "placement": "served",
+                                        "output": "topk", "top_k": args.top_k,
+                                        "served": {"url": args.url}})
+        with make_client(cfg) as served:
+            served.forward(TeacherRequest(0, *data[0])).release()   # warm-up (both)
+            local.forward(TeacherRequest(0, *data[0]))
+            t_local, t_served = [], []
+            for r, (ids, mask) in enumerate(data[1:], 1):
+                t0 = time.perf_counter()
+                local.forward(TeacherRequest(r, ids, mask))
+                t_local.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                served.forward(TeacherRequest(r, ids, mask)).release()
+                t_served.append(time.perf_counter() - t0)
+                print(f"round {r}/{args.rounds}: in-process {t_local[-1]:.3f} s, served "
+                      f"{t_served[-1]:.3f} s", flush=True)
+    finally:
+        if proc is not None:
+            stop(proc)
+    n_tok = args.batch * args.tokens
+    ml, ms = statistics.median(t_local), statistics.median(t_served)
+    ratio = statistics.median(s / loc for s, loc in zip(t_served, t_local))
+    print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
+          f"{torch.__version__}, {torch.get_num_threads()} threads in-process")
+    print(f"batch {args.batch} x {args.tokens} tokens, top-{args.top_k}, {args.rounds} rounds")
+    print(f"in-process float32: {ml:.3f} s/batch ({n_tok / ml:,.0f} tok/s)")
+    print(f"served (vllm, float32): {ms:.3f} s/batch ({n_tok / ms:,.0f} tok/s)")
+    print(f"served / in-process time: {ratio:.2f}x (median of paired rounds)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

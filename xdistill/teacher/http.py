@@ -1,0 +1,103 @@
+"""JSON over HTTP for served teachers (standard library only): timeouts, bounded retries, clear errors.
+
+:func:`request_json` sends one request and returns the decoded JSON answer. A connection error, a
+timeout or an HTTP 5xx answer is retried ``retries`` times with exponential backoff (0.5 s, 1 s,
+2 s, ... at most 8 s); an HTTP 4xx answer (a bad request: too many log-probs, a prompt longer than
+the server's context, an unknown model) is not retried. Every failure ends in one
+:class:`HttpFailure` whose message names the URL, the number of tries and what went wrong (the
+server's own error message for an HTTP error); the served teacher turns it into a
+:class:`~xdistill.errors.TeacherError` naming the teacher and the row.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+
+# at most this many characters of an unexpected answer are quoted in an error
+_QUOTE = 300
+_BACKOFF_S = 0.5
+_BACKOFF_MAX_S = 8.0
+
+
+class HttpFailure(Exception):
+    """One request failed for good (after its retries); ``status`` is the HTTP status or None."""
+
+    def __init__(self, message: str, status: int | None = None, transient: bool = False):
+        super().__init__(message)
+        self.status = status
+        # a connection error, timeout or 5xx (worth waiting for while a server starts)
+        self.transient = transient
+
+
+def _quote(raw: bytes | str) -> str:
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    text = " ".join(text.split())
+    return text if len(text) <= _QUOTE else text[:_QUOTE] + "..."
+
+
+def server_message(raw: bytes) -> str:
+    """The error message inside an error answer (OpenAI ``{"error": {"message": ...}}``, vLLM's
+    ``{"message": ...}`` or ``{"detail": ...}``), else the answer's first characters."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return _quote(raw)
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict):
+            for key in ("message", "detail"):
+                if isinstance(err.get(key), str):
+                    return _quote(err[key])
+        if isinstance(err, str):
+            return _quote(err)
+    return _quote(raw)
+
+
+def _once(url: str, body: dict | None, timeout_s: float, headers: dict) -> dict:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method="GET" if body is None else "POST",
+                                 headers={"Content-Type": "application/json", **headers})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            raw = resp.read()
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+        text = server_message(exc.read() or b"")
+        raise HttpFailure(f"HTTP {status}: {text}", status, transient=status >= 500) from None
+    except (socket.timeout, TimeoutError):
+        raise HttpFailure(f"no answer within {timeout_s:g} s (timeout)", transient=True) from None
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        if isinstance(reason, (socket.timeout, TimeoutError)):
+            raise HttpFailure(f"no answer within {timeout_s:g} s (timeout)",
+                              transient=True) from None
+        raise HttpFailure(f"cannot connect ({reason})", transient=True) from None
+    except (ConnectionError, OSError) as exc:  # reset / closed mid-answer
+        raise HttpFailure(f"connection failed ({type(exc).__name__}: {exc})",
+                          transient=True) from None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise HttpFailure(f"the answer is not JSON: {_quote(raw)!r}") from None
+
+
+def request_json(url: str, body: dict | None = None, *, timeout_s: float, retries: int = 0,
+                 headers: dict | None = None, sleep=time.sleep) -> dict:
+    """POST ``body`` (GET when None) to ``url`` and return the JSON answer (see module doc)."""
+    tries = retries + 1
+    for attempt in range(tries):
+        try:
+            return _once(url, body, timeout_s, headers or {})
+        except HttpFailure as exc:
+            if not exc.transient or attempt == tries - 1:
+                n = f"{attempt + 1} tr{'y' if attempt == 0 else 'ies'}"
+                raise HttpFailure(f"{url}: {exc} ({n})", exc.status, exc.transient) from None
+            sleep(min(_BACKOFF_S * 2 ** attempt, _BACKOFF_MAX_S))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+__all__ = ["HttpFailure", "request_json", "server_message"]
