@@ -27,9 +27,6 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
 
 def start_server(folder: str, log: Path) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
