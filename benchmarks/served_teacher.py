@@ -15,53 +15,12 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import torch
-
-
-def start_server(folder: str, log: Path) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", folder,
-           "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-           "--max-model-len", "1024"]
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-    url, t0 = f"http://127.0.0.1:{port}/v1", time.monotonic()
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/models", timeout=2).read()
-            print(f"vllm serve ready after {time.monotonic() - t0:.0f} s", flush=True)
-            return proc, url
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() - t0 > 300:
-            stop(proc)
-            raise SystemExit(f"vllm serve did not start; see {log}")
-        time.sleep(1.0)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def batches(folder: str, B: int, T: int, n: int):
@@ -82,6 +41,7 @@ def main(argv=None) -> int:
     from xdistill.config import from_dict
     from xdistill.teacher import TeacherConfig, TeacherRequest, TeacherWorker
     from xdistill.teacher.client import make_client
+    from xdistill.teacher.local_server import start_vllm_server
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(model_dir("smollm2-135m")))
@@ -91,9 +51,11 @@ def main(argv=None) -> int:
     ap.add_argument("--top-k", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args(argv)
-    proc = None
+    server = None
     if not args.url:
-        proc, args.url = start_server(args.model, Path(tempfile.mkdtemp()) / "serve.log")
+        server = start_vllm_server(args.model, log=Path(tempfile.mkdtemp()) / "serve.log")
+        args.url = server.url
+        print(f"vllm server ready: {server.url}", flush=True)
     try:
         data = batches(args.model, args.batch, args.tokens, args.rounds + 1)
         local = TeacherWorker(TeacherConfig(name="t", model=args.model, output="topk",
@@ -115,8 +77,8 @@ def main(argv=None) -> int:
                 print(f"round {r}/{args.rounds}: in-process {t_local[-1]:.3f} s, served "
                       f"{t_served[-1]:.3f} s", flush=True)
     finally:
-        if proc is not None:
-            stop(proc)
+        if server is not None:
+            server.stop()
     n_tok = args.batch * args.tokens
     ml, ms = statistics.median(t_local), statistics.median(t_served)
     ratio = statistics.median(s / loc for s, loc in zip(t_served, t_local))

