@@ -17,6 +17,7 @@ inside xdistill import from the submodules themselves.
 
 from __future__ import annotations
 
+from xdistill.assets import archive
 from xdistill.assets.paths import (ASSETS_VERSION, BUILD_VERSIONS, ENV_VAR, GGUF_VOCABS, MODEL_NAMES,
                                    PLAYS, TOKENIZER_NAMES, AssetError, asset_dir, model_dir,
                                    tokenizer_dir)
@@ -32,10 +33,9 @@ __all__ = ["ASSETS_VERSION", "BUILD_VERSIONS", "ENV_VAR", "GGUF_VOCABS", "MODEL_
 
 def __getattr__(name: str):
     if name in _ARCHIVE_NAMES:
-        from xdistill.assets import archive
-
         return getattr(archive, name)
     if name in _FETCH_NAMES:
+        # deferred: numpy, via assets.fetch (keeps `import xdistill.assets.paths` stdlib-only)
         from xdistill.assets import fetch
 
         return getattr(fetch, name)

@@ -20,6 +20,7 @@ import json
 import sys
 
 from xdistill.commands import plain
+from xdistill.config import load_config
 from xdistill.errors import ConfigError
 
 
@@ -40,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def score_model(args) -> dict:
+    # deferred: torch, numpy (keeps `xdistill eval --help` fast)
     from xdistill.student.model import load_causal_lm
     from xdistill.tokenization import load_tokenizer
     from xdistill.train.evaluate import model_bits_per_byte
@@ -54,7 +56,7 @@ def score_model(args) -> dict:
 
 
 def score_run(args) -> dict:
-    from xdistill.config import load_config
+    # deferred: torch, pyarrow via xdistill.train (keeps `xdistill eval --help` fast)
     from xdistill.train.config import OffPolicyConfig
     from xdistill.train.offpolicy import evaluate_offpolicy
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import signal
 import time
 import warnings
 from pathlib import Path
@@ -47,13 +48,23 @@ import numpy as np
 import torch
 
 from xdistill import distributed as xdist
+from xdistill.align import set_align_threads
+from xdistill.config import to_dict
 from xdistill.errors import TeacherError, XDistillError
 from xdistill.host_memory import HOST_ALLOCATOR_ENV, apply_host_allocator
 from xdistill.log import get_logger, init_logging
 from xdistill.metrics import MetricsWriter
+from xdistill.student.build import build_student, check_positions, check_vocab, resolve_device
+from xdistill.student.model import export_dtype, export_hf
+from xdistill.train.checkpoint import (CheckpointError, load_checkpoint, resolve_resume,
+                                       save_checkpoint)
+from xdistill.train.lifecycle import RunStopped, StopSignals, acquire_run_lock, io_error, trim_logs
 from xdistill.train.metrics import (Metric, ReducedMetrics, StepMetrics, StepReport, Timers,
                                     all_reduce_counts)
 from xdistill.train.mode import Run, TrainMode
+from xdistill.train.optim import build_optimizer, build_scheduler, clip_grad_norm, reapply_config
+from xdistill.train.report import end_line, start_line
+from xdistill.train.trackers import open_trackers
 
 if TYPE_CHECKING:
     from xdistill.distributed import DistEnv
@@ -78,8 +89,6 @@ def seed_everything(seed: int) -> None:
 def set_num_threads(cfg: RunConfig) -> None:
     """``train.num_threads`` caps torch's intra-op threads and the aligner's numba threads."""
     if cfg.train.num_threads:
-        from xdistill.align import set_align_threads
-
         torch.set_num_threads(cfg.train.num_threads)
         set_align_threads(cfg.train.num_threads)
 
@@ -99,9 +108,6 @@ def build_student_stack(cfg: RunConfig, env: DistEnv, mode: TrainMode,
     """Seed, then (device, student, AdamW, LR scheduler); a fresh student (no ``student.path``)
     gets ``vocab_size`` from the student tokenizer unless its model_config sets one. The student
     must cover the tokenizer's ids and ``mode.sequence_length`` positions."""
-    from xdistill.student.build import build_student, check_positions, check_vocab, resolve_device
-    from xdistill.train.optim import build_optimizer, build_scheduler
-
     if not cfg.student.path and "vocab_size" not in cfg.student.model_config:
         cfg.student.model_config["vocab_size"] = student_tok.vocab_size
     seed_everything(cfg.train.seed)
@@ -120,8 +126,6 @@ def out_path(cfg: RunConfig, *parts: str) -> Path:
 
 def maybe_resume(run: Run) -> None:
     """Load the checkpoint ``checkpoint.resume`` names (``auto``: the latest complete one)."""
-    from xdistill.train.checkpoint import CheckpointError, load_checkpoint, resolve_resume
-
     path = resolve_resume(run.cfg.checkpoint.resume, out_path(run.cfg, "checkpoints"))
     if path is None:
         return
@@ -140,7 +144,6 @@ def maybe_resume(run: Run) -> None:
                               "off-policy mix unchanged)")
     if loader_states is not None:
         run.mode.load_loader_states(loader_states)
-    from xdistill.train.optim import reapply_config
 
     for change in reapply_config(run.optimizer, run.scheduler, run.cfg.optim, run.cfg.scheduler):
         if xdist.is_main_process():
@@ -152,8 +155,6 @@ def maybe_resume(run: Run) -> None:
 
 def save(run: Run, step: int) -> None:
     """Checkpoint model, optimizer, scheduler and every loader's state at ``step``."""
-    from xdistill.train.checkpoint import save_checkpoint
-
     extra = {"mode": run.mode.kind, "global_batch_size": run.cfg.train.global_batch_size,
              **run.mode.checkpoint_extra(run.cfg)}
     # a failed write (full disk) is one CheckpointError line; the previous checkpoint stays
@@ -202,8 +203,6 @@ def optimizer_step(run: Run, step: int, reduced: ReducedMetrics) -> tuple[float,
 
     Returns (lr used by this step, gradient norm before clipping, whether the update was applied).
     """
-    from xdistill.train.optim import clip_grad_norm
-
     lr = float(run.optimizer.param_groups[0]["lr"])
     norm = clip_grad_norm(run.model, run.cfg.optim.grad_clip)
     bad = reduced.nonfinite_losses()
@@ -310,10 +309,6 @@ def train_loop(run: Run, stop) -> dict:
 
 
 def _stop_on_signal(run: Run, step: int, signum: int) -> None:
-    import signal
-
-    from xdistill.train.lifecycle import RunStopped
-
     if run.last_checkpoint is None or not run.last_checkpoint.name.endswith(f"{step:07d}"):
         save(run, step)
     name = signal.Signals(signum).name
@@ -333,8 +328,6 @@ def open_metrics(cfg: RunConfig, keys: list[str]) -> MetricsWriter:
 def _open_trackers(cfg: RunConfig) -> Trackers | None:
     if not xdist.is_main_process():
         return None
-    from xdistill.config import to_dict
-    from xdistill.train.trackers import open_trackers
 
     return open_trackers(cfg, out_path(cfg), to_dict(cfg))
 
@@ -344,7 +337,6 @@ def export_final(run: Run) -> Path | None:
     in ``checkpoint.export_dtype`` (auto: the student model's own dtype)."""
     if not run.cfg.checkpoint.export_hf:
         return None
-    from xdistill.student.model import export_dtype, export_hf
 
     dtype = export_dtype(run.cfg.checkpoint.export_dtype, run.cfg.student.path)
     return export_hf(run.model, out_path(run.cfg, "export"), run.plan.student_tok, dtype=dtype,
@@ -365,8 +357,6 @@ def build(cfg: RunConfig, mode: TrainMode) -> Run:
 
 def train(cfg: RunConfig, mode: TrainMode) -> dict:
     """Build, lock ``out_dir``, resume, train, export; returns the final metrics (rank 0's)."""
-    from xdistill.train.lifecycle import acquire_run_lock
-
     init_logging()
     run = build(cfg, mode)
     lock = acquire_run_lock(out_path(cfg)) if xdist.is_main_process() else None
@@ -378,16 +368,12 @@ def train(cfg: RunConfig, mode: TrainMode) -> dict:
 
 
 def _run_locked(run: Run) -> dict:
-    from xdistill.train.lifecycle import StopSignals, io_error, trim_logs
-
     cfg, mode = run.cfg, run.mode
     maybe_resume(run)
     trim_logs(out_path(cfg), run.start_step)
     run.writer = open_metrics(cfg, mode.console_keys(cfg))
     run.trackers = _open_trackers(cfg)
     if xdist.is_main_process():
-        from xdistill.train.report import start_line
-
         log.info(start_line(run))
     t0 = time.perf_counter()
     # handlers from before the teachers and loader workers start (a stop signal then ends after
@@ -406,7 +392,5 @@ def _run_locked(run: Run) -> dict:
         except OSError as exc:
             raise io_error(exc, f"the export under {out_path(cfg, 'export')}") from None
         if xdist.is_main_process():
-            from xdistill.train.report import end_line
-
             log.info(end_line(run, metrics, exported, time.perf_counter() - t0))
     return metrics
