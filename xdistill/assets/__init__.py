@@ -9,9 +9,10 @@ Three modules, so that reading an asset never imports the downloader (no import 
 - :mod:`xdistill.assets.fetch`: downloads and conversions (``ensure_assets``, ``main``, the
   layout under the asset root); it imports :mod:`xdistill.pretrained`.
 
-This package re-exports the names of ``paths`` eagerly and those of ``archive`` and ``fetch``
-lazily (module ``__getattr__``), so ``from xdistill.assets import ensure_assets`` keeps working
-for scripts and tests while ``import xdistill.assets.paths`` stays free of the fetcher. Modules
+This package re-exports the names of ``paths`` and ``archive`` (standard library only) eagerly and
+those of ``fetch`` lazily (module ``__getattr__``), so ``from xdistill.assets import ensure_assets``
+keeps working for scripts and tests while ``import xdistill.assets.paths`` stays free of the
+fetcher. Modules
 inside xdistill import from the submodules themselves.
 """
 

@@ -56,9 +56,6 @@ from xdistill.log import get_logger, init_logging
 from xdistill.metrics import MetricsWriter
 from xdistill.student.build import build_student, check_positions, check_vocab, resolve_device
 from xdistill.student.model import export_dtype, export_hf
-from xdistill.train.checkpoint import (CheckpointError, load_checkpoint, resolve_resume,
-                                       save_checkpoint)
-from xdistill.train.lifecycle import RunStopped, StopSignals, acquire_run_lock, io_error, trim_logs
 from xdistill.train.metrics import (Metric, ReducedMetrics, StepMetrics, StepReport, Timers,
                                     all_reduce_counts)
 from xdistill.train.mode import Run, TrainMode
@@ -126,6 +123,9 @@ def out_path(cfg: RunConfig, *parts: str) -> Path:
 
 def maybe_resume(run: Run) -> None:
     """Load the checkpoint ``checkpoint.resume`` names (``auto``: the latest complete one)."""
+    # deferred: torch.distributed.checkpoint via train.checkpoint (~1 s import)
+    from xdistill.train.checkpoint import CheckpointError, load_checkpoint, resolve_resume
+
     path = resolve_resume(run.cfg.checkpoint.resume, out_path(run.cfg, "checkpoints"))
     if path is None:
         return
@@ -155,6 +155,9 @@ def maybe_resume(run: Run) -> None:
 
 def save(run: Run, step: int) -> None:
     """Checkpoint model, optimizer, scheduler and every loader's state at ``step``."""
+    # deferred: torch.distributed.checkpoint via train.checkpoint (~1 s import)
+    from xdistill.train.checkpoint import save_checkpoint
+
     extra = {"mode": run.mode.kind, "global_batch_size": run.cfg.train.global_batch_size,
              **run.mode.checkpoint_extra(run.cfg)}
     # a failed write (full disk) is one CheckpointError line; the previous checkpoint stays
@@ -309,6 +312,9 @@ def train_loop(run: Run, stop) -> dict:
 
 
 def _stop_on_signal(run: Run, step: int, signum: int) -> None:
+    # deferred: torch.distributed.checkpoint via train.lifecycle (~1 s import)
+    from xdistill.train.lifecycle import RunStopped
+
     if run.last_checkpoint is None or not run.last_checkpoint.name.endswith(f"{step:07d}"):
         save(run, step)
     name = signal.Signals(signum).name
@@ -357,6 +363,9 @@ def build(cfg: RunConfig, mode: TrainMode) -> Run:
 
 def train(cfg: RunConfig, mode: TrainMode) -> dict:
     """Build, lock ``out_dir``, resume, train, export; returns the final metrics (rank 0's)."""
+    # deferred: torch.distributed.checkpoint via train.lifecycle (~1 s import)
+    from xdistill.train.lifecycle import acquire_run_lock
+
     init_logging()
     run = build(cfg, mode)
     lock = acquire_run_lock(out_path(cfg)) if xdist.is_main_process() else None
@@ -368,6 +377,9 @@ def train(cfg: RunConfig, mode: TrainMode) -> dict:
 
 
 def _run_locked(run: Run) -> dict:
+    # deferred: torch.distributed.checkpoint via train.lifecycle (~1 s import)
+    from xdistill.train.lifecycle import StopSignals, io_error, trim_logs
+
     cfg, mode = run.cfg, run.mode
     maybe_resume(run)
     trim_logs(out_path(cfg), run.start_step)

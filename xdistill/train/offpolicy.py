@@ -29,7 +29,6 @@ from xdistill.data.loader import WatchedIterator, describe_loader
 from xdistill.errors import ConfigError
 from xdistill.log import get_logger
 from xdistill.train import core, setup
-from xdistill.train.checkpoint import CheckpointError
 from xdistill.train.config import (OffPolicyConfig, data_ranks, grad_accum_steps,
                                    validate_offpolicy)
 from xdistill.train.evaluate import evaluate
@@ -148,6 +147,9 @@ class OffPolicyMode(TrainMode):
         """Other data (another document count) is refused before any loader worker starts; another
         ``data.seq_len`` is allowed (the loader state is a document and token position, so the
         data continues at the next unread token in windows of the new length) and logged."""
+        # deferred: torch.distributed.checkpoint via train.checkpoint (~1 s import)
+        from xdistill.train.checkpoint import CheckpointError
+
         had, has = extra.get("data_documents"), self._documents()
         if had is not None and has is not None and had != has:
             raise CheckpointError(
