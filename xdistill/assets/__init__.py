@@ -9,16 +9,14 @@ Three modules, so that reading an asset never imports the downloader (no import 
 - :mod:`xdistill.assets.fetch`: downloads and conversions (``ensure_assets``, ``main``, the
   layout under the asset root); it imports :mod:`xdistill.pretrained`.
 
-This package re-exports the names of ``paths`` and ``archive`` (standard library only) eagerly and
-those of ``fetch`` lazily (module ``__getattr__``), so ``from xdistill.assets import ensure_assets``
-keeps working for scripts and tests while ``import xdistill.assets.paths`` stays free of the
-fetcher. Modules
+This package re-exports the names of ``paths`` eagerly and those of ``archive`` and ``fetch``
+lazily (module ``__getattr__``), so ``from xdistill.assets import ensure_assets`` keeps working
+for scripts and tests while ``import xdistill.assets.paths`` stays free of the fetcher. Modules
 inside xdistill import from the submodules themselves.
 """
 
 from __future__ import annotations
 
-from xdistill.assets import archive
 from xdistill.assets.paths import (ASSETS_VERSION, BUILD_VERSIONS, ENV_VAR, GGUF_VOCABS, MODEL_NAMES,
                                    PLAYS, TOKENIZER_NAMES, AssetError, asset_dir, model_dir,
                                    tokenizer_dir)
@@ -34,9 +32,12 @@ __all__ = ["ASSETS_VERSION", "BUILD_VERSIONS", "ENV_VAR", "GGUF_VOCABS", "MODEL_
 
 def __getattr__(name: str):
     if name in _ARCHIVE_NAMES:
+        # deferred: tarfile, zipfile via assets.archive (keeps `import xdistill.assets.paths` lean)
+        from xdistill.assets import archive
+
         return getattr(archive, name)
     if name in _FETCH_NAMES:
-        # deferred: numpy, via assets.fetch (keeps `import xdistill.assets.paths` stdlib-only)
+        # deferred: numpy via assets.fetch (keeps `import xdistill.assets.paths` stdlib-only)
         from xdistill.assets import fetch
 
         return getattr(fetch, name)

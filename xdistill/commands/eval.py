@@ -20,7 +20,6 @@ import json
 import sys
 
 from xdistill.commands import plain
-from xdistill.config import load_config
 from xdistill.errors import ConfigError
 
 
@@ -56,7 +55,8 @@ def score_model(args) -> dict:
 
 
 def score_run(args) -> dict:
-    # deferred: torch, pyarrow via xdistill.train (keeps `xdistill eval --help` fast)
+    # deferred: yaml, torch, pyarrow (keeps `xdistill eval --help` fast)
+    from xdistill.config import load_config
     from xdistill.train.config import OffPolicyConfig
     from xdistill.train.offpolicy import evaluate_offpolicy
 
