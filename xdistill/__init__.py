@@ -23,6 +23,7 @@ The Python API (``docs/python_api.md``), imported on first use::
     xdistill.projected_kl(student_logits, teacher_logits, xdistill.ChunkAlignment.from_view(res), W)
 """
 
+import importlib as _importlib
 import os as _os
 import sys as _sys
 
@@ -83,10 +84,8 @@ def __getattr__(name: str):
     target = _API.get(name)
     if target is None:
         raise AttributeError(f"module 'xdistill' has no attribute {name!r}")
-    import importlib
-
     module, attr = target.split(":")
-    value = getattr(importlib.import_module(module), attr)
+    value = getattr(_importlib.import_module(module), attr)
     globals()[name] = value
     return value
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+from xdistill import __version__
 from xdistill.errors import XDistillError
 
 # command name -> (module, one-line help)
@@ -41,8 +42,6 @@ def main(argv: list[str] | None = None) -> int:
         print(_usage())
         return 0
     if argv[0] == "--version":
-        from xdistill import __version__
-
         print(f"xdistill {__version__}")
         return 0
     name, rest = argv[0], argv[1:]

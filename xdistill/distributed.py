@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from xdistill.errors import XDistillError
 
@@ -204,8 +205,6 @@ def build_device_mesh(env: DistEnv | None = None, dp_replicate: int = 1):
     2-D mesh ``("dp_replicate", "dp_shard")`` of shape ``(dp_replicate, world // dp_replicate)``
     (HSDP: parameters sharded within a row, replicated across rows; rows are usually nodes).
     """
-    from torch.distributed.device_mesh import init_device_mesh
-
     if not is_distributed():
         return None
     world = get_world_size()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import resource
 import time
 from pathlib import Path
 from typing import Any
@@ -117,7 +119,6 @@ def peak_rss_mb() -> float:
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
-    import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -126,8 +127,6 @@ def drop_records_after(path: str | Path, step: int) -> int:
     """Remove the records of steps after ``step`` from a JSON-lines file (atomically); returns how
     many were dropped. A run resumed from the checkpoint of ``step`` replays the steps after it:
     without this, ``metrics.jsonl`` and ``samples_rank*.jsonl`` would hold them twice."""
-    import os
-
     path = Path(path)
     if not path.is_file():
         return 0

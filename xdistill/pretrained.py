@@ -205,6 +205,7 @@ def convert_gguf(gguf: Path, out: Path, *, max_positions_fallback: int = 0,
 
     Returns facts about the model (parameters, vocabulary size) for ``xdistill_asset.json``.
     """
+    # deferred: torch, transformers (only loading a model needs them; assets.fetch imports this)
     import torch
     from transformers import AutoTokenizer
 

@@ -30,6 +30,7 @@ from itertools import islice
 from pathlib import Path
 
 from xdistill.assets.paths import asset_dir
+from xdistill.commands import plain
 
 TINY_LM = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True)
@@ -66,6 +67,7 @@ def group_paragraphs(paras: Iterable[str], max_chars: int) -> Iterator[str]:
 
 def make_corpus(out: Path, n_train: int = 400, n_eval: int = 40, max_chars: int = 600) -> tuple[Path, Path]:
     """Prepared ``train`` and ``eval`` splits under ``out`` (disjoint passages)."""
+    # deferred: torch, pyarrow via xdistill.data (the corpus helpers need neither)
     from xdistill.data.prepare import prepare
 
     docs = passages(max_chars, limit=n_train + n_eval)
@@ -83,6 +85,7 @@ def make_corpus(out: Path, n_train: int = 400, n_eval: int = 40, max_chars: int 
 
 def train_bpe(out: Path, vocab_size: int, texts: list[str]) -> Path:
     """A byte-level BPE trained on ``texts``, saved as a Hugging Face tokenizer folder."""
+    # deferred: tokenizers, transformers (only building a tiny tokenizer needs them)
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -99,7 +102,9 @@ def train_bpe(out: Path, vocab_size: int, texts: list[str]) -> Path:
 
 def save_tiny_lm(out: Path, tokenizer_spec: str, *, seed: int = 0, **overrides) -> Path:
     """A random-init tiny Llama over ``tokenizer_spec``'s vocabulary, tokenizer saved with it."""
+    # deferred: torch via xdistill.student (the corpus helpers need none)
     from xdistill.student.model import build_causal_lm
+    # deferred: numpy via xdistill.tokenization (the corpus helpers need none)
     from xdistill.tokenization import load_tokenizer
 
     tok = load_tokenizer(tokenizer_spec)
@@ -111,9 +116,11 @@ def save_tiny_lm(out: Path, tokenizer_spec: str, *, seed: int = 0, **overrides) 
 
 def pretrain(folder: Path, texts: list[str], steps: int, seq_len: int = 64, lr: float = 3e-3) -> None:
     """Briefly train a saved model with next-token CE on ``texts`` (in place)."""
+    # deferred: torch, transformers (the corpus helpers need neither)
     import torch
     from transformers import AutoModelForCausalLM
 
+    # deferred: numpy via xdistill.tokenization (the corpus helpers need none)
     from xdistill.tokenization import load_tokenizer
 
     tok = load_tokenizer(str(folder))
@@ -135,8 +142,6 @@ def pretrain(folder: Path, texts: list[str], steps: int, seq_len: int = 64, lr: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from xdistill.commands import plain
-
     parser = argparse.ArgumentParser(description=plain(__doc__),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/tiny_assets", help="output folder")

@@ -184,6 +184,7 @@ def set_align_threads(n: int) -> int:
 
     The cap is applied lazily, by :func:`align_batch` in the process that aligns.
     """
+    # deferred: numba (slow import; `import xdistill.align` stays numpy-only)
     import numba
 
     _THREAD_CAP[0] = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
@@ -200,11 +201,13 @@ def _kernel():
     (data-loader workers) therefore never start numba's threading layer; they align on their own
     thread, and the loader's worker processes provide the parallelism.
     """
+    # deferred: numba, via align._batch (`import xdistill.align` stays numpy-only)
     from xdistill.align._batch import align_kernel, align_kernel_serial
 
     if _FORKED[0] or _THREAD_CAP[0] == 1:
         return align_kernel_serial
     if _THREAD_CAP[0]:
+        # deferred: numba (slow import; `import xdistill.align` stays numpy-only)
         import numba
 
         if numba.get_num_threads() != _THREAD_CAP[0]:
@@ -216,6 +219,7 @@ def kernels_cached() -> bool:
     """Whether numba's on-disk cache holds compiled aligner kernels for the current sources. When
     it does not (the first run after an install or an edit of ``xdistill/align``), the first
     alignment in a process compiles them: about 30 s on 2 CPU cores. True when unknown."""
+    # deferred: numba, via align._batch (`import xdistill.align` stays numpy-only)
     from xdistill.align._batch import align_kernel, align_kernel_serial
 
     try:
@@ -311,6 +315,7 @@ def _check_phantom(ph_B, ph_BT, shape: tuple, lens: np.ndarray, p: str) -> np.nd
 
 def _report_status(status_B, s_ids, s_len, t_ids, t_len, s_table, t_table, s_ph, t_ph) -> None:
     """Turn per-row kernel statuses into errors (bad input) or warnings (DP limits)."""
+    # deferred: numba, via align._batch (`import xdistill.align` stays numpy-only)
     from xdistill.align._batch import (ROW_DP_CAPPED, ROW_DP_TOO_BIG, ROW_PHANTOM_S,
                                        ROW_PHANTOM_T, ROW_TEXT_DIFFERS)
 

@@ -32,10 +32,12 @@ __all__ = ["ASSETS_VERSION", "BUILD_VERSIONS", "ENV_VAR", "GGUF_VOCABS", "MODEL_
 
 def __getattr__(name: str):
     if name in _ARCHIVE_NAMES:
+        # deferred: tarfile, zipfile via assets.archive (keeps `import xdistill.assets.paths` lean)
         from xdistill.assets import archive
 
         return getattr(archive, name)
     if name in _FETCH_NAMES:
+        # deferred: numpy via assets.fetch (keeps `import xdistill.assets.paths` stdlib-only)
         from xdistill.assets import fetch
 
         return getattr(fetch, name)

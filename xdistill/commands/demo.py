@@ -11,12 +11,14 @@ import argparse
 import sys
 
 from xdistill.log import init_logging
+from xdistill.quality.arms import ArmSettings
 
 
 def _description() -> str:
+    # deferred: torch, numpy via xdistill.demo (keeps `import xdistill.commands.demo` light)
     from xdistill.demo.distill import ARM_LABELS, DEMO_ARMS
+    # deferred: numpy, yaml via xdistill.demo/quality (keeps `import xdistill.commands.demo` light)
     from xdistill.demo.tokenizer_pairs import DEFAULT_NAMES
-    from xdistill.quality.arms import ArmSettings
     from xdistill.quality.prepare import PrepConfig
 
     arms = "\n".join(f"  - {ARM_LABELS[a]} ({a})" for a in DEMO_ARMS)
@@ -37,6 +39,7 @@ with one error naming the run's log (exit 2)."""
 
 
 def main(argv: list[str] | None = None) -> int:
+    # deferred: numpy, yaml via xdistill.demo/quality (keeps `import xdistill.commands.demo` light)
     from xdistill.demo.tokenizer_pairs import DEFAULT_NAMES
     from xdistill.quality.runner import Watch
 
@@ -59,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     init_logging()
     if args.which == "distill":
+        # deferred: torch via xdistill.demo (keeps `import xdistill.commands.demo` light)
         from xdistill.demo.distill import run as run_distill
 
         try:
@@ -68,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             print("xdistill demo distill: interrupted (training runs stopped)", file=sys.stderr)
             return 130
         return 0
+    # deferred: numpy via xdistill.demo (keeps `import xdistill.commands.demo` light)
     from xdistill.demo.tokenizer_pairs import PARAGRAPH, format_reports, run
 
     reports = run(tuple(args.names.split(",")))

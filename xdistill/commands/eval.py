@@ -40,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def score_model(args) -> dict:
+    # deferred: torch, numpy (keeps `xdistill eval --help` fast)
     from xdistill.student.model import load_causal_lm
     from xdistill.tokenization import load_tokenizer
     from xdistill.train.evaluate import model_bits_per_byte
@@ -54,6 +55,7 @@ def score_model(args) -> dict:
 
 
 def score_run(args) -> dict:
+    # deferred: yaml, torch, pyarrow (keeps `xdistill eval --help` fast)
     from xdistill.config import load_config
     from xdistill.train.config import OffPolicyConfig
     from xdistill.train.offpolicy import evaluate_offpolicy

@@ -39,9 +39,12 @@ def choose_keys(runs: dict[str, list[dict]], requested: list[str] | None) -> lis
 
 
 def plot_runs(runs: dict[str, list[dict]], keys: list[str], out: Path) -> None:
+    # deferred: matplotlib (optional extra `plot`)
     import matplotlib
 
     matplotlib.use("Agg")
+    # deferred: matplotlib (optional extra `plot`)
+    # deferred: matplotlib.pyplot (side effect: only after matplotlib.use("Agg"))
     import matplotlib.pyplot as plt
 
     cols = min(3, len(keys))

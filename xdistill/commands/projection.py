@@ -12,11 +12,13 @@ S and T are tokenizer specs (asset name such as gpt2/qwen2/llama3/mistral/bert, 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
 from xdistill.commands import plain
+from xdistill.errors import ProjectionError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -53,11 +55,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def _output_folder(output: str) -> None:
     """Create the folder of ``-o`` (a missing one is made) or fail naming it, before any work."""
-    import os
-    from pathlib import Path
-
-    from xdistill.errors import ProjectionError
-
     folder = Path(output).parent
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -69,7 +66,7 @@ def _output_folder(output: str) -> None:
 
 
 def _build(args) -> int:
-    from xdistill.errors import ProjectionError
+    # deferred: scipy, numpy via xdistill.projection (keeps `xdistill projection --help` fast)
     from xdistill.projection import BuildConfig, build_projection, parse_methods, save_projection
     from xdistill.projection.corpus import resolve_corpus_files
     from xdistill.tokenization import load_tokenizer
@@ -99,6 +96,7 @@ def _build(args) -> int:
 
 
 def _inspect(args) -> int:
+    # deferred: scipy, numpy via xdistill.projection (keeps `xdistill projection --help` fast)
     from xdistill.projection import load_projection
     from xdistill.projection.audit import format_report
     from xdistill.tokenization import load_tokenizer
@@ -107,6 +105,7 @@ def _inspect(args) -> int:
     proj = load_projection(args.path, student, teacher)
     print(format_report(proj, student.table, teacher.table, n_examples=args.examples))
     if args.plot:
+        # deferred: scipy via xdistill.projection (keeps `xdistill projection --help` fast)
         from xdistill.projection.plot import write_plot
 
         print(f"\nwrote {write_plot(proj, student.table, Path(args.plot))}")

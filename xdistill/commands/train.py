@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
             exc = ConfigError(f"{exc}; the tiny recipes' teachers and corpus: build them once "
                               "with `python -m xdistill.tiny`")
         raise exc from None
+    # deferred: torch via xdistill.distributed (keeps `xdistill train --help` fast)
     from xdistill import distributed as xdist
 
     xdist.destroy_distributed()
@@ -49,18 +50,22 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(kind: str, config: str | None, overrides: list[str]) -> None:
     if kind == "onpolicy":
+        # deferred: torch, pyarrow via xdistill.train (keeps `xdistill train --help` fast)
         from xdistill.train.onpolicy_config import OnPolicyConfig
 
         cfg = load_config(OnPolicyConfig, config, overrides)
         _limit_numba_pool(cfg.train.num_threads)
+        # deferred: torch, pyarrow via xdistill.train (keeps `xdistill train --help` fast)
         from xdistill.train.onpolicy import run_onpolicy
 
         run_onpolicy(cfg)
     else:
+        # deferred: torch, pyarrow via xdistill.train (keeps `xdistill train --help` fast)
         from xdistill.train.config import OffPolicyConfig
 
         cfg = load_config(OffPolicyConfig, config, overrides)
         _limit_numba_pool(cfg.train.num_threads)
+        # deferred: torch, pyarrow via xdistill.train (keeps `xdistill train --help` fast)
         from xdistill.train.offpolicy import run_offpolicy
 
         run_offpolicy(cfg)

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from xdistill.align import align_batch
 from xdistill.data.batch import BatchStats, DistillBatch, TeacherView
 from xdistill.data.chat import map_offset, render_chat, token_loss_mask
 from xdistill.data.packing import DEFAULT_LOSS_ROLES, Segment, Window
@@ -291,8 +292,6 @@ class CrossTokenizerCollator:
         return t_rows, t_losses, rows, items
 
     def _align(self, spec: TeacherTokenization, rows: list[_Row]):
-        from xdistill.align import align_batch
-
         N = len(rows)
         s_len = np.array([r.s_ids_T.size for r in rows], dtype=np.int64)
         t_len = np.array([r.t_ids_T.size for r in rows], dtype=np.int64)

@@ -13,6 +13,9 @@ import threading
 import time
 import warnings
 
+import torch
+import torch.distributed as dist
+
 from xdistill import child_signals
 from xdistill.data.collator import CrossTokenizerCollator, TeacherTokenization
 from xdistill.data.config import DataConfig
@@ -27,7 +30,6 @@ log = get_logger("data")
 def _dist_position(rank, world_size) -> tuple[int, int]:
     if rank is not None and world_size is not None:
         return int(rank), int(world_size)
-    import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
@@ -60,6 +62,7 @@ def _loader_class():
     """``StatefulDataLoader`` whose worker processes start with the stop signals held (see
     :mod:`xdistill.child_signals`); built on first use, so importing this module stays light."""
     if not _LOADER_CLASS:
+        # deferred: torchdata (~1 s import on top of torch; built on first use)
         from torchdata.stateful_dataloader import StatefulDataLoader
 
         class SignalSafeLoader(StatefulDataLoader):
@@ -102,7 +105,6 @@ def worker_start_method(name: str) -> str:
     state (forking it is unsafe), else fork."""
     if name != "auto":
         return name
-    import torch
 
     return "spawn" if torch.cuda.is_initialized() else "fork"
 

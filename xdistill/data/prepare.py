@@ -48,6 +48,8 @@ import tempfile
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
 
 from xdistill.data.chat import as_conversation, is_empty_conversation
 from xdistill.data.source import decode_utf8
@@ -142,8 +144,6 @@ def _read_jsonl(path, opts):
 
 def _read_table_batches(path, fmt):
     if fmt == "parquet":
-        import pyarrow.parquet as pq
-
         try:
             pf = pq.ParquetFile(str(path))
             yield pf.schema_arrow.names
@@ -355,8 +355,6 @@ def _add_document(writer: _ShardWriter, doc, src: dict, totals: dict, opts: dict
 
 
 def _convert(files, fmt, tmp: Path, opts: dict, shard_bytes: int, progress: bool) -> dict:
-    from tqdm import tqdm
-
     writer = _ShardWriter(tmp, shard_bytes)
     sources, totals = [], {"documents": 0, "bytes": 0, "text": 0, "chat": 0, "skipped": 0,
                            "replaced": 0, "split": 0, "pieces": 0}

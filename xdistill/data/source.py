@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from xdistill.data.chat import as_conversation
 from xdistill.errors import DataError
@@ -103,8 +104,6 @@ def _open_arrow(path: Path) -> pa.Table:
 
 
 def _open_parquet(path: Path, columns: list[str] | None) -> pa.Table:
-    import pyarrow.parquet as pq
-
     if not path.is_file():
         raise DataError(f"missing shard {path}")
     try:
@@ -192,8 +191,6 @@ class DocumentSource:
 
     def _open_one(self, path: Path) -> _Shard:
         if path.suffix in PARQUET_SUFFIXES:
-            import pyarrow.parquet as pq
-
             try:
                 names = pq.read_schema(str(path)).names if path.is_file() else []
             except (pa.ArrowInvalid, OSError) as exc:

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
+from tqdm import tqdm
+
 from xdistill.data.chat import CHAT_ROLES, check_roles, is_empty_conversation
 from xdistill.data.packing import check_roles_message
 from xdistill.data.source import DocumentSource
@@ -26,8 +29,6 @@ def verify_documents(paths, *, text_column: str = "text", messages_column: str =
                      progress: bool = True) -> dict:
     """Fetch every document of ``paths``; returns counts (``documents``, ``text``, ``chat``,
     ``empty``) or raises a DataError naming the first bad file and row."""
-    from tqdm import tqdm
-
     source = DocumentSource(paths, text_column=text_column, messages_column=messages_column,
                             invalid_utf8=invalid_utf8)
     counts = {"documents": len(source), "text": 0, "chat": 0, "empty": 0}
@@ -50,8 +51,6 @@ def verify_documents(paths, *, text_column: str = "text", messages_column: str =
 def check_shards(out: str | Path, index: dict) -> None:
     """DataError naming the first shard of ``index`` that is missing, has another size than when
     it was written, or is not a readable arrow file with its recorded number of rows."""
-    import pyarrow as pa
-
     out = Path(out)
     for shard in index.get("shards", []):
         path = out / shard["file"]

@@ -34,7 +34,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from xdistill.losses.engine import log_softmax_safe, safe_logsumexp
+from xdistill.losses.engine import log_softmax_safe, safe_logsumexp, xlogx_minus_xlogy
 
 
 @dataclass(frozen=True)
@@ -94,8 +94,6 @@ def extended_kl(pbar_nU1, logq_nV, lqbar_nU1, coord_w0_n, unit_X, v_X, m_X, coor
     """``sum_rows KL(pbar' || qbar')`` over the extended coordinates (module doc): rows are the
     block's units, ``unit_X`` their local row index, ``coord_Vs`` the coordinate of each student
     id (-1 = none), ``coord_w0_n`` the coordinate of each row's root token."""
-    from xdistill.losses.engine import xlogx_minus_xlogy
-
     pbar = pbar_nU1.clone()
     M_n = torch.zeros(pbar.shape[0], dtype=pbar.dtype, device=pbar.device)
     M_n.index_add_(0, unit_X, m_X)

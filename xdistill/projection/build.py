@@ -33,6 +33,7 @@ from xdistill.projection import methods as M
 from xdistill.projection.artifact import (
     DIRECTION, FORMAT, FORMAT_VERSION, SOURCE_CORPUS, SOURCE_EXACT, SOURCE_MULTITOKEN,
     SOURCE_NAMES, SOURCE_ROLE, SOURCE_UNMAPPED, Projection)
+from xdistill.projection.corpus import corpus_triplets
 
 METHODS = ("exact", "multitoken", "corpus")
 _SOURCE_OF = {"multitoken": SOURCE_MULTITOKEN, "corpus": SOURCE_CORPUS}
@@ -185,8 +186,6 @@ def build_projection(student, teacher, config: BuildConfig, progress: bool = Fal
                     student, teacher, decay=config.multitoken_decay, reverse=config.reverse,
                     reverse_weight=config.reverse_weight, progress=progress)))
             elif step == "corpus":
-                from xdistill.projection.corpus import corpus_triplets
-
                 filled.append((step, corpus_triplets(
                     student, teacher, config.corpus_files, max_texts=config.corpus_max_texts,
                     min_count=config.corpus_min_count, batch_size=config.batch_size,

@@ -27,6 +27,7 @@ from typing import Iterator
 import numpy as np
 from tqdm import tqdm
 
+from xdistill.align import align_batch
 from xdistill.errors import ProjectionError
 
 _PARAGRAPH_CHARS = 4000
@@ -64,8 +65,11 @@ def _jsonl_texts(path: Path) -> Iterator[str]:
 
 
 def _arrow_texts(path: Path) -> Iterator[str]:
+    # deferred: pyarrow (only corpus files need it; projection/ is numpy+scipy)
     import pyarrow as pa
+    # deferred: pyarrow (only corpus files need it; projection/ is numpy+scipy)
     import pyarrow.ipc as ipc
+    # deferred: pyarrow (only corpus files need it; projection/ is numpy+scipy)
     import pyarrow.parquet as pq
 
     try:
@@ -151,8 +155,6 @@ def _pad(encs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def chunk_start_pairs(student, teacher, texts: list[str]) -> np.ndarray:
     """Keys ``s * Vt + t`` of the first student/teacher token of every valid aligned chunk."""
-    from xdistill.align import align_batch
-
     s_ids, s_len, s_ph = _pad(student.encode_batch(texts, add_special_tokens=False))
     t_ids, t_len, t_ph = _pad(teacher.encode_batch(texts, add_special_tokens=False))
     res = align_batch(s_ids, s_len, t_ids, t_len, student.table, teacher.table,

@@ -42,9 +42,12 @@ def _coverage_panel(ax, cov: dict) -> None:
 def write_plot(proj: Projection, s_table: TokenByteTable, path: str | Path) -> Path:
     """Write the four-panel PNG (see the module docstring) to ``path``."""
     try:
+        # deferred: matplotlib (optional extra `plot`)
         import matplotlib
 
         matplotlib.use("Agg")
+        # deferred: matplotlib (optional extra `plot`)
+        # deferred: matplotlib.pyplot (side effect: only after matplotlib.use("Agg"))
         import matplotlib.pyplot as plt
     except ImportError as exc:  # pragma: no cover - matplotlib is an optional extra
         raise ProjectionError("--plot needs matplotlib (pip install 'xdistill[plot]')") from exc

@@ -32,6 +32,7 @@ import torch
 
 from xdistill.losses.bytecredit import (MASS_ID, MASS_ONE, MASS_RANGE, ByteCredit, ByteTerms,
                                         credit_units)
+from xdistill.losses.byteprefix_long import LongTokenTables
 from xdistill.tokenization.table import ROLE_TEXT
 
 _INDEX: dict = {}
@@ -204,8 +205,6 @@ def build_long_token_tables(student_table, teacher_table):
     extensions ``v = u0 + e`` that no teacher token's bytes start with (a student token longer
     than the teacher's: a teacher that has ``v`` maps it already), with the teacher-sorted range
     of tokens starting with ``e``. A teacher with the student's vocabulary gets no entries."""
-    from xdistill.losses.byteprefix_long import LongTokenTables
-
     s_idx, t_idx = VocabIndex(student_table), VocabIndex(teacher_table)
     V = teacher_table.vocab_size
     counts = np.zeros(V, dtype=np.int64)

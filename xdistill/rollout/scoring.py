@@ -41,11 +41,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from xdistill.align import align_batch
 from xdistill.data.batch import BatchStats, DistillBatch, TeacherView
 from xdistill.data.chat import token_loss_mask
 from xdistill.data.collator import resolve_teacher_bos
-from xdistill.rollout.engine import Rollouts
-from xdistill.rollout.render import end_of_turn_id, is_chat, render_prompt
+from xdistill.rollout.engine import Rollouts, _right_pad
+from xdistill.rollout.render import encode_prompts, end_of_turn_id, is_chat, render_prompt
 from xdistill.rollout.teacher_text import teacher_region
 from xdistill.tokenization.bos import resolve_add_bos
 from xdistill.tokenization.tokenizer import padding_id
@@ -246,8 +247,6 @@ class RolloutScorer:
         return out
 
     def _teacher_view(self, spec, ro: Rollouts, shape_BTs):
-        from xdistill.align import align_batch
-
         B, Ts = shape_BTs
         regions = self._regions(spec, ro)
         s_len = ro.response_len_B.numpy().astype(np.int64)
@@ -362,8 +361,6 @@ def rollouts_from_segments(tok, prompts, segments, *, max_prompt_len: int = 1024
     log-probs are 0 (unknown): use these rollouts for scoring and the distillation losses, not for
     importance-sampling corrections.
     """
-    from xdistill.rollout.render import encode_prompts
-
     prompts = tuple(prompts)
     if len(segments) != len(prompts):
         raise ValueError(f"{len(segments)} segment lists for {len(prompts)} prompts")
@@ -381,7 +378,6 @@ def rollouts_from_segments(tok, prompts, segments, *, max_prompt_len: int = 1024
             mask.append(np.ones(1, dtype=bool))
         resp.append(np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64))
         masks.append(np.concatenate(mask) if mask else np.zeros(0, dtype=bool))
-    from xdistill.rollout.engine import _right_pad
 
     pad = padding_id(tok)
     p_ids, p_len = _right_pad(pre, pad)

@@ -42,6 +42,8 @@ from xdistill.errors import ConfigError
 from xdistill.rollout.engine import (RolloutConfig, RolloutEngine, Rollouts, SamplingParams,
                                      _right_pad)
 from xdistill.rollout.render import encode_prompts, stop_token_ids
+from xdistill.rollout.vllm_worker import shared_views
+from xdistill.student.model import export_hf, full_state_dict
 from xdistill.tokenization.bos import resolve_add_bos
 from xdistill.tokenization.tokenizer import padding_id
 
@@ -56,6 +58,7 @@ def import_vllm():
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
+        # deferred: vllm (optional: lives in its own venv, .venv-vllm)
         import vllm
     except ImportError as exc:
         raise ConfigError(f"rollout.backend is 'vllm' but vllm cannot be imported ({exc}); "
@@ -89,7 +92,6 @@ class SharedWeights:
         where = "/dev/shm" if os.path.isdir("/dev/shm") else None
         fd, self.path = tempfile.mkstemp(prefix="xdistill-vllm-weights-", dir=where)
         os.close(fd)
-        from xdistill.rollout.vllm_worker import shared_views
 
         self.views = dict(shared_views(self.path, self.nbytes, self.layout))
 
@@ -113,8 +115,6 @@ class SharedWeights:
 
 def student_state(model) -> dict[str, torch.Tensor]:
     """The student's full state dict in Hugging Face names (the layout vLLM loads)."""
-    from xdistill.student.model import full_state_dict
-
     return full_state_dict(getattr(model, "_model", model))
 
 
@@ -134,6 +134,7 @@ def engine_kwargs(config: RolloutConfig, model_dir: str) -> dict:
 
 
 def _on_cpu() -> bool:
+    # deferred: vllm (optional: lives in its own venv, .venv-vllm)
     from vllm.platforms import current_platform
 
     return bool(current_platform.is_cpu())
@@ -145,6 +146,7 @@ def check_head_size(model_dir: str) -> None:
     if not _on_cpu():
         return
     try:
+        # deferred: transformers, vllm (slow import; vllm optional, .venv-vllm)
         from transformers import AutoConfig
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
@@ -182,8 +184,6 @@ class VLLMEngine(RolloutEngine):
         model_dir = self.config.vllm_model
         try:
             if not model_dir:
-                from xdistill.student.model import export_hf
-
                 tmp = tempfile.mkdtemp(prefix="xdistill-vllm-init-")
                 model_dir = str(export_hf(getattr(model, "_model", model), tmp, overwrite=True))
             check_head_size(model_dir)

@@ -44,6 +44,7 @@ class WeightSyncExtension:
         for its kernels), the model's ``load_weights`` maps Hugging Face names (fusing q/k/v and
         gate/up), and the post-load processing (the repacking) runs again per layer.
         """
+        # deferred: vllm (optional: lives in its own venv, .venv-vllm)
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload import (finalize_layerwise_reload,
                                                              initialize_layerwise_reload)

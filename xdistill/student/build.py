@@ -15,6 +15,8 @@ from torch import nn
 
 from xdistill.errors import ConfigError
 from xdistill.student.config import StudentConfig
+from xdistill.student.model import load_student, max_positions
+from xdistill.student.parallelize import parallelize_student
 
 if TYPE_CHECKING:
     from xdistill.distributed import DistEnv
@@ -33,9 +35,6 @@ def resolve_device(name: str, env: DistEnv) -> torch.device:
 def build_student(cfg: StudentConfig, env: DistEnv, device: torch.device) -> nn.Module:
     """Load the student (``student`` section), shard it (FSDP2) or give it the one-process
     mixed precision (``student.param_dtype``)."""
-    from xdistill.student.model import load_student
-    from xdistill.student.parallelize import parallelize_student
-
     model = load_student(cfg)
     model = parallelize_student(model, None, cfg, device=device)
     if not env.distributed:
@@ -55,8 +54,6 @@ def check_vocab(model: nn.Module, student_tok: Tokenizer) -> None:
 def check_positions(model: nn.Module, length: int, key: str, what: str = "student") -> None:
     """ConfigError naming ``key`` when ``length`` tokens exceed the model's positions (Llama
     silently extrapolates its rotary positions; GPT-2 fails inside the forward)."""
-    from xdistill.student.model import max_positions
-
     limit = max_positions(model)
     if limit is not None and length > limit:
         raise ConfigError(f"{key}: {length} {what} tokens per sequence exceed the model's "

@@ -13,6 +13,7 @@ from typing import Any, Literal
 import torch
 
 from xdistill.errors import ConfigError
+from xdistill.precision import resolve_compute_dtype
 
 DTypeName = Literal["float32", "bfloat16", "float16"]
 OptDTypeName = Literal["", "float32", "bfloat16", "float16"]
@@ -91,8 +92,6 @@ class StudentConfig:
     def compute_dtypes(self, device: torch.device | str) -> tuple[torch.dtype, torch.dtype]:
         """(compute dtype, gradient-reduction dtype) on ``device``, ``param_dtype: auto`` and
         ``""`` resolved (see the field comments)."""
-        from xdistill.precision import resolve_compute_dtype
-
         master = self.torch_dtype
         if self.param_dtype == "auto":
             compute = resolve_compute_dtype("auto", device, "student compute")

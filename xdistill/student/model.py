@@ -56,6 +56,7 @@ def make_config(model_type: str, config_kwargs: dict[str, Any]):
     (``hiden_size``) would be ignored; here any key that is not a field of the model type's default
     config is a :class:`ConfigError` naming it.
     """
+    # deferred: transformers (slow import; only building or loading a model needs it)
     from transformers import AutoConfig
 
     try:
@@ -77,6 +78,7 @@ def build_causal_lm(model_type: str, config_kwargs: dict[str, Any], *, seed: int
     Weights are initialised in float32 under a forked RNG seeded with ``seed`` (so the caller's
     global RNG stream is unchanged) and then cast to ``dtype``.
     """
+    # deferred: transformers (slow import; only building or loading a model needs it)
     from transformers import AutoModelForCausalLM
 
     config = make_config(model_type, config_kwargs)
@@ -135,6 +137,7 @@ def load_causal_lm(path: str | os.PathLike, *, dtype: torch.dtype | str = torch.
     ``dtype`` is a torch dtype or ``"auto"`` (the checkpoint's). A ``.gguf`` file is dequantised
     into ``dtype`` and its quantizer detached (:func:`detach_quantizer`).
     """
+    # deferred: transformers (slow import; only building or loading a model needs it)
     from transformers import AutoModelForCausalLM
 
     folder = resolve_model_path(path)
@@ -178,6 +181,7 @@ def detach_quantizer(model: nn.Module) -> nn.Module:
 
 def is_sharded(model: nn.Module) -> bool:
     """True when any parameter is a DTensor (the model went through ``fully_shard``)."""
+    # deferred: torch.distributed.tensor (~0.5 s import; only FSDP-sharded models)
     from torch.distributed.tensor import DTensor
 
     return any(isinstance(p, DTensor) for p in model.parameters())
@@ -186,6 +190,7 @@ def is_sharded(model: nn.Module) -> bool:
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """Unsharded CPU state dict of ``model``. Collective for a sharded model (every rank must
     call it); rank 0 gets the tensors, other ranks an empty dict."""
+    # deferred: torch.distributed.checkpoint (~1 s import; only FSDP-sharded models)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     if is_sharded(model):
@@ -214,6 +219,7 @@ def _share_tied(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, t
 
 def _base_model_class(model: nn.Module) -> type:
     """The transformers class under FSDP2's dynamic ``FSDP<Name>`` subclass."""
+    # deferred: torch.distributed.fsdp (~0.7 s import; only FSDP-sharded models)
     from torch.distributed.fsdp import FSDPModule
 
     cls = type(model)
@@ -301,6 +307,7 @@ def _write_token_ids(folder: Path, tokenizer: Any, max_positions: int | None) ->
 @contextlib.contextmanager
 def _quiet_transformers():
     """No tqdm bars from transformers while exporting (trainers print no progress bars)."""
+    # deferred: transformers (slow import; only building or loading a model needs it)
     from transformers.utils import logging as hf_logging
 
     was_enabled = hf_logging.is_progress_bar_enabled()

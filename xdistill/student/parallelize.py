@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (CheckpointImpl,
+                                                                        CheckpointWrapper,
+                                                                        checkpoint_wrapper)
 
 from xdistill import distributed as xdist
 from xdistill.errors import ConfigError, XDistillError
@@ -85,18 +88,13 @@ def apply_activation_checkpointing(layers: nn.ModuleList) -> None:
     ``_checkpoint_wrapped_module.`` prefix from state-dict keys, so checkpoints and HF exports keep
     the original parameter names.
     """
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        CheckpointImpl,
-        CheckpointWrapper,
-        checkpoint_wrapper,
-    )
-
     for i, layer in enumerate(layers):
         if not isinstance(layer, CheckpointWrapper):
             layers[i] = checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
 
 
 def _policies(cfg: StudentConfig, mesh):
+    # deferred: torch.distributed.fsdp (~0.7 s import; only FSDP-sharded models)
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
     compute, reduce = cfg.compute_dtypes(mesh.device_type)
@@ -122,6 +120,7 @@ def parallelize_student(model: nn.Module, mesh=None, cfg: StudentConfig | None =
     differs from the master dtype, the one-process equivalent of FSDP2's mixed precision
     (:mod:`xdistill.student.mixed`): the parameters stay in the master dtype.
     """
+    # deferred: torch.distributed.fsdp (~0.7 s import; only FSDP-sharded models)
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
     cfg = (cfg or StudentConfig()).validate()
@@ -152,6 +151,7 @@ def parallelize_student(model: nn.Module, mesh=None, cfg: StudentConfig | None =
 def _set_grad_reduction(model: nn.Module, mode: str) -> None:
     """Gradients are reduced with plain SUM collectives (supported by gloo and NCCL; gloo has no
     AVG/PREMUL_SUM), then divided by the data-parallel size for "mean" or not at all for "sum"."""
+    # deferred: torch.distributed.fsdp (~0.7 s import; only FSDP-sharded models)
     from torch.distributed.fsdp import FSDPModule
 
     for module in model.modules():

@@ -33,6 +33,7 @@ from xdistill.child_signals import held
 from xdistill.errors import TeacherError, XDistillError
 from xdistill.teacher.config import TeacherConfig
 from xdistill.teacher.host import RayHost, subprocess_main
+from xdistill.teacher.served import ServedTeacher
 from xdistill.teacher.transport import SlotRing, TeacherLease, choose_transport, make_reader
 from xdistill.teacher.worker import TeacherRequest, TeacherWorker, make_output
 
@@ -366,12 +367,14 @@ class RayClient(_RemoteClient):
         if self.scheduling_strategy is not None:
             opts["scheduling_strategy"] = self.scheduling_strategy
         elif r.node_id:
+            # deferred: ray (optional extra `ray`)
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
             opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(r.node_id, soft=False)
         return opts
 
     def start(self) -> None:
+        # deferred: ray (optional extra `ray`)
         import ray
 
         if not ray.is_initialized():
@@ -401,7 +404,9 @@ class RayClient(_RemoteClient):
         return self.info
 
     def _get(self, ref, deadline: float, timeout: float, what: str):
+        # deferred: ray (optional extra `ray`)
         import ray
+        # deferred: ray (optional extra `ray`)
         from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
         try:
@@ -425,6 +430,7 @@ class RayClient(_RemoteClient):
         self._store(self._get(ref, deadline, timeout, f"request {step}"))
 
     def _kill(self) -> None:
+        # deferred: ray (optional extra `ray`)
         import ray
 
         if self.actor is not None:
@@ -433,6 +439,7 @@ class RayClient(_RemoteClient):
             self.reader.forget_worker(self.pid)
 
     def close(self) -> None:
+        # deferred: ray (optional extra `ray`)
         import ray
 
         if self.actor is None:
@@ -457,8 +464,6 @@ class ServedClient(InProcessClient):
 
     def __init__(self, config: TeacherConfig, projection_VsVt=None, engine_factory=None):
         if engine_factory is None:
-            from xdistill.teacher.served import ServedTeacher
-
             engine_factory = functools.partial(ServedTeacher, config)
         super().__init__(config, projection_VsVt, engine_factory)
         self._runner = ThreadPoolExecutor(1, thread_name_prefix=f"served-{config.name}")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from xdistill.teacher.outputs import LOGP_TINY
+from xdistill.teacher.outputs import LOGP_TINY, projected_logprobs, topk_logprobs
 
 # float32 bytes of one [block, V] block at most: 128 MiB (128 positions of a 262k vocabulary).
 # Smaller blocks cost speed (measured for Gemma-3-270M, 4 x 72 tokens, 2 threads: 2.14 s with
@@ -114,8 +114,6 @@ def fill_from_hidden(split: SplitHead, kind: str, h_nTH: torch.Tensor, ids_nT: t
                      proj_VsVt=None) -> None:
     """The ``kind`` outputs of rows ``rows`` from their hidden states, block by block (module
     doc); same values as :func:`xdistill.teacher.outputs.fill_output` on the full logits."""
-    from xdistill.teacher.outputs import projected_logprobs, topk_logprobs
-
     n, T, H = h_nTH.shape
     N, V = n * T, split.V
     h_NH = h_nTH.reshape(N, H)

@@ -23,10 +23,12 @@ The subprocess exits when the pipe closes (the training process died), unlinking
 from __future__ import annotations
 
 import os
+import threading
 import traceback
 
 import numpy as np
 import torch
+import tqdm
 
 from xdistill.child_signals import ignore_stop_signals
 from xdistill.host_memory import HOST_ALLOCATOR_ENV, apply_host_allocator
@@ -64,10 +66,6 @@ def _thread_lock_for_progress_bars() -> None:
     registered with the trainer's resource tracker: a teacher killed after a timeout never
     unregisters it, and the tracker printed a "leaked semaphore" warning after the error line."""
     try:
-        import threading
-
-        import tqdm
-
         tqdm.tqdm.set_lock(threading.RLock())
     except ImportError:   # pragma: no cover - tqdm is a dependency
         pass
@@ -113,6 +111,7 @@ class RayHost:
         self.host = None
 
     def node_id(self) -> str:
+        # deferred: ray (optional extra `ray`)
         import ray
 
         return ray.get_runtime_context().get_node_id()

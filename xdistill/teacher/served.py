@@ -32,6 +32,7 @@ import torch
 
 from xdistill.errors import TeacherError
 from xdistill.log import get_logger
+from xdistill.student.model import resolve_model_path
 from xdistill.teacher.config import TeacherConfig
 from xdistill.teacher.http import HttpFailure, request_json
 from xdistill.teacher.outputs import LOGP_TINY, output_spec
@@ -45,8 +46,6 @@ _POLL_S = 1.0
 
 def model_vocab_width(model: str, where: str) -> int:
     """The logit width (``vocab_size`` of config.json) of the local model folder ``model``."""
-    from xdistill.student.model import resolve_model_path
-
     path = resolve_model_path(model) if model else None
     cfg = path / "config.json" if path is not None else None
     if cfg is None or not cfg.is_file():
@@ -60,9 +59,8 @@ def model_vocab_width(model: str, where: str) -> int:
 
 
 def _load_hf_tokenizer(model: str):
+    # deferred: transformers (slow import; only a served teacher's tokenizer needs it)
     from transformers import AutoTokenizer
-
-    from xdistill.student.model import resolve_model_path
 
     return AutoTokenizer.from_pretrained(str(resolve_model_path(model)))
 

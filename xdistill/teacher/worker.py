@@ -22,9 +22,11 @@ import torch
 
 from xdistill.errors import TeacherError
 from xdistill.log import get_logger
+from xdistill.precision import resolve_compute_dtype
+from xdistill.student.model import load_causal_lm, max_positions, resolve_model_path
 from xdistill.teacher.cache import OutputCache, contiguous_runs, row_keys
 from xdistill.teacher.config import TeacherConfig
-from xdistill.teacher.head import fill_from_hidden
+from xdistill.teacher.head import SplitHead, fill_from_hidden
 from xdistill.teacher.outputs import (TeacherOutput, fill_output, output_spec,
                                       projection_on_device)
 
@@ -77,8 +79,6 @@ def resolve_dtype(name: str, default: torch.dtype | None = None) -> torch.dtype 
 def weights_dtype(config: TeacherConfig) -> torch.dtype:
     """The teacher's weights dtype on its device: ``dtype: auto`` resolved (and logged once) by
     :func:`xdistill.precision.resolve_compute_dtype`, an explicit dtype as written."""
-    from xdistill.precision import resolve_compute_dtype
-
     return resolve_compute_dtype(config.dtype, config.device, f"teacher {config.name!r}")
 
 
@@ -86,8 +86,6 @@ class TeacherWorker:
     """Loads ``config.model`` and computes :class:`TeacherOutput` s (see module doc)."""
 
     def __init__(self, config: TeacherConfig, projection_VsVt: torch.Tensor | None = None):
-        from xdistill.student.model import load_causal_lm, resolve_model_path
-
         self.config = config.validate()
         path = resolve_model_path(config.model) if config.model else None
         if path is None or not (path.is_dir() or (path.suffix.lower() == ".gguf" and path.is_file())):
@@ -107,7 +105,6 @@ class TeacherWorker:
         V = int(head.weight.shape[0]) if head is not None else \
             int(self.model.config.get_text_config().vocab_size)
         self.vocab_size = V
-        from xdistill.student.model import max_positions
 
         self.max_positions = max_positions(self.model)
         self.proj_VsVt = None
@@ -126,8 +123,6 @@ class TeacherWorker:
     def _split_head(self):
         """:class:`SplitHead` when it reproduces this model's logits (outputs are then written
         block by block from hidden states, with no full-size logits copy), else None."""
-        from xdistill.teacher.head import SplitHead
-
         split = SplitHead.of(self.model)
         if split is None or split.V != self.vocab_size:
             return None

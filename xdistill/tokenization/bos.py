@@ -45,6 +45,7 @@ def _config_flag(folder: Path) -> bool | None:
 def gguf_add_bos(path: str | Path) -> bool | None:
     """``tokenizer.ggml.add_bos_token`` of a GGUF file (None when absent or unreadable)."""
     try:
+        # deferred: gguf (~0.25 s import; only GGUF files need it)
         from gguf import GGUFReader
 
         field = GGUFReader(str(path)).get_field(GGUF_KEY)

@@ -70,6 +70,7 @@ def _is_tiktoken_file(path: Path) -> bool:
 
 def from_tiktoken(path: Path, pattern: str, specials: list[str], **roles):
     """A fast HF tokenizer from a tiktoken rank file (GPT-2 byte alphabet, byte-level BPE)."""
+    # deferred: transformers (slow import; xdistill.tokenization stays numpy-only)
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
@@ -91,6 +92,7 @@ def _load_tiktoken(path: Path):
 
 
 def _load_spm(path: Path):
+    # deferred: sentencepiece, transformers (xdistill.tokenization stays numpy-only)
     import sentencepiece as spm  # noqa: F401  (validates the protobuf before transformers does)
     from transformers import LlamaTokenizer
 
@@ -107,6 +109,7 @@ def _load_spm(path: Path):
 
 
 def _load_path(path: Path):
+    # deferred: transformers (slow import; xdistill.tokenization stays numpy-only)
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     if path.is_dir():
@@ -159,6 +162,7 @@ def load_tokenizer(spec: str | os.PathLike) -> Tokenizer:
     name, path = resolve(spec)
     try:
         if path is None:
+            # deferred: transformers (slow import; xdistill.tokenization stays numpy-only)
             from transformers import AutoTokenizer
 
             hf = AutoTokenizer.from_pretrained(name)

@@ -13,6 +13,7 @@ import unicodedata
 import numpy as np
 
 from xdistill.errors import TokenizerError
+from xdistill.tokenization.bos import model_add_bos
 from xdistill.tokenization.bytes import build_table_arrays, detect_family, walk_types
 from xdistill.tokenization.encode import (Encoding, char_to_byte_map, hf_byte_offsets,
                                           place_tokens_phantoms)
@@ -75,6 +76,7 @@ class Tokenizer:
         self.hf, self.name, self.source = hf, name, source
         if backend.padding is not None or backend.truncation is not None:
             # encode() must never pad or truncate (BERT's tokenizer.json ships with both on)
+            # deferred: tokenizers (xdistill.tokenization stays numpy-only)
             from tokenizers import Tokenizer as RustTokenizer
 
             backend = RustTokenizer.from_str(backend.to_str())
@@ -120,8 +122,6 @@ class Tokenizer:
 
     @functools.cached_property
     def _bos_default(self) -> tuple[bool, str]:
-        from xdistill.tokenization.bos import model_add_bos
-
         return model_add_bos(self.hf, self.source, self.bos_id)
 
     @property

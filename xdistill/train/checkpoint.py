@@ -41,8 +41,11 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
+                                                     set_model_state_dict, set_state_dict)
 
 from xdistill import distributed as xdist
 from xdistill.errors import XDistillError
@@ -155,8 +158,6 @@ def _single_process_quiet():
 
 
 def _model_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
-
     if optimizer is None:
         return {"model": get_model_state_dict(model)}
     model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -243,7 +244,6 @@ def _write_all(root: Path, tmp: Path, final: Path, step: int, model, optimizer, 
     if xdist.is_main_process():
         _prepare_tmp(root, tmp)
     xdist.barrier()
-    import torch.distributed.checkpoint as dcp
 
     with _single_process_quiet():
         dcp.save(_model_optim_state(model, optimizer), checkpoint_id=str(tmp / "dcp"),
@@ -333,9 +333,6 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module,
     reshards between world sizes, and a sharded checkpoint loads into a plain model). Restores this
     rank's RNG states unless ``restore_rng`` is false, and returns its dataloader state.
     """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
-
     path = Path(path)
     if not is_complete(path):
         raise CheckpointError(f"checkpoint {str(path)!r} is missing or incomplete (no {COMPLETE} marker)")

@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import signal
 import time
 import warnings
 from pathlib import Path
@@ -47,13 +48,20 @@ import numpy as np
 import torch
 
 from xdistill import distributed as xdist
+from xdistill.align import set_align_threads
+from xdistill.config import to_dict
 from xdistill.errors import TeacherError, XDistillError
 from xdistill.host_memory import HOST_ALLOCATOR_ENV, apply_host_allocator
 from xdistill.log import get_logger, init_logging
 from xdistill.metrics import MetricsWriter
+from xdistill.student.build import build_student, check_positions, check_vocab, resolve_device
+from xdistill.student.model import export_dtype, export_hf
 from xdistill.train.metrics import (Metric, ReducedMetrics, StepMetrics, StepReport, Timers,
                                     all_reduce_counts)
 from xdistill.train.mode import Run, TrainMode
+from xdistill.train.optim import build_optimizer, build_scheduler, clip_grad_norm, reapply_config
+from xdistill.train.report import end_line, start_line
+from xdistill.train.trackers import open_trackers
 
 if TYPE_CHECKING:
     from xdistill.distributed import DistEnv
@@ -78,8 +86,6 @@ def seed_everything(seed: int) -> None:
 def set_num_threads(cfg: RunConfig) -> None:
     """``train.num_threads`` caps torch's intra-op threads and the aligner's numba threads."""
     if cfg.train.num_threads:
-        from xdistill.align import set_align_threads
-
         torch.set_num_threads(cfg.train.num_threads)
         set_align_threads(cfg.train.num_threads)
 
@@ -99,9 +105,6 @@ def build_student_stack(cfg: RunConfig, env: DistEnv, mode: TrainMode,
     """Seed, then (device, student, AdamW, LR scheduler); a fresh student (no ``student.path``)
     gets ``vocab_size`` from the student tokenizer unless its model_config sets one. The student
     must cover the tokenizer's ids and ``mode.sequence_length`` positions."""
-    from xdistill.student.build import build_student, check_positions, check_vocab, resolve_device
-    from xdistill.train.optim import build_optimizer, build_scheduler
-
     if not cfg.student.path and "vocab_size" not in cfg.student.model_config:
         cfg.student.model_config["vocab_size"] = student_tok.vocab_size
     seed_everything(cfg.train.seed)
@@ -120,6 +123,7 @@ def out_path(cfg: RunConfig, *parts: str) -> Path:
 
 def maybe_resume(run: Run) -> None:
     """Load the checkpoint ``checkpoint.resume`` names (``auto``: the latest complete one)."""
+    # deferred: torch.distributed.checkpoint via train.checkpoint (~1 s import)
     from xdistill.train.checkpoint import CheckpointError, load_checkpoint, resolve_resume
 
     path = resolve_resume(run.cfg.checkpoint.resume, out_path(run.cfg, "checkpoints"))
@@ -140,7 +144,6 @@ def maybe_resume(run: Run) -> None:
                               "off-policy mix unchanged)")
     if loader_states is not None:
         run.mode.load_loader_states(loader_states)
-    from xdistill.train.optim import reapply_config
 
     for change in reapply_config(run.optimizer, run.scheduler, run.cfg.optim, run.cfg.scheduler):
         if xdist.is_main_process():
@@ -152,6 +155,7 @@ def maybe_resume(run: Run) -> None:
 
 def save(run: Run, step: int) -> None:
     """Checkpoint model, optimizer, scheduler and every loader's state at ``step``."""
+    # deferred: torch.distributed.checkpoint via train.checkpoint (~1 s import)
     from xdistill.train.checkpoint import save_checkpoint
 
     extra = {"mode": run.mode.kind, "global_batch_size": run.cfg.train.global_batch_size,
@@ -202,8 +206,6 @@ def optimizer_step(run: Run, step: int, reduced: ReducedMetrics) -> tuple[float,
 
     Returns (lr used by this step, gradient norm before clipping, whether the update was applied).
     """
-    from xdistill.train.optim import clip_grad_norm
-
     lr = float(run.optimizer.param_groups[0]["lr"])
     norm = clip_grad_norm(run.model, run.cfg.optim.grad_clip)
     bad = reduced.nonfinite_losses()
@@ -310,8 +312,7 @@ def train_loop(run: Run, stop) -> dict:
 
 
 def _stop_on_signal(run: Run, step: int, signum: int) -> None:
-    import signal
-
+    # deferred: torch.distributed.checkpoint via train.lifecycle (~1 s import)
     from xdistill.train.lifecycle import RunStopped
 
     if run.last_checkpoint is None or not run.last_checkpoint.name.endswith(f"{step:07d}"):
@@ -333,8 +334,6 @@ def open_metrics(cfg: RunConfig, keys: list[str]) -> MetricsWriter:
 def _open_trackers(cfg: RunConfig) -> Trackers | None:
     if not xdist.is_main_process():
         return None
-    from xdistill.config import to_dict
-    from xdistill.train.trackers import open_trackers
 
     return open_trackers(cfg, out_path(cfg), to_dict(cfg))
 
@@ -344,7 +343,6 @@ def export_final(run: Run) -> Path | None:
     in ``checkpoint.export_dtype`` (auto: the student model's own dtype)."""
     if not run.cfg.checkpoint.export_hf:
         return None
-    from xdistill.student.model import export_dtype, export_hf
 
     dtype = export_dtype(run.cfg.checkpoint.export_dtype, run.cfg.student.path)
     return export_hf(run.model, out_path(run.cfg, "export"), run.plan.student_tok, dtype=dtype,
@@ -365,6 +363,7 @@ def build(cfg: RunConfig, mode: TrainMode) -> Run:
 
 def train(cfg: RunConfig, mode: TrainMode) -> dict:
     """Build, lock ``out_dir``, resume, train, export; returns the final metrics (rank 0's)."""
+    # deferred: torch.distributed.checkpoint via train.lifecycle (~1 s import)
     from xdistill.train.lifecycle import acquire_run_lock
 
     init_logging()
@@ -378,6 +377,7 @@ def train(cfg: RunConfig, mode: TrainMode) -> dict:
 
 
 def _run_locked(run: Run) -> dict:
+    # deferred: torch.distributed.checkpoint via train.lifecycle (~1 s import)
     from xdistill.train.lifecycle import StopSignals, io_error, trim_logs
 
     cfg, mode = run.cfg, run.mode
@@ -386,8 +386,6 @@ def _run_locked(run: Run) -> dict:
     run.writer = open_metrics(cfg, mode.console_keys(cfg))
     run.trackers = _open_trackers(cfg)
     if xdist.is_main_process():
-        from xdistill.train.report import start_line
-
         log.info(start_line(run))
     t0 = time.perf_counter()
     # handlers from before the teachers and loader workers start (a stop signal then ends after
@@ -406,7 +404,5 @@ def _run_locked(run: Run) -> dict:
         except OSError as exc:
             raise io_error(exc, f"the export under {out_path(cfg, 'export')}") from None
         if xdist.is_main_process():
-            from xdistill.train.report import end_line
-
             log.info(end_line(run, metrics, exported, time.perf_counter() - t0))
     return metrics

@@ -26,8 +26,10 @@ from itertools import islice
 
 import torch
 
+from xdistill.data import DataConfig, build_loader
 from xdistill.losses.engine import shift_targets, token_logprobs
 from xdistill.losses.multi_teacher import LossReport
+from xdistill.tokenization.bos import resolve_add_bos
 from xdistill.train.metrics import (CE, TOTAL, Metric, ReducedMetrics, StepMetrics, Timers,
                                     teacher_loss)
 from xdistill.train.step import global_counts, micro_step, record_report
@@ -110,9 +112,6 @@ def model_bits_per_byte(model, tok, paths, *, seq_len: int = 256, batch_size: in
     ``tok`` (the model's own tokenizer); ``add_bos`` starts every window with the BOS (None:
     the model's default, :mod:`xdistill.tokenization.bos`; Gemma needs its BOS). Returns ``{"bpb", "loss", "tokens", "bytes", "add_bos"}``.
     """
-    from xdistill.data import DataConfig, build_loader
-    from xdistill.tokenization.bos import resolve_add_bos
-
     add_bos = resolve_add_bos(add_bos, tok, "add_bos (eval --bos / --no-bos)")
     cfg = DataConfig(paths=list(paths), seq_len=seq_len, batch_size=batch_size, num_workers=0,
                      shuffle=False, epochs=1, add_bos=add_bos)

@@ -20,6 +20,7 @@ unwritable ``out_dir``.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import signal
 import threading
@@ -45,8 +46,6 @@ class RunStopped(XDistillError):
 def acquire_run_lock(out_dir: str | os.PathLike):
     """Create ``out_dir`` and lock it for this run (returns the open lock file; keep it open).
     ConfigError naming ``train.out_dir`` when it cannot be written or another run holds it."""
-    import fcntl
-
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -24,13 +24,17 @@ import json
 from dataclasses import replace
 
 from xdistill import distributed as xdist
-from xdistill.data.loader import WatchedIterator
+from xdistill.align.api import kernels_cached
+from xdistill.data.loader import WatchedIterator, describe_loader
+from xdistill.errors import ConfigError
 from xdistill.log import get_logger
 from xdistill.train import core, setup
 from xdistill.train.config import (OffPolicyConfig, data_ranks, grad_accum_steps,
                                    validate_offpolicy)
+from xdistill.train.evaluate import evaluate
 from xdistill.train.metrics import TOKENS
 from xdistill.train.mode import Run, TrainMode
+from xdistill.train.pipeline import MicroBatchStream
 from xdistill.train.step import micro_step, record_report, sum_counts, window_hashes
 
 log = get_logger("train")
@@ -74,8 +78,6 @@ class OffPolicyMode(TrainMode):
                                                     self.shards, paths=cfg.eval.paths)
 
     def start(self, run: Run) -> None:
-        from xdistill.train.pipeline import MicroBatchStream
-
         if self.pool is not None:
             self.pool.start()
             self.pool.check_tokenizers(run.plan.tokenizers(), run.plan.tokenizer_keys())
@@ -112,7 +114,6 @@ class OffPolicyMode(TrainMode):
     def evaluate(self, run, step: int):
         if not self.eval_loaders:
             return None
-        from xdistill.train.evaluate import evaluate
 
         return evaluate(run.model, self.loss_fn, self.pool, self.eval_loaders, run.plan, run.cfg,
                         run.device)
@@ -146,6 +147,7 @@ class OffPolicyMode(TrainMode):
         """Other data (another document count) is refused before any loader worker starts; another
         ``data.seq_len`` is allowed (the loader state is a document and token position, so the
         data continues at the next unread token in windows of the new length) and logged."""
+        # deferred: torch.distributed.checkpoint via train.checkpoint (~1 s import)
         from xdistill.train.checkpoint import CheckpointError
 
         had, has = extra.get("data_documents"), self._documents()
@@ -173,8 +175,6 @@ def _log_data_start(loaders) -> None:
     """What the loaders read, and whether the first batch must compile the aligner (rank 0)."""
     if not loaders or not xdist.is_main_process():
         return
-    from xdistill.align.api import kernels_cached
-    from xdistill.data.loader import describe_loader
 
     log.info("data: %s%s", describe_loader(loaders[0]),
              f" (x {len(loaders)} data shards)" if len(loaders) > 1 else "")
@@ -196,8 +196,6 @@ def evaluate_offpolicy(cfg: OffPolicyConfig) -> dict:
     """The run's held-out evaluation (``eval.paths``) at step 0, without training or writing
     anything: the student's ``eval/loss`` and ``eval/bpb``, each teacher's loss term and
     coverage -- what training starts from (``xdistill eval --config``)."""
-    from xdistill.errors import ConfigError
-
     if not cfg.eval.paths:
         raise ConfigError("eval.paths is empty: nothing to evaluate on")
     cfg.eval.every = 0 if cfg.eval.every < 0 else cfg.eval.every

@@ -31,10 +31,15 @@ import numpy as np
 import torch
 
 from xdistill import distributed as xdist
-from xdistill.data.loader import WatchedIterator
+from xdistill.data.loader import WatchedIterator, stateful_loader
 from xdistill.errors import ConfigError
+from xdistill.rollout import (PromptDataset, RolloutScorer, build_engine, collate_prompts,
+                              open_prompts, sampling_for_step)
+from xdistill.student.model import load_student
+from xdistill.teacher import TeacherPool
 from xdistill.train import core
 from xdistill.train.config import grad_accum_steps
+from xdistill.train.core import seed_everything
 from xdistill.train.metrics import TOKENS, Metric
 from xdistill.train.mode import Run, TrainMode
 from xdistill.train.onpolicy_config import OnPolicyConfig, validate_onpolicy
@@ -59,9 +64,6 @@ class _SyncedGenerate:
 
 def prompt_loader(cfg: OnPolicyConfig, rank: int, world: int):
     """A ``StatefulDataLoader`` of ``(indices, prompts)`` batches of this rank's prompt shard."""
-    from xdistill.data.loader import stateful_loader
-    from xdistill.rollout import PromptDataset, collate_prompts, open_prompts
-
     pc = cfg.prompts
     source = open_prompts(pc.paths, prompt_column=pc.prompt_column,
                           messages_column=pc.messages_column, route_column=pc.route_column)
@@ -75,8 +77,6 @@ def prompt_loader(cfg: OnPolicyConfig, rank: int, world: int):
 
 def check_routes(source, names: list[str]) -> None:
     """Every routed prompt names a teacher of the run (the error names the first that does not)."""
-    from xdistill.errors import ConfigError
-
     for where, route in zip(source.where, source.routes):
         if route not in names:
             raise ConfigError(f"{where}: routed to teacher {route!r}, but the teachers are "
@@ -131,9 +131,6 @@ class OnPolicyMode(TrainMode):
         return -1
 
     def build(self, run: Run) -> None:
-        from xdistill.rollout import RolloutScorer, build_engine
-        from xdistill.teacher import TeacherPool
-
         cfg, env, plan = run.cfg, run.env, run.plan
         run.accum = grad_accum_steps(cfg, env.world_size, cfg.prompts.batch_size)
         if cfg.loss.offpolicy_lambda > 0:
@@ -230,9 +227,6 @@ def _frozen_initial_student(cfg, device):
     """A second, frozen copy of the student as it starts (before any resume): the reference
     ``q_init`` of simple_opd's KL term. Built from the same config and seed, so it equals the
     initial weights even on a resumed run."""
-    from xdistill.student.model import load_student
-    from xdistill.train.core import seed_everything
-
     state = torch.random.get_rng_state()
     seed_everything(cfg.train.seed)
     model = load_student(cfg.student).to(device).eval()
@@ -245,8 +239,6 @@ def _frozen_initial_student(cfg, device):
 def rollout_batch(run: Run, step: int, timers, micro: int | None = None):
     """Prompts -> rollouts -> scored batch of ``step`` (micro-batch ``micro``); returns
     (prompt indices, rollouts, scored batch)."""
-    from xdistill.rollout import sampling_for_step
-
     mode = run.mode
     with timers("data"):
         indices, prompts = next(mode.iters[0])

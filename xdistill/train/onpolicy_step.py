@@ -35,16 +35,22 @@ import torch
 from xdistill.errors import ConfigError
 from xdistill.losses import MultiTeacherLoss
 from xdistill.losses.bytecredit import credit_alignment, uses_byte_credit
+from xdistill.losses.byteprefix import BytePrefixTables
 from xdistill.losses.chunks import ChunkAlignment
+from xdistill.losses.onpolicy import input_token_logprobs
 from xdistill.losses.onpolicy_kinds import FULL_LOGITS_KINDS, KINDS_2026, KindParams
 from xdistill.losses.policy import PPOClip
 from xdistill.losses.onpolicy import (Clamps, OnPolicyLossSpec, count_onpolicy_units, counter_keys,
                                       onpolicy_loss, reward_weights)
+from xdistill.rollout.bytecredit import build_byte_terms, build_long_token_tables
+from xdistill.rollout.render import stop_token_ids
 from xdistill.train import setup
 from xdistill.train.config import TeacherLossConfig
 from xdistill.train.forward import student_logits, teachers_and_student
 from xdistill.train.metrics import TOKENS, TOTAL, Metric, StepMetrics, teacher_loss
+from xdistill.train.metrics import all_reduce_counts
 from xdistill.train.onpolicy_config import OnPolicyConfig
+from xdistill.train.step import micro_step, record_report
 from xdistill.train.teacher_plan import (DistillPlan, TeacherPlan, load_student_tokenizer,
                                          plan_teacher, resolve_bos_settings, resolve_student_bos,
                                          with_projection, with_shared)
@@ -112,7 +118,6 @@ def _plan_teacher_loss(plan: OnPolicyPlan, t, tp: TeacherPlan, clamps, lc) -> Te
     if tl.kind in ("bpm", "escd"):
         plan.tables[t.name] = byteprefix_tables(student, tok)
         if tl.long_tokens:
-            from xdistill.rollout.bytecredit import build_long_token_tables
             plan.long_tables[t.name] = build_long_token_tables(student.table, tok.table)
     if tl.kind == "strict_topk":
         return with_shared(tp, student, "loss 'strict_topk' works on the shared vocabulary")
@@ -129,9 +134,8 @@ def _plan_teacher_loss(plan: OnPolicyPlan, t, tp: TeacherPlan, clamps, lc) -> Te
 def byteprefix_tables(student, teacher):
     """The BPM/ESCD byte-prefix map of a tokenizer pair; stop tokens bridged by role (each
     side's EOS and chat end-of-turn token)."""
-    from xdistill.losses.byteprefix import BytePrefixTables
+    # deferred: scipy via xdistill.projection (only the byte-prefix loss needs it)
     from xdistill.projection.byteprefix import build_byteprefix_map
-    from xdistill.rollout.render import stop_token_ids
 
     m = build_byteprefix_map(student, teacher, student_stop_ids=list(stop_token_ids(student)),
                              teacher_stop_ids=list(stop_token_ids(teacher)))
@@ -223,8 +227,6 @@ def teacher_inputs(plan: OnPolicyPlan, name: str, view, out, s_width: int) -> tu
 def _kind_inputs(plan, name, spec, out, logits, view) -> dict:
     """Teacher inputs of a 2026 kind: full logits (strict_topk, bpm, escd) or token log-probs
     at the loss temperature (dpca, simple_opd), the shared vocabulary or byte-prefix tables."""
-    from xdistill.losses.onpolicy import input_token_logprobs
-
     kw = {}
     if spec.kind in FULL_LOGITS_KINDS:
         kw["teacher_logits_BTtV"] = logits
@@ -245,8 +247,6 @@ def _kind_inputs(plan, name, spec, out, logits, view) -> dict:
 
 def byte_credit_terms(plan, name: str, batch, align, stop_BTs, s_mask_BTs):
     """The byte-credit terms of one cross-tokenizer teacher's batch (host side, then moved)."""
-    from xdistill.rollout.bytecredit import build_byte_terms
-
     spec, view = plan.specs[name], batch.teacher(name)
     merged = credit_alignment(spec.kind, spec.stop_advantage, align, stop_BTs, s_mask_BTs,
                               view.loss_mask_BTt)
@@ -317,8 +317,6 @@ def sample_weights(scored, beta: float):
 def loss_and_backward(run, scored, timers, *, backward: bool = True) -> dict[str, float]:
     """:func:`scored_step` of one scored batch on its own: units counted over ranks, metrics
     reduced; returns them flat (``units/<name>``, ``<name>/loss``, ``loss``, ...)."""
-    from xdistill.train.metrics import all_reduce_counts
-
     num_valid = all_reduce_counts(local_units(run.plan, scored.batch,
                                               stop_BTs=scored.stop_BTs))
     metrics = StepMetrics()
@@ -355,8 +353,6 @@ def scored_step(run, scored, num_valid, timers, metrics, *, backward: bool = Tru
 def reference_logprobs(run, batch) -> torch.Tensor:
     """log q_init(y_i) of the sampled tokens at input positions (the frozen initial student kept
     by the mode for simple_opd's reference KL)."""
-    from xdistill.losses.onpolicy import input_token_logprobs
-
     logits = student_logits(run.mode.reference, batch)
     return input_token_logprobs(logits.float(), batch.input_ids_BTs, batch.loss_mask_BTs)
 
@@ -431,8 +427,6 @@ def build_mix(cfg: OnPolicyConfig, plan: OnPolicyPlan, env) -> OffPolicyMix:
 
 def offpolicy_micro(run, batch, num_valid, timers, metrics) -> None:
     """One mixed-in off-policy micro-batch through :func:`xdistill.train.step.micro_step`."""
-    from xdistill.train.step import micro_step, record_report
-
     mix = run.mode.mix
     report = micro_step(run.model, mix.loss_fn, run.mode.pool, batch, num_valid, timers,
                         device=run.device, ce_weight=mix.ce_weight)

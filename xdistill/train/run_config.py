@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from xdistill.errors import ConfigError
+from xdistill.errors import ConfigError, XDistillError
 from xdistill.student.config import StudentConfig
+from xdistill.student.model import resolve_model_path
 from xdistill.teacher.config import TeacherConfig
 from xdistill.train.optim import OptimConfig, SchedulerConfig
 
@@ -173,9 +174,6 @@ def check_path(path: str, key: str, kind: str = "any") -> None:
 def check_model_path(spec: str, key: str, kind: str = "any") -> None:
     """Like :func:`check_path`, but a pretrained model asset name (``smollm2-135m``) is resolved
     to its fetched folder first (an unfetched asset is an error naming the fetch script)."""
-    from xdistill.errors import XDistillError
-    from xdistill.student.model import resolve_model_path
-
     try:
         path = resolve_model_path(spec)
     except XDistillError as exc:

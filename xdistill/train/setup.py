@@ -18,10 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from xdistill.data import build_loader
 from xdistill.errors import ConfigError
 from xdistill.log import get_logger
 from xdistill.losses import ContinuationTrie, MultiTeacherLoss, TeacherSpec
 from xdistill.losses.multi_teacher import SAME_TOKENIZER_LOSSES
+from xdistill.teacher import TeacherPool
 from xdistill.train.config import OffPolicyConfig, TeacherLossConfig
 from xdistill.train.teacher_plan import (DistillPlan, TeacherPlan, load_student_tokenizer,
                                          plan_teacher, resolve_bos_settings, with_projection,
@@ -41,6 +43,7 @@ class Plan(DistillPlan):
 
 def continuation_trie(student, teacher) -> ContinuationTrie:
     """The student tokens' teacher pieces as a trie (``loss.continuation``)."""
+    # deferred: scipy via xdistill.projection (only loss.continuation needs it)
     from xdistill.projection.methods import continuation_pieces
 
     return ContinuationTrie.from_pieces(continuation_pieces(student, teacher),
@@ -108,8 +111,6 @@ def build_loss(cfg: OffPolicyConfig, plan: Plan) -> MultiTeacherLoss | None:
 
 def build_pool(cfg: OffPolicyConfig, plan: Plan):
     """A started-on-enter :class:`TeacherPool` (None without teachers)."""
-    from xdistill.teacher import TeacherPool
-
     if not cfg.teachers:
         return None
     projections = {t.name: plan.teachers[t.name].projection for t in cfg.teachers
@@ -127,8 +128,6 @@ def build_loaders(data, plan: DistillPlan, rank: int, world: int, shards: int,
     """One resumable loader of ``data`` (a :class:`DataConfig`; ``paths`` replace its paths) per
     data shard owned by this process (shards ``rank*k .. rank*k+k-1`` with ``k = shards /
     world``), collated for the plan's teachers."""
-    from xdistill.data import build_loader
-
     if paths is not None:
         data = replace(data, paths=list(paths))
     per = shards // world

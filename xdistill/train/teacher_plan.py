@@ -32,6 +32,7 @@ import torch
 from xdistill.data.collator import TeacherTokenization
 from xdistill.errors import ConfigError, ProjectionError
 from xdistill.losses import projection_from_csr
+from xdistill.tokenization import load_tokenizer
 from xdistill.tokenization.bos import resolve_add_bos
 
 if TYPE_CHECKING:
@@ -91,8 +92,6 @@ class DistillPlan:
 def load_tokenizer_for(spec: str, fallback: str, key: str) -> Tokenizer:
     """The tokenizer ``spec`` names, else the one in the model folder ``fallback``; a missing or
     unloadable tokenizer is a :class:`ConfigError` naming ``key``."""
-    from xdistill.tokenization import load_tokenizer
-
     source = spec or fallback
     if not source:
         raise ConfigError(f"{key}: no tokenizer given and no model folder to take it from")
@@ -127,6 +126,7 @@ def plan_teacher(t, index: int, student: Tokenizer) -> TeacherPlan:
 def load_projection_matrix(path: str, key: str, student, teacher) -> torch.Tensor:
     """The projection artifact ``path`` as a torch sparse CSR ``proj_VsVt``; an artifact built for
     other tokenizers is a :class:`ConfigError` naming ``key``."""
+    # deferred: scipy via xdistill.projection (only a projection artifact needs it)
     from xdistill.projection import load_projection
 
     try:
@@ -150,6 +150,7 @@ def with_projection(tp: TeacherPlan, path: str, student, needed_by: str) -> Teac
 
 def shared_vocab(student, teacher) -> tuple[torch.Tensor, torch.Tensor]:
     """One-to-one (student id, teacher id) pairs of identical token bytes, int64 [N] each."""
+    # deferred: scipy via xdistill.projection (only exact cross losses need it)
     from xdistill.projection.methods import exact_pairs
 
     s_N, t_N = exact_pairs(student, teacher)

@@ -46,6 +46,7 @@ class TensorBoardTracker(Tracker):
     name = "tensorboard"
 
     def __init__(self, folder: Path):
+        # deferred: tensorboard (optional extra `tracking`)
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(str(folder))
@@ -64,6 +65,7 @@ class WandbTracker(Tracker):
     name = "wandb"
 
     def __init__(self, folder: Path, mode: str, project: str, name: str, config: dict):
+        # deferred: wandb (optional extra `tracking`)
         import wandb
 
         if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled"):

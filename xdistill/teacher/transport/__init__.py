@@ -15,6 +15,9 @@ from __future__ import annotations
 from xdistill.errors import ConfigError
 from xdistill.teacher.transport.base import (SlotReader, SlotRing, SlotWriter, TeacherLease,
                                              layout_views, pack_layout)
+from xdistill.teacher.transport.cuda_ipc import CudaIpcReader, CudaIpcWriter
+from xdistill.teacher.transport.ray_store import RayStoreReader, RayStoreWriter
+from xdistill.teacher.transport.shm import ShmReader, ShmWriter
 
 
 def choose_transport(requested: str, placement: str, device: str, same_node: bool = True) -> str:
@@ -35,26 +38,20 @@ def choose_transport(requested: str, placement: str, device: str, same_node: boo
 
 def make_writer(kind: str, n_slots: int, device) -> SlotWriter:
     if kind == "shm":
-        from xdistill.teacher.transport.shm import ShmWriter
         return ShmWriter(n_slots, device)
     if kind == "cuda_ipc":
-        from xdistill.teacher.transport.cuda_ipc import CudaIpcWriter
         return CudaIpcWriter(n_slots, device)
     if kind == "ray":
-        from xdistill.teacher.transport.ray_store import RayStoreWriter
         return RayStoreWriter(n_slots, device)
     raise ConfigError(f"unknown teacher transport {kind!r}; expected shm, cuda_ipc or ray")
 
 
 def make_reader(kind: str) -> SlotReader:
     if kind == "shm":
-        from xdistill.teacher.transport.shm import ShmReader
         return ShmReader()
     if kind == "cuda_ipc":
-        from xdistill.teacher.transport.cuda_ipc import CudaIpcReader
         return CudaIpcReader()
     if kind == "ray":
-        from xdistill.teacher.transport.ray_store import RayStoreReader
         return RayStoreReader()
     raise ConfigError(f"unknown teacher transport {kind!r}; expected shm, cuda_ipc or ray")
 

@@ -20,6 +20,7 @@ UNTESTED ON GPU HERE (the development machine has no CUDA); its tests carry ``@p
 from __future__ import annotations
 
 import torch
+from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
 from xdistill.errors import TeacherError
 from xdistill.teacher.transport.base import SlotReader, SlotWriter, layout_views, pack_layout
@@ -69,8 +70,6 @@ class CudaIpcWriter(SlotWriter):
         return layout_views(held[1], layout)
 
     def publish(self, slot: int) -> dict:
-        from torch.multiprocessing.reductions import reduce_tensor
-
         gen, buf = self._bufs[slot]
         torch.cuda.synchronize(self.device)
         meta = {"gen": gen, "layout": self._layout[slot]}
@@ -97,8 +96,6 @@ class CudaIpcReader(SlotReader):
         self._events: dict[int, torch.cuda.Event] = {}
 
     def read(self, slot: int, meta: dict) -> dict[str, torch.Tensor]:
-        from torch.multiprocessing.reductions import rebuild_cuda_tensor
-
         held = self._bufs.get(slot)
         if held is None or held[0] != meta["gen"]:
             if "handle" not in meta:
