@@ -294,3 +294,20 @@ def test_demo_failure_is_one_message_naming_the_log(tiny_cache, tmp_path):
     assert "Traceback" not in msg and not info.value.cancelled
     assert not (tmp_path / "demo" / "runs" / "pkl_cont" / "seed0" / "score.json").exists()
     assert isinstance(info.value, XDistillError)  # the CLI prints it as `xdistill: error: ...`
+
+
+def test_continuation_criterion_never_names_a_same_tokenizer_control():
+    """In a continuation report the best *cross-tokenizer* on-policy arm is judged: an
+    ``op_*_same`` arm (the same-tokenizer control) is not a candidate even when it scores best."""
+    from xdistill.quality.report import _protocol_lines
+    from xdistill.quality.summary import summarize
+
+    def run(arm, seed, acc):
+        return {"arm": arm, "seed": seed, "accuracy": acc, "bpb": 3.0, "train_s": 1.0}
+
+    accs = {"cont_ce": (0.1, 0.2), "op_k1": (0.15, 0.2), "op_k1_same": (0.5, 0.6)}
+    runs = [run(a, s, x) for a, xs in accs.items() for s, x in enumerate(xs)]
+    base, lines = _protocol_lines(summarize(runs, list(accs)))
+    assert base == "cont_ce"
+    assert lines[-1].startswith("Best cross-tokenizer arm: op_k1, +0.025 held-out accuracy "
+                                "over continued CE")
