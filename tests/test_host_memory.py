@@ -71,5 +71,5 @@ def test_the_trainer_hands_its_choice_to_teacher_workers(monkeypatch):
     monkeypatch.setenv(host_memory.HOST_ALLOCATOR_ENV, "unset")  # restored afterwards
     cfg = OffPolicyConfig()
     cfg.train.host_allocator = "system"
-    set_host_allocator(cfg)
+    set_host_allocator(cfg, "cpu")
     assert os.environ[host_memory.HOST_ALLOCATOR_ENV] == "system"

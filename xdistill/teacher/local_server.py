@@ -23,11 +23,11 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from xdistill.errors import TeacherError
+from xdistill.teacher.http import HttpFailure, request_json
 
 
 @dataclass
@@ -77,9 +77,9 @@ def start_vllm_server(model: str | Path, *, log: str | Path, served_name: str = 
     deadline = time.monotonic() + start_timeout_s
     while True:
         try:
-            urllib.request.urlopen(f"{server.url}/models", timeout=2).read()
+            request_json(f"{server.url}/models", timeout_s=2.0)
             return server
-        except OSError:
+        except HttpFailure:
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
             server.stop()

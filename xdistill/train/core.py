@@ -90,13 +90,10 @@ def set_num_threads(cfg: RunConfig) -> None:
         set_align_threads(cfg.train.num_threads)
 
 
-def set_host_allocator(cfg: RunConfig) -> None:
-    """``train.host_allocator`` for this process and, through the environment, the teacher
-    worker processes it starts (:mod:`xdistill.host_memory`)."""
-    device = cfg.train.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    apply_host_allocator(cfg.train.host_allocator, device)
+def set_host_allocator(cfg: RunConfig, device: torch.device | str) -> None:
+    """``train.host_allocator`` for this process (on the student's ``device``) and, through the
+    environment, the teacher worker processes it starts (:mod:`xdistill.host_memory`)."""
+    apply_host_allocator(cfg.train.host_allocator, str(device))
     os.environ[HOST_ALLOCATOR_ENV] = cfg.train.host_allocator
 
 
@@ -354,7 +351,7 @@ def build(cfg: RunConfig, mode: TrainMode) -> Run:
     env = xdist.init_distributed()
     plan = mode.plan(cfg, env)
     set_num_threads(cfg)
-    set_host_allocator(cfg)
+    set_host_allocator(cfg, resolve_device(cfg.train.device, env))
     device, model, optimizer, scheduler = build_student_stack(cfg, env, mode, plan.student_tok)
     run = Run(cfg, env, mode, plan, device, model, optimizer, scheduler)
     mode.build(run)
