@@ -166,33 +166,54 @@ def run_arm(job: dict) -> dict:
 def adapt(job: dict) -> dict:
     """Adapt Gemma by CE on the domain (``job["cfg"]``, constant rate after warm-up) and, at each
     step of ``job["checks"]``, score validation bits per byte and export the weights to
-    ``<out>/step<N>`` (so one run gives every candidate adaptation length)."""
+    ``<out>/step<N>`` (so one run gives every candidate adaptation length).
+
+    Resumable: with ``checkpoint.resume: auto`` and ``checkpoint.every`` in the config, a killed
+    adaptation restarts from its latest checkpoint; the checks already scored are kept in
+    ``<out>/checks_progress.json``. The checkpoints are removed once the last check is scored."""
+    import shutil
+
     from xdistill.config import from_dict
-    from xdistill.student.model import export_hf
     from xdistill.train import core
     from xdistill.train.config import OffPolicyConfig
     from xdistill.train.offpolicy import OffPolicyMode
 
     cfg = from_dict(OffPolicyConfig, job["cfg"])
     run = core.build(cfg, OffPolicyMode())
-    tok, checks, steps = run.plan.student_tok, set(job["checks"]), max(job["checks"])
-    out, points, t0 = Path(job["out"]), [], time.perf_counter()
+    core.maybe_resume(run)
+    out, steps, t0 = Path(job["out"]), max(job["checks"]), time.perf_counter()
+    progress = out / "checks_progress.json"
+    points = [p for p in (json.loads(progress.read_text()) if progress.exists() else [])
+              if p["step"] <= run.start_step]
+    if run.start_step:
+        say(f"resumed at step {run.start_step}; checks kept: {[p['step'] for p in points]}")
     run.mode.start(run)
     try:
-        for step in range(1, steps + 1):
+        for step in range(run.start_step + 1, steps + 1):
             m = core.train_step(run, step)
-            rate = step / (time.perf_counter() - t0)
+            rate = (step - run.start_step) / (time.perf_counter() - t0)
             say(f"step {step}/{steps} | loss {m.get('loss', float('nan')):.4f} | "
                 f"{m['step_s']:.2f} s/step | ETA {(steps - step) / rate:.0f} s")
-            if step in checks:
-                bpb = held_out_bpb(run.model, tok, job["eval"], True)
-                folder = export_hf(run.model, out / f"step{step}", tok, dtype="float32",
-                                   overwrite=True)
-                points.append({"step": step, "bpb": bpb, "model": str(folder)})
-                say(f"check step {step} | validation bpb {bpb:.4f} | exported {folder}")
+            if step in job["checks"]:
+                points.append(_adapt_check(run, job, out, step))
+                progress.write_text(json.dumps(points))
+            if cfg.checkpoint.every > 0 and step % cfg.checkpoint.every == 0 and step < steps:
+                core.save(run, step)
     finally:
         run.mode.close()
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)   # GBs of optimizer state
     return {"checks": points, "seconds": time.perf_counter() - t0}
+
+
+def _adapt_check(run, job: dict, out: Path, step: int) -> dict:
+    """Validation bits per byte at adaptation step ``step`` and the weights exported."""
+    from xdistill.student.model import export_hf
+
+    tok = run.plan.student_tok
+    bpb = held_out_bpb(run.model, tok, job["eval"], True)
+    folder = export_hf(run.model, out / f"step{step}", tok, dtype="float32", overwrite=True)
+    say(f"check step {step} | validation bpb {bpb:.4f} | exported {folder}")
+    return {"step": step, "bpb": bpb, "model": str(folder)}
 
 
 def main(argv: list[str]) -> int:

@@ -46,6 +46,7 @@ RECORDS = HERE / "evidence"
 LR_GRID = (3e-5, 1e-4, 3e-4)
 LS_GRID = (0.05, 0.1, 0.2)
 ADAPT_CHECKS = (60, 120, 240, 480)
+ADAPT_CHECKPOINT_EVERY = 30   # adaptation steps between checkpoints (~4 min each here)
 LEAD = 0.15
 TUNE_SEEDS = (0, 1)
 CONFIRM_SEEDS = (100, 101, 102, 103, 104)
@@ -139,6 +140,9 @@ def stage_teacher(args, state, a, ev, data) -> None:
     cfg = distill.teacher_config(args, {"domain": data["domain"]}, out)
     cfg["scheduler"] = {"kind": "constant", "warmup_steps": max(1, args.checks[0] // 6)}
     cfg["train"]["steps"] = max(args.checks)
+    # resumable (distill_eval.adapt): a killed adaptation restarts from its last checkpoint
+    cfg["checkpoint"] = {"every": ADAPT_CHECKPOINT_EVERY, "keep_last": 1, "resume": "auto",
+                         "export_hf": False}
     job = {"cfg": cfg, "checks": list(args.checks), "eval": ev["valid"], "out": str(out)}
     res_path = out / "adapted.json"
     if not (res_path.exists() and json.loads(res_path.read_text()).get("digest")
