@@ -1,7 +1,8 @@
 """Real-pair off-policy step on CPU: Gemma-3-270M teacher -> SmolLM2-135M student (P-KL).
 
     .venv/bin/python benchmarks/real/step.py [--steps 6] [--batch 4] [--seq-len 64]
-        [--variants before,split,threads,projected,pipelined,bf16,eager,cached,float32,auto,system]
+        [--variants before,split,threads,projected,pipelined,bf16,bf16_sdpa,eager,cached,float32,auto,
+                    system]
         [--repeats 1] [--random-init] [--projection NPZ]
         [--out FILE]
 
@@ -32,6 +33,9 @@ above it, except the last four):
 * ``bf16``      ``threads`` with the teacher's weights *and* the student's compute dtype in
                 bfloat16 (float32 master weights and AdamW state): what ``auto`` picks on a device
                 with fast bf16 units, forced (slower on CPUs without AMX);
+* ``bf16_sdpa`` ``bf16`` with the student's attention forced to transformers' bfloat16 ``sdpa``
+                (what a bf16 student ran before it got float32 attention on CPUs:
+                ``xdistill/student/attention.py``); compare it with ``bf16``;
 * ``eager``     ``threads`` with eager attention in teacher and student instead of transformers'
                 default (SDPA);
 * ``cached``    ``threads`` with the teacher output cache (``worker.cache_mb``) over a one-document
@@ -61,8 +65,8 @@ import tempfile
 import time
 from pathlib import Path
 
-VARIANTS = ("before", "split", "threads", "projected", "pipelined", "bf16", "eager", "cached",
-            "float32", "auto", "system")
+VARIANTS = ("before", "split", "threads", "projected", "pipelined", "bf16", "bf16_sdpa", "eager",
+            "cached", "float32", "auto", "system")
 PHASES = ("data", "teacher", "transport", "student", "loss", "optim")
 
 
@@ -118,9 +122,11 @@ def config(variant: str, a: dict, args, out: Path) -> dict:
     if variant == "pipelined":
         worker.update(placement="subprocess", num_threads=1, slots=2)
         threads = 1
-    dtype = {"bf16": "bfloat16", "auto": "auto"}.get(variant, "float32")
+    dtype = {"bf16": "bfloat16", "bf16_sdpa": "bfloat16", "auto": "auto"}.get(variant, "float32")
     worker["dtype"] = dtype
     student = {"path": a["student"], "param_dtype": dtype}
+    if variant == "bf16_sdpa":
+        student["attn_implementation"] = "sdpa"
     if variant == "eager":
         worker["attn_implementation"] = student["attn_implementation"] = "eager"
     data = {"paths": [a["train"]], "seq_len": args.seq_len, "batch_size": args.batch,
@@ -161,7 +167,7 @@ def child(variant: str, cfg_path: str) -> dict:
         ms = [core.train_step(run, s) for s in range(1, cfg.train.steps + 1)][1:]
         cache = getattr(engine, "cache", None)
         note = "" if cache is None else cache.summary()
-        if variant in ("float32", "bf16", "auto", "system"):
+        if variant in ("float32", "bf16", "bf16_sdpa", "auto", "system"):
             from xdistill.student.mixed import compute_dtype_of
 
             weights = next(engine.model.parameters()).dtype if engine is not None else "?"

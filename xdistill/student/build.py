@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from xdistill.errors import ConfigError
+from xdistill.student.attention import use_float32_attention
 from xdistill.student.config import StudentConfig
 from xdistill.student.model import load_student, max_positions
 from xdistill.student.parallelize import parallelize_student
@@ -34,8 +35,10 @@ def resolve_device(name: str, env: DistEnv) -> torch.device:
 
 def build_student(cfg: StudentConfig, env: DistEnv, device: torch.device) -> nn.Module:
     """Load the student (``student`` section), shard it (FSDP2) or give it the one-process
-    mixed precision (``student.param_dtype``)."""
+    mixed precision (``student.param_dtype``); a 16-bit compute dtype on a CPU gets float32
+    attention (:mod:`xdistill.student.attention`)."""
     model = load_student(cfg)
+    use_float32_attention(model, cfg.attn_implementation, cfg.compute_dtypes(device)[0], device)
     model = parallelize_student(model, None, cfg, device=device)
     if not env.distributed:
         model.to(device)

@@ -48,7 +48,10 @@ class StudentConfig:
     init_seed: int = 0
     # dtype of the master weights (and of the optimizer state); float32 is the safe choice
     dtype: DTypeName = "float32"
-    # attention implementation passed to transformers ("sdpa", "eager", ...); "" = its default
+    # attention implementation passed to transformers ("sdpa", "eager", "sdpa_float32": sdpa on
+    # float32 copies, ...); "" = its default, except that a student computing in a 16-bit dtype
+    # on a CPU gets "sdpa_float32" (bf16 attention backward is slower there; logged once;
+    # xdistill.student.attention)
     attn_implementation: str = ""
     # compute dtype of the parameters in forward/backward, cast from the master weights (FSDP2's
     # MixedPrecisionPolicy on several processes, a per-module cast on one: xdistill.student.mixed);

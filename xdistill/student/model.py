@@ -34,6 +34,7 @@ from torch import nn
 from xdistill import distributed as xdist
 from xdistill.assets.paths import MODEL_NAMES, model_dir
 from xdistill.errors import ConfigError, XDistillError
+from xdistill.student.attention import FLOAT32_SDPA, register_float32_sdpa
 from xdistill.student.config import StudentConfig, resolve_dtype
 
 
@@ -82,7 +83,7 @@ def build_causal_lm(model_type: str, config_kwargs: dict[str, Any], *, seed: int
     from transformers import AutoModelForCausalLM
 
     config = make_config(model_type, config_kwargs)
-    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    kwargs = _attention_kwargs(attn_implementation)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:
@@ -90,6 +91,14 @@ def build_causal_lm(model_type: str, config_kwargs: dict[str, Any], *, seed: int
         except ValueError as exc:
             raise ConfigError(f"student: cannot build a causal LM of type {model_type!r}: {exc}") from None
     return model.to(dtype)
+
+
+def _attention_kwargs(attn_implementation: str) -> dict[str, Any]:
+    """transformers' ``attn_implementation`` keyword ("" = its default); ``sdpa_float32``
+    (:mod:`xdistill.student.attention`) is registered first."""
+    if attn_implementation == FLOAT32_SDPA:
+        register_float32_sdpa()
+    return {"attn_implementation": attn_implementation} if attn_implementation else {}
 
 
 def resolve_model_path(spec: str | os.PathLike) -> Path:
@@ -141,7 +150,7 @@ def load_causal_lm(path: str | os.PathLike, *, dtype: torch.dtype | str = torch.
     from transformers import AutoModelForCausalLM
 
     folder = resolve_model_path(path)
-    kwargs: dict[str, Any] = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    kwargs = _attention_kwargs(attn_implementation)
     if trust_remote_code:
         kwargs["trust_remote_code"] = True
     if folder.suffix.lower() == ".gguf":
