@@ -54,20 +54,18 @@ def test_eval_console_line_shows_the_eval_metrics():
         "eval step 3 | loss 1 | x 2")
 
 
-def test_writer_echoes_an_evaluation_record_as_such(tmp_path, caplog):
-    import logging
+def test_writer_echoes_an_evaluation_record_as_such(tmp_path, monkeypatch):
+    lines = []
 
-    logger = logging.getLogger("xdistill")
-    propagate, logger.propagate = logger.propagate, True
-    try:
-        with caplog.at_level(logging.INFO, logger="xdistill"), \
-                MetricsWriter(tmp_path / "m.jsonl", console_keys=["loss"]) as writer:
-            writer.write(2, {"loss": 1.5, "lr": 0.1})
-            writer.write(2, {"eval/loss": 2.5}, evaluation=True)
-    finally:
-        logger.propagate = propagate
-    assert [r.getMessage() for r in caplog.records] == ["step 2 | loss 1.5",
-                                                        "eval step 2 | eval/loss 2.5"]
+    class Console:
+        def info(self, line):
+            lines.append(line)
+
+    monkeypatch.setattr("xdistill.metrics.get_logger", lambda name: Console())
+    with MetricsWriter(tmp_path / "m.jsonl", console_keys=["loss"]) as writer:
+        writer.write(2, {"loss": 1.5, "lr": 0.1})
+        writer.write(2, {"eval/loss": 2.5}, evaluation=True)
+    assert lines == ["step 2 | loss 1.5", "eval step 2 | eval/loss 2.5"]
     assert [r.get("eval/loss") for r in read_metrics(tmp_path / "m.jsonl")] == [None, 2.5]
 
 
