@@ -1,14 +1,20 @@
-"""Import rules of CONTRIBUTING.md: each stage imports only what it may (checked on the AST)."""
+"""Import rules of CONTRIBUTING.md: each stage imports only what it may (checked on the AST, read
+by ``tools/import_graph.py``, the repository's one import scanner)."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "xdistill"
+_spec = importlib.util.spec_from_file_location("import_graph",
+                                               PKG.parent / "tools" / "import_graph.py")
+import_graph = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(import_graph)
 STDLIB_OK = set(sys.stdlib_module_names) - {"multiprocessing", "socket", "subprocess"}
 
 # stage -> allowed top-level modules (besides STDLIB_OK); xdistill-internal imports listed fully
@@ -22,14 +28,8 @@ RULES = {
 
 
 def imports_of(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    names = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.append(node.module)
-    return names
+    """The absolute modules a file's imports name (``from a import b``: ``a``), at any depth."""
+    return import_graph.imported_names(path)
 
 
 def allowed(name: str, rule: set[str]) -> bool:
@@ -150,13 +150,7 @@ def test_tokenizer_patterns_live_in_tokenization():
 def _imported_modules(path: Path) -> list[str]:
     """Like :func:`imports_of`, but ``from a import b`` also yields ``a.b`` (``b`` may be a
     module: ``from xdistill.train import setup``)."""
-    names = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names += [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-    return names
+    return import_graph.imported_names(path, candidates=True)
 
 
 def test_trainer_core_imports_no_mode():
@@ -180,15 +174,9 @@ DEFERRED_MARK = "# deferred: "
 NOT_CHECKED = ("quality", "demo")
 
 
-def function_local_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    """Every Import/ImportFrom node (relative ones too) anywhere under a (async) function: the
-    nodes :mod:`test_no_import_cycles` reads with ``ast.walk`` over the parsed file, restricted to
-    function bodies (nested functions, classes and blocks inside them included)."""
-    found = []
-    for func in ast.walk(tree):
-        if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            found += [n for n in ast.walk(func) if isinstance(n, (ast.Import, ast.ImportFrom))]
-    return sorted(set(found), key=lambda n: n.lineno)   # a nested function is walked twice
+# every Import/ImportFrom node (relative ones too) anywhere under a (async) function, in source
+# order: the imports the cycle test and the stages picture count as deferred
+function_local_imports = import_graph.function_local_imports
 
 
 def _uncovered(lines: list[str], nodes: list) -> list:

@@ -44,11 +44,29 @@ def test_format_metrics():
 
 
 def test_eval_console_line_shows_the_eval_metrics():
-    """An eval record has none of the training console keys: its line once said only 'step N'."""
-    line = format_metrics(20, {"eval/loss": 2.5, "eval/bpb": 1.25, "eval/tokens": 512},
-                          keys=["loss", "lr"])
+    """An eval record has none of the training console keys: its line once said only 'step N'.
+    The writer is told what the record is (no guessing from key prefixes)."""
+    record = {"eval/loss": 2.5, "eval/bpb": 1.25, "eval/tokens": 512}
+    line = format_metrics(20, record, keys=["loss", "lr"], evaluation=True)
     assert line == "eval step 20 | eval/loss 2.5 | eval/bpb 1.25 | eval/tokens 512"
     assert format_metrics(3, {"loss": 1.0, "lr": 0.1, "x": 2}, keys=["loss"]) == "step 3 | loss 1"
+    assert format_metrics(3, {"loss": 1.0, "x": 2}, keys=["loss"], evaluation=True) == (
+        "eval step 3 | loss 1 | x 2")
+
+
+def test_writer_echoes_an_evaluation_record_as_such(tmp_path, monkeypatch):
+    lines = []
+
+    class Console:
+        def info(self, line):
+            lines.append(line)
+
+    monkeypatch.setattr("xdistill.metrics.get_logger", lambda name: Console())
+    with MetricsWriter(tmp_path / "m.jsonl", console_keys=["loss"]) as writer:
+        writer.write(2, {"loss": 1.5, "lr": 0.1})
+        writer.write(2, {"eval/loss": 2.5}, evaluation=True)
+    assert lines == ["step 2 | loss 1.5", "eval step 2 | eval/loss 2.5"]
+    assert [r.get("eval/loss") for r in read_metrics(tmp_path / "m.jsonl")] == [None, 2.5]
 
 
 def test_warn_once(caplog):

@@ -1,18 +1,23 @@
 """No import cycles inside the ``xdistill`` package, function-local imports included.
 
-Every module is parsed with :mod:`ast`; each ``import xdistill.x`` / ``from xdistill.x import y``
-(relative ones too, at any depth of the module: top level, functions, ``TYPE_CHECKING`` blocks)
-is an edge to the module it names -- to ``xdistill.x.y`` when that is a module, else to
-``xdistill.x``. A cycle in that graph is a circle of modules that can only be imported because
-some of the imports are deferred into functions; the test names the modules of each cycle.
+The imports are read by ``tools/import_graph.py`` (the scanner ``tools/stage_graph.py`` draws
+with too): every module is parsed with :mod:`ast`; each ``import xdistill.x`` / ``from
+xdistill.x import y`` (relative ones too, at any depth of the module: top level, functions,
+``TYPE_CHECKING`` blocks) is an edge to the module it names -- to ``xdistill.x.y`` when that is a
+module, else to ``xdistill.x``. A cycle in that graph is a circle of modules that can only be
+imported because some of the imports are deferred into functions; the test names the modules of
+each cycle.
 """
 
 from __future__ import annotations
 
-import ast
+import importlib.util
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[1] / "xdistill"
+REPO = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("import_graph", REPO / "tools" / "import_graph.py")
+import_graph = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(import_graph)
 
 # Cycles known and accepted, each as the sorted tuple of its modules, with the reason. The test
 # fails on any cycle not listed here (and on a listed one that no longer exists, so the list
@@ -26,92 +31,38 @@ KNOWN_CYCLES: dict[tuple[str, ...], str] = {
 }
 
 
-def module_names() -> dict[str, Path]:
-    """``xdistill.a.b`` -> its file, for every module and package of the package."""
-    mods = {}
-    for path in sorted(PKG.rglob("*.py")):
-        parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        mods[".".join(parts)] = path
-    return mods
+def graph(pkg: Path = import_graph.PKG) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, anywhere in its body."""
+    return {m: set(edges) for m, edges in import_graph.package_graph(pkg).items()}
 
 
-def _base(module: str, path: Path, node: ast.ImportFrom) -> str:
-    """The absolute module an ``ImportFrom`` names (relative imports resolved)."""
-    if node.level == 0:
-        return node.module or ""
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for _ in range(node.level - 1):
-        package = package.rpartition(".")[0]
-    return f"{package}.{node.module}" if node.module else package
-
-
-def imports_of(module: str, path: Path, mods: dict[str, Path]) -> set[str]:
-    """The xdistill modules ``module`` imports, anywhere in its body."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = _base(module, path, node)
-            for alias in node.names:
-                sub = f"{base}.{alias.name}"
-                found.add(sub if sub in mods else base)
-    out = set()
-    for name in found:
-        while name and name not in mods:          # `import xdistill.a.b.Name` style -> a.b
-            name = name.rpartition(".")[0]
-        if name.startswith("xdistill") and name != module:
-            out.add(name)
-    return out
-
-
-def import_graph() -> dict[str, set[str]]:
-    mods = module_names()
-    return {m: imports_of(m, p, mods) for m, p in mods.items()}
-
-
-def cycles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
-    """The strongly connected components with more than one module (Tarjan), each sorted."""
-    index, low, stack, on_stack, out = {}, {}, [], set(), []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(tuple(sorted(comp)))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return sorted(out)
-
-
-def test_the_graph_sees_function_local_and_relative_imports():
-    graph = import_graph()
-    assert "xdistill.errors" in graph["xdistill.assets.paths"]
-    assert graph["xdistill.assets.paths"] <= {"xdistill.errors"}
-    assert "xdistill.assets.paths" in graph["xdistill.tokenization.load"]
+def test_the_graph_sees_function_local_and_relative_imports(tmp_path):
+    found = graph()
+    assert "xdistill.errors" in found["xdistill.assets.paths"]
+    assert found["xdistill.assets.paths"] <= {"xdistill.errors"}
+    assert "xdistill.assets.paths" in found["xdistill.tokenization.load"]
+    pkg = tmp_path / "xdistill"   # the package has no relative imports: a made-up one has
+    for rel, src in {"__init__.py": "from . import a\n",
+                     "a/__init__.py": "from .b import f\nfrom .. import c\n",
+                     "a/b.py": "def f():\n    from ..c import g\n    import xdistill.c.d.Name\n",
+                     "c/__init__.py": "from ..a import b\n",
+                     "c/d.py": "from . import e\nfrom xdistill import a, zz\n",
+                     "c/e.py": "import os\n"}.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(src)
+    assert import_graph.package_graph(pkg) == {
+        "xdistill": {"xdistill.a": True},
+        "xdistill.a": {"xdistill.a.b": True, "xdistill.c": True},
+        "xdistill.a.b": {"xdistill.c": False, "xdistill.c.d": False},
+        "xdistill.c": {"xdistill.a.b": True},
+        "xdistill.c.d": {"xdistill.c.e": True, "xdistill.a": True, "xdistill": True},
+        "xdistill.c.e": {}}
+    assert import_graph.cycles(graph(pkg)) == [("xdistill", "xdistill.a", "xdistill.a.b",
+                                                "xdistill.c", "xdistill.c.d")]
 
 
 def test_no_import_cycles():
-    found = cycles(import_graph())
+    found = import_graph.cycles(graph())
     new = [c for c in found if c not in KNOWN_CYCLES]
     assert not new, "import cycles (modules of each strongly connected set):\n" + "\n".join(
         " <-> ".join(c) for c in new)

@@ -7,19 +7,19 @@
 A *stage* is a top-level part of the package: a subpackage (``xdistill/align/``) or a module
 (``xdistill/precision.py``). Every ``import`` of one stage by another, at any depth of a module
 (top level, functions, ``TYPE_CHECKING`` blocks; relative imports resolved), is an edge; an edge
-whose imports are all inside functions (deferred) is drawn dotted. The picture is a Mermaid
+whose imports are all inside functions (deferred) is drawn dotted. The imports are read by
+``tools/import_graph.py``, the scanner the import tests use too. The picture is a Mermaid
 flowchart, which GitHub and most Markdown viewers draw; ``tests/test_readme.py`` keeps it current.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-PKG = REPO / "xdistill"
+# this script's folder is on sys.path: the repository's one import scanner
+from import_graph import PKG, REPO, package_graph
+
 DOC = REPO / "docs" / "architecture.md"
 BEGIN, END = "<!-- GENERATED:stages:BEGIN -->", "<!-- GENERATED:stages:END -->"
 # the data-flow stages of CONTRIBUTING.md, drawn first and highlighted
@@ -30,43 +30,22 @@ UTILS = ("errors", "log", "config", "metrics", "distributed", "child_signals", "
          "host_memory", "__main__")
 
 
-def stage_of(path: Path) -> str:
-    """``xdistill/align/api.py`` -> ``align``; ``xdistill/precision.py`` -> ``precision``."""
-    return path.relative_to(PKG).parts[0].removesuffix(".py")
-
-
-def _targets(path: Path, node: ast.AST) -> list[str]:
-    """The stages an import node names (only imports of xdistill itself)."""
-    if isinstance(node, ast.Import):
-        names = [a.name for a in node.names]
-    elif node.level == 0:
-        names = [node.module or ""]
-    else:  # relative: resolve against the importing file's package
-        package = list(path.relative_to(PKG.parent).parent.parts)
-        package = package[:len(package) - (node.level - 1)]
-        names = [".".join(package + ([node.module] if node.module else []))]
-    parts = [n.split(".") for n in names if n == "xdistill" or n.startswith("xdistill.")]
-    if isinstance(node, ast.ImportFrom) and node.module in (None, "xdistill") and node.level <= 1:
-        parts = [["xdistill", a.name] for a in node.names]  # from xdistill import align
-    return [p[1] for p in parts if len(p) > 1]
+def stage_of(module: str) -> str | None:
+    """``xdistill.align.api`` -> ``align``; ``xdistill.precision`` -> ``precision``; the package
+    itself (``xdistill``) is no stage."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
 
 
 def edges() -> dict[tuple[str, str], bool]:
-    """(importer, imported) -> True when at least one of its imports is at module level."""
+    """(importer, imported) -> True when at least one of its imports is at module level
+    (:func:`import_graph.package_graph`, its modules grouped into stages)."""
     found: dict[tuple[str, str], bool] = {}
-    stages = {stage_of(p) for p in PKG.rglob("*.py")}
-    for path in sorted(PKG.rglob("*.py")):
-        tree, src = ast.parse(path.read_text(encoding="utf-8")), stage_of(path)
-        deferred = {id(n) for f in ast.walk(tree)
-                    if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                    for n in ast.walk(f)}
-        for node in ast.walk(tree):
-            if not isinstance(node, (ast.Import, ast.ImportFrom)):
-                continue
-            for dst in _targets(path, node):
-                if dst != src and dst in stages and not {src, dst} & set(UTILS):
-                    key = (src, dst)
-                    found[key] = found.get(key, False) or id(node) not in deferred
+    for module, imported in package_graph(PKG).items():
+        src = stage_of(module)
+        for dst, eager in ((stage_of(m), e) for m, e in imported.items()):
+            if None not in (src, dst) and src != dst and not {src, dst} & set(UTILS):
+                found[(src, dst)] = found.get((src, dst), False) or eager
     return found
 
 

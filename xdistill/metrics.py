@@ -35,14 +35,14 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def format_metrics(step: int, metrics: dict[str, Any], keys: list[str] | None = None) -> str:
-    """Compact console line: ``step 12 | loss 2.3456 | tok/s 1234 ...``."""
-    parts = [f"step {step}"]
-    chosen = [k for k in keys or [] if k in metrics] or list(metrics)  # eval records: their keys
-    if any(k.startswith("eval/") for k in metrics) and keys:
-        chosen = [k for k in metrics if k.startswith("eval/")]
-        parts = [f"eval step {step}"]
-    for key in chosen:
+def format_metrics(step: int, metrics: dict[str, Any], keys: list[str] | None = None, *,
+                   evaluation: bool = False) -> str:
+    """Compact console line: ``step 12 | loss 2.3456 | tok/s 1234 ...``: the ``keys`` the record
+    has (all of its keys when it has none of them); an ``evaluation`` record's line is
+    ``eval step 12 | ...`` with all of its keys."""
+    parts = [f"eval step {step}" if evaluation else f"step {step}"]
+    chosen = [] if evaluation else [k for k in keys or [] if k in metrics]
+    for key in chosen or list(metrics):
         value = _plain(metrics[key])
         if isinstance(value, float):
             text = f"{value:.4g}" if abs(value) < 1e4 else f"{value:.0f}"
@@ -66,7 +66,9 @@ class MetricsWriter:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = self.path.open("a", encoding="utf-8")
 
-    def write(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+    def write(self, step: int, metrics: dict[str, Any], *, evaluation: bool = False
+              ) -> dict[str, Any]:
+        """Append one record (``evaluation``: an evaluation's figures, echoed as such)."""
         record = {"step": int(step), "time": time.time(), **_plain(dict(metrics))}
         if not self.enabled:
             return record
@@ -74,7 +76,8 @@ class MetricsWriter:
             self._file.write(json.dumps(record, sort_keys=False) + "\n")
             self._file.flush()
         if self.echo:
-            get_logger("metrics").info(format_metrics(step, metrics, self.console_keys))
+            get_logger("metrics").info(format_metrics(step, metrics, self.console_keys,
+                                                      evaluation=evaluation))
         return record
 
     def close(self) -> None:

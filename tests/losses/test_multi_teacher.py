@@ -1,4 +1,4 @@
-"""MultiTeacherLoss: weighting modes, mixed tokenizers, counts, metrics, scores."""
+"""MultiTeacherLoss: weighting modes, mixed tokenizers, counts, the typed report, scores."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from loss_refs import random_alignment, random_projection, softmax
 
 from xdistill.losses import (MultiTeacherLoss, TeacherLossInput, TeacherSpec, cross_entropy,
                              forward_kl, projected_kl, projection_from_csr, topk_forward_kl)
-from xdistill.losses.scores import teacher_score
+from xdistill.losses.scores import coverage, teacher_score
 
 VS, VT = 9, 13
 
@@ -49,18 +49,21 @@ def test_static_weights_mix_same_and_cross_tokenizer_teachers():
     labels = c["ids"].clone()
     mtl = MultiTeacherLoss(c["specs"], ce_weight=0.3)
     zs = c["zs"].clone().requires_grad_(True)
-    loss, metrics = mtl(zs, c["ids"], c["mask"], c["teachers"], labels_BTs=labels)
+    loss, report = mtl(zs, c["ids"], c["mask"], c["teachers"], labels_BTs=labels)
     parts = {"near": forward_kl(c["zs"], c["near"], c["mask"]),
              "far": topk_forward_kl(c["zs"], c["topv"], c["topi"], c["mask"]),
              "x": projected_kl(c["zs"], c["zt"], c["align"], c["P"], s_loss_mask_BTs=c["mask"])}
     ce = cross_entropy(c["zs"], labels)
     expect = 0.5 * parts["near"] + 0.25 * parts["far"] + 2.0 * parts["x"] + 0.3 * ce
     assert float(loss) == pytest.approx(float(expect), rel=1e-6)
+    assert list(report.teachers) == ["near", "far", "x"]
     for name, val in parts.items():
-        assert metrics[f"{name}/loss"] == pytest.approx(float(val), rel=1e-6)
-    assert metrics["near/weight"] == 0.5 and metrics["near/coverage"] == 1.0
-    assert 0.0 < metrics["x/coverage"] < 1.0
-    assert metrics["ce"] == pytest.approx(float(ce), rel=1e-6)
+        assert float(report.teachers[name].loss) == pytest.approx(float(val), rel=1e-6)
+    near, x = report.teachers["near"], report.teachers["x"]
+    assert near.weight == 0.5 and float(near.coverage) == 1.0 and near.score is None
+    assert x.coverage.dtype == torch.float64 and 0.0 < float(x.coverage) < 1.0
+    assert float(report.ce) == pytest.approx(float(ce), rel=1e-6)
+    assert float(report.total) == float(loss.detach()) and not report.total.requires_grad
     loss.backward()
     assert torch.isfinite(zs.grad).all() and zs.grad.abs().sum() > 0
 
@@ -75,7 +78,23 @@ def test_num_valid_per_teacher_and_counts():
     doubled = {k: 2 * v for k, v in counts.items()}
     _, glob = mtl(c["zs"], c["ids"], c["mask"], c["teachers"], num_valid=doubled)
     for name in ("near", "far", "x"):
-        assert glob[f"{name}/loss"] == pytest.approx(local[f"{name}/loss"] / 2, rel=1e-6)
+        assert float(glob.teachers[name].loss) == pytest.approx(
+            float(local.teachers[name].loss) / 2, rel=1e-6)
+
+
+def test_coverage_is_a_float64_tensor_of_the_covered_fraction():
+    """Kept on the device (no host sync) until the step's one reduction; 0 without loss tokens."""
+    c = _setup(1)
+    near, _, x = c["teachers"]
+    s_mask = c["mask"].clone()
+    s_mask[:, 0] = False
+    got = coverage(x, c["mask"])
+    assert got.dtype == torch.float64 and got.shape == ()
+    n_covered = round(float(got) * int(s_mask.sum()))
+    assert float(got) == n_covered / int(s_mask.sum()) and 0 < n_covered < int(s_mask.sum())
+    assert float(coverage(near, c["mask"])) == 1.0
+    none = torch.zeros_like(c["mask"])
+    assert float(coverage(near, none)) == 0.0 and float(coverage(x, none)) == 0.0
 
 
 def _manual_scores(c, kind):
@@ -112,17 +131,17 @@ def test_dynamic_and_pick_best_weights(kind):
     loss, m = dyn(c["zs"], c["ids"], c["mask"], c["teachers"])
     w = prior * torch.exp(2.0 * scores)
     w = w / w.sum()
-    got_w = torch.tensor([m[f"{s.name}/weight"] for s in c["specs"]])
+    got_w = torch.tensor([m.teachers[s.name].weight for s in c["specs"]])
     assert torch.allclose(got_w, w, rtol=1e-5) and got_w.sum() == pytest.approx(1.0, rel=1e-6)
-    expect = sum(float(w[i]) * m[f"{s.name}/loss"] for i, s in enumerate(c["specs"]))
+    expect = sum(float(w[i]) * float(m.teachers[s.name].loss) for i, s in enumerate(c["specs"]))
     assert float(loss) == pytest.approx(expect, rel=1e-5)
-    assert m["near/score"] == pytest.approx(float(scores[0]), rel=1e-6)
+    assert float(m.teachers["near"].score) == pytest.approx(float(scores[0]), rel=1e-6)
 
     best = MultiTeacherLoss(c["specs"], weighting="pick_best", score=kind)
     loss_b, mb = best(c["zs"], c["ids"], c["mask"], c["teachers"])
     k = int(torch.argmax(scores))
-    assert [mb[f"{s.name}/weight"] for s in c["specs"]] == [float(i == k) for i in range(3)]
-    assert float(loss_b) == pytest.approx(mb[f"{c['specs'][k].name}/loss"], rel=1e-6)
+    assert [mb.teachers[s.name].weight for s in c["specs"]] == [float(i == k) for i in range(3)]
+    assert float(loss_b) == pytest.approx(float(mb.teachers[c["specs"][k].name].loss), rel=1e-6)
 
 
 def test_pick_best_prefers_the_teacher_that_knows_the_text():
@@ -133,7 +152,7 @@ def test_pick_best_prefers_the_teacher_that_knows_the_text():
                 TeacherLossInput("oracle", logits_BTtV=sharp)]
     specs = [TeacherSpec("near", "forward_kl"), TeacherSpec("oracle", "reverse_kl")]
     _, m = MultiTeacherLoss(specs, weighting="pick_best")(c["zs"], c["ids"], c["mask"], teachers)
-    assert m["oracle/weight"] == 1.0 and m["near/weight"] == 0.0
+    assert m.teachers["oracle"].weight == 1.0 and m.teachers["near"].weight == 0.0
 
 
 def test_bad_configurations_raise():
@@ -178,7 +197,8 @@ def test_pkl_with_continuation_adds_the_continuation_term():
     _, m1 = cont(c["zs"], c["ids"], c["mask"], [x])
     extra = continuation_kl(c["zs"], c["zt"], c["align"], trie, c["ids"], x.input_ids_BTt,
                             s_loss_mask_BTs=c["mask"])
-    assert m1["x/loss"] == pytest.approx(m0["x/loss"] + float(extra), rel=1e-6)
+    assert float(m1.teachers["x"].loss) == pytest.approx(
+        float(m0.teachers["x"].loss) + float(extra), rel=1e-6)
     with pytest.raises(ValueError, match="continuation KL extends loss 'pkl'"):
         TeacherSpec("x", "alm", continuation=trie)
     with pytest.raises(ValueError, match="direction 'forward'"):

@@ -22,7 +22,6 @@ probability) and the entropy is that of the top-k + tail-bucket distribution (a 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -126,45 +125,24 @@ class TeacherReport:
     loss: torch.Tensor
     # its weight w_i in this call
     weight: float
-    # fraction of student loss tokens its loss covers
-    coverage: float
+    # fraction of student loss tokens its loss covers, 0-dim float64 tensor
+    coverage: torch.Tensor
     # its batch score (dynamic / pick_best weighting), else None
     score: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
-class LossReport(Mapping):
+class LossReport:
     """Typed metrics of one :class:`MultiTeacherLoss` call (values detached, on the logits'
-    device). Reading it as a mapping gives the flat keys ``loss``, ``ce``, ``<name>/loss``,
-    ``<name>/weight``, ``<name>/coverage``, ``<name>/score`` as Python floats, for direct users
-    of the loss; the trainer reads the typed fields (``xdistill.train.step.record_report``)."""
+    device: nothing is synchronised with the host here; the trainer records them as typed step
+    metrics, ``xdistill.train.step.record_report``, and reduces them once per step)."""
 
     # the weighted total (detached)
     total: torch.Tensor
     # the CE term before its weight, or None without CE
     ce: torch.Tensor | None
     # teacher name -> its report, in spec order
-    teachers: dict = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, float]:
-        out = {"loss": float(self.total)}
-        if self.ce is not None:
-            out["ce"] = float(self.ce)
-        for name, t in self.teachers.items():
-            out[f"{name}/loss"], out[f"{name}/weight"] = float(t.loss), t.weight
-            out[f"{name}/coverage"] = t.coverage
-            if t.score is not None:
-                out[f"{name}/score"] = float(t.score)
-        return out
-
-    def __getitem__(self, key: str) -> float:
-        return self.as_dict()[key]
-
-    def __iter__(self):
-        return iter(self.as_dict())
-
-    def __len__(self) -> int:
-        return len(self.as_dict())
+    teachers: dict[str, TeacherReport] = field(default_factory=dict)
 
 
 def _teacher_tau(spec: TeacherSpec, inp: TeacherLossInput) -> float:
@@ -241,7 +219,7 @@ def _cross_loss(spec, inp, s_logits, s_ids, s_mask, num_valid, chunk_size):
 
 
 class MultiTeacherLoss:
-    """``loss, metrics = MultiTeacherLoss(specs, ...)(student_logits, ids, mask, teachers)``.
+    """``loss, report = MultiTeacherLoss(specs, ...)(student_logits, ids, mask, teachers)``.
 
     Teachers may mix tokenizers: a :class:`TeacherLossInput` without ``alignment`` is a
     same-tokenizer teacher, one with it is scored over aligned chunks. ``num_valid`` maps teacher
@@ -249,7 +227,7 @@ class MultiTeacherLoss:
     losses, loss chunks for cross-tokenizer ones); :meth:`count_valid` gives the local counts to
     all-reduce. The second result is a :class:`LossReport` (per teacher: loss term, weight,
     coverage = fraction of student loss tokens its loss covers, score when scores are used; plus
-    the CE term and the total), readable as a flat mapping of Python floats.
+    the CE term and the total), detached tensors on the logits' device.
     """
 
     def __init__(self, specs, *, weighting: str = "static", score: str = "neg_ce",

@@ -97,19 +97,18 @@ def loss_units(inp, s_loss_mask_BTs, exact_only: bool = False) -> int:
                            exact_only=exact_only).sum())
 
 
-def coverage(inp, s_loss_mask_BTs, exact_only: bool = False) -> float:
-    """Fraction of student loss tokens (``i >= 1``) inside the teacher's loss units."""
+def coverage(inp, s_loss_mask_BTs, exact_only: bool = False) -> torch.Tensor:
+    """Fraction of student loss tokens (``i >= 1``) inside the teacher's loss units (0 without
+    any), a 0-dim float64 tensor on the mask's device (read by no host sync here)."""
     s_mask = s_loss_mask_BTs.bool().clone()
     s_mask[:, 0] = False
-    total = int(s_mask.sum())
-    if total == 0:
-        return 0.0
+    total = s_mask.sum().double()
     if inp.alignment is None:
-        return 1.0
+        return (total > 0).double()
     align = inp.alignment
     ok_BC = loss_chunks(align, s_loss_mask_BTs, inp.loss_mask_BTt, exact_only=exact_only)
     padded_BC = torch.cat([ok_BC, torch.zeros_like(ok_BC[:, :1])], dim=1)
     idx_BT = torch.where(align.s_chunk_BTs >= 0, align.s_chunk_BTs,
                          torch.full_like(align.s_chunk_BTs, align.num_chunks))
     covered = padded_BC.gather(1, idx_BT) & s_mask
-    return int(covered.sum()) / total
+    return covered.sum().double() / total.clamp_min(1)

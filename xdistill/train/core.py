@@ -253,7 +253,7 @@ def log_metrics(run: Run, step: int, metrics: dict, *, evaluation: bool = False)
     """Write a step's flat metrics (every ``train.log_every`` steps) or an evaluation's (always)."""
     every = run.cfg.train.log_every
     if run.writer is not None and (step % every == 0 or evaluation):
-        run.writer.write(step, metrics)
+        run.writer.write(step, metrics, evaluation=evaluation)
     if run.trackers is not None:
         run.trackers.log(step, metrics)
 

@@ -31,7 +31,7 @@ from xdistill.losses.engine import shift_targets, token_logprobs
 from xdistill.losses.multi_teacher import LossReport
 from xdistill.tokenization.bos import resolve_add_bos
 from xdistill.train.metrics import (CE, TOTAL, Metric, ReducedMetrics, StepMetrics, Timers,
-                                    teacher_loss)
+                                    teacher_coverage, teacher_loss)
 from xdistill.train.step import global_counts, micro_step, record_report
 
 
@@ -88,7 +88,7 @@ def eval_figures(reduced: ReducedMetrics, distill: bool, ce_weight: float) -> di
     terms = {}
     for name, loss in reduced.teacher_losses().items():
         terms["eval/" + teacher_loss(name).key] = loss  # shares of the global mean: summed
-        cov = Metric("coverage", name)
+        cov = teacher_coverage(name)
         terms["eval/" + cov.key] = reduced.get(cov)      # averaged over batches
     out.update(sorted(terms.items()))
     if distill:

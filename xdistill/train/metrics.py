@@ -94,6 +94,26 @@ def teacher_loss(teacher: str) -> Metric:
     return Metric("loss", teacher, Role.TEACHER_LOSS)
 
 
+def teacher_weight(teacher: str) -> Metric:
+    """Teacher ``teacher``'s weight in the loss."""
+    return Metric("weight", teacher)
+
+
+def teacher_coverage(teacher: str) -> Metric:
+    """The fraction of student loss tokens teacher ``teacher``'s loss covers."""
+    return Metric("coverage", teacher)
+
+
+# the keys :meth:`StepReport.flat` writes besides the recorded metrics (and :func:`time_key`)
+LR_KEY, GRAD_NORM_KEY, STEP_S_KEY = "lr", "grad_norm", "step_s"
+SKIPPED_KEY, TOK_PER_S_KEY = "skipped", "tok_per_s"
+
+
+def time_key(phase: str) -> str:
+    """How the seconds of timer phase ``phase`` (:class:`Timers`) are written."""
+    return f"time/{phase}"
+
+
 def _metric(metric: Metric | str) -> Metric:
     """A plain name is a statistic of the step's own (no teacher, no loss)."""
     return metric if isinstance(metric, Metric) else Metric(metric)
@@ -233,12 +253,12 @@ class StepReport:
         """The step's metrics as written to the console, ``metrics.jsonl`` and the trackers
         (the one place typed metrics become flat keys)."""
         out = self.metrics.flat()
-        out.update({"lr": self.lr, "grad_norm": self.grad_norm, "step_s": self.seconds,
-                    "skipped": float(not self.applied)})
+        out.update({LR_KEY: self.lr, GRAD_NORM_KEY: self.grad_norm, STEP_S_KEY: self.seconds,
+                    SKIPPED_KEY: float(not self.applied)})
         tokens = self.metrics.get(TOKENS)
         if tokens is not None:
-            out["tok_per_s"] = tokens / self.seconds
-        out.update({f"time/{k}": v for k, v in self.timers.items()})
+            out[TOK_PER_S_KEY] = tokens / self.seconds
+        out.update({time_key(k): v for k, v in self.timers.items()})
         return out
 
 

@@ -32,7 +32,8 @@ from xdistill.train import core, setup
 from xdistill.train.config import (OffPolicyConfig, data_ranks, grad_accum_steps,
                                    validate_offpolicy)
 from xdistill.train.evaluate import evaluate
-from xdistill.train.metrics import TOKENS
+from xdistill.train.metrics import (CE, GRAD_NORM_KEY, LR_KEY, TOK_PER_S_KEY, TOKENS, TOTAL,
+                                    teacher_coverage, teacher_loss, teacher_weight, time_key)
 from xdistill.train.mode import Run, TrainMode
 from xdistill.train.pipeline import MicroBatchStream
 from xdistill.train.step import micro_step, record_report, sum_counts, window_hashes
@@ -128,12 +129,12 @@ class OffPolicyMode(TrainMode):
             f.write(json.dumps({"step": step, "hashes": hashes}) + "\n")
 
     def console_keys(self, cfg) -> list[str]:
-        keys = ["loss"]
+        keys = [TOTAL.key]
         for t in cfg.teachers:
-            keys += [f"{t.name}/loss", f"{t.name}/weight", f"{t.name}/coverage"]
-        keys += ["ce", "lr", "grad_norm", "tok_per_s"]
-        return keys + [f"time/{k}" for k in ("data", "teacher", "transport", "student", "loss",
-                                               "optim")]
+            keys += [m(t.name).key for m in (teacher_loss, teacher_weight, teacher_coverage)]
+        keys += [CE.key, LR_KEY, GRAD_NORM_KEY, TOK_PER_S_KEY]
+        return keys + [time_key(k) for k in ("data", "teacher", "transport", "student", "loss",
+                                             "optim")]
 
     def checkpoint_extra(self, cfg) -> dict:
         return {"data_ranks": self.shards, "data_seq_len": cfg.data.seq_len,

@@ -40,13 +40,17 @@ from xdistill.teacher import TeacherPool
 from xdistill.train import core
 from xdistill.train.config import grad_accum_steps
 from xdistill.train.core import seed_everything
-from xdistill.train.metrics import TOKENS, Metric
+from xdistill.train.metrics import (GRAD_NORM_KEY, LR_KEY, TOK_PER_S_KEY, TOKENS, TOTAL, Metric,
+                                    teacher_coverage, teacher_loss, time_key)
 from xdistill.train.mode import Run, TrainMode
 from xdistill.train.onpolicy_config import OnPolicyConfig, validate_onpolicy
 from xdistill.train.onpolicy_step import (build_mix, build_onpolicy_plan, local_units,
                                           offpolicy_micro, scored_step)
 from xdistill.train.step import sum_counts
 
+# rollout figures of the step that the console shows
+TOOL_TOKEN_RATIO, RESPONSE_LEN = Metric("tool_token_ratio"), Metric("response_len")
+UNALIGNED_FRAC = Metric("onpolicy/unaligned_frac")
 
 class _SyncedGenerate:
     """The student seen by ``HFGenerateEngine`` under FSDP2: ``generate`` runs with
@@ -205,12 +209,12 @@ class OnPolicyMode(TrainMode):
             f.write(json.dumps({"step": step, "prompts": indices, "responses": hashes}) + "\n")
 
     def console_keys(self, cfg) -> list[str]:
-        keys = ["loss"]
+        keys = [TOTAL.key]
         for t in cfg.teachers:
-            keys += [f"{t.name}/loss", f"{t.name}/coverage"]
-        keys += ["onpolicy/unaligned_frac", "tool_token_ratio", "response_len", "lr",
-                 "grad_norm", "tok_per_s"]
-        return keys + [f"time/{k}" for k in ("generation", "score", "teacher", "student", "loss",
+            keys += [teacher_loss(t.name).key, teacher_coverage(t.name).key]
+        keys += [m.key for m in (UNALIGNED_FRAC, TOOL_TOKEN_RATIO, RESPONSE_LEN)]
+        keys += [LR_KEY, GRAD_NORM_KEY, TOK_PER_S_KEY]
+        return keys + [time_key(k) for k in ("generation", "score", "teacher", "student", "loss",
                                              "optim")]
 
     def checkpoint_extra(self, cfg) -> dict:
@@ -262,15 +266,15 @@ def _rollout_metrics(metrics, ro, scored) -> None:
     metrics.add("response_tokens", st.response_tokens)
     metrics.add(TOKENS, st.response_tokens)
     metrics.add("forward_tokens", scored.batch.stats.student_tokens)
-    metrics.mean("tool_token_ratio", st.tool_token_ratio)
-    metrics.mean("response_len", float(ro.response_len_B.float().mean()))
+    metrics.mean(TOOL_TOKEN_RATIO, st.tool_token_ratio)
+    metrics.mean(RESPONSE_LEN, float(ro.response_len_B.float().mean()))
     metrics.mean("stop_fraction", float(np.mean([r == "stop" for r in ro.finish_reasons])))
     for name in st.coverage:
-        metrics.mean(Metric("coverage", name), st.coverage[name])
+        metrics.mean(teacher_coverage(name), st.coverage[name])
         metrics.mean(Metric("tool_ratio", name), st.teacher_tool_ratio[name])
         metrics.mean(Metric("unaligned_frac", name), st.unaligned_frac.get(name, 0.0))
         metrics.add(Metric("missing_bytes", name), st.missing_bytes.get(name, 0))
-    metrics.mean("onpolicy/unaligned_frac", float(np.mean(list(st.unaligned_frac.values())))
+    metrics.mean(UNALIGNED_FRAC, float(np.mean(list(st.unaligned_frac.values())))
                  if st.unaligned_frac else 0.0)
 
 

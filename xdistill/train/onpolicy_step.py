@@ -47,8 +47,8 @@ from xdistill.rollout.render import stop_token_ids
 from xdistill.train import setup
 from xdistill.train.config import TeacherLossConfig
 from xdistill.train.forward import student_logits, teachers_and_student
-from xdistill.train.metrics import TOKENS, TOTAL, Metric, StepMetrics, teacher_loss
-from xdistill.train.metrics import all_reduce_counts
+from xdistill.train.metrics import (TOKENS, TOTAL, Metric, StepMetrics, all_reduce_counts,
+                                    teacher_loss, teacher_weight)
 from xdistill.train.onpolicy_config import OnPolicyConfig
 from xdistill.train.step import micro_step, record_report
 from xdistill.train.teacher_plan import (DistillPlan, TeacherPlan, load_student_tokenizer,
@@ -296,7 +296,7 @@ def _record_teacher(metrics: StepMetrics, name: str, spec, res, weight: float, c
     per loss unit: the mean log-ratio (k1, k3) and the byte-credit gap (mean measured error
     log P_ub - log P_lb; both summed here, divided by the teacher's global units on reduction)."""
     metrics.add(teacher_loss(name), res.loss.detach())
-    metrics.mean(Metric("weight", name), weight)
+    metrics.mean(teacher_weight(name), weight)
     for c in counter_keys(spec, cross):
         metrics.add(Metric(f"clamp/{c}", name), float(res.counters.get(c, 0)))
     if spec.kind in ("k1", "k3"):

@@ -25,7 +25,7 @@ from xdistill.losses import cross_entropy
 from xdistill.losses.multi_teacher import SAME_TOKENIZER_LOSSES, LossReport
 from xdistill.train.forward import teachers_and_student
 from xdistill.train.metrics import (CE, TOTAL, Metric, StepMetrics, Timers, all_reduce_counts,
-                                    teacher_loss)
+                                    teacher_coverage, teacher_loss, teacher_weight)
 
 
 def loss_inputs(specs, batch, outputs=None, device=None) -> list[TeacherLossInput]:
@@ -112,8 +112,8 @@ def record_report(metrics: StepMetrics, report: LossReport) -> None:
         metrics.add(CE, report.ce)
     for name, t in report.teachers.items():
         metrics.add(teacher_loss(name), t.loss)
-        metrics.mean(Metric("weight", name), t.weight)
-        metrics.mean(Metric("coverage", name), t.coverage)
+        metrics.mean(teacher_weight(name), t.weight)
+        metrics.mean(teacher_coverage(name), t.coverage)
         if t.score is not None:
             metrics.mean(Metric("score", name), t.score)
 
