@@ -17,13 +17,7 @@ PKG = Path(__file__).resolve().parents[1] / "xdistill"
 # Cycles known and accepted, each as the sorted tuple of its modules, with the reason. The test
 # fails on any cycle not listed here (and on a listed one that no longer exists, so the list
 # stays honest).
-KNOWN_CYCLES: dict[tuple[str, ...], str] = {
-    # arm_config() dispatches a continuation arm to cont_config(), which builds on arm_config()
-    # of the base arm and on _teacher(); both imports are function-local. Breaking it means
-    # moving the dispatcher out of arms.py (its callers: run.py, demo/distill.py, tests).
-    ("xdistill.quality.arms", "xdistill.quality.continued"):
-        "arm_config <-> cont_config dispatch (function-local imports)",
-}
+KNOWN_CYCLES: dict[tuple[str, ...], str] = {}
 
 
 def module_names() -> dict[str, Path]:
