@@ -47,7 +47,7 @@ class DemoSettings:
 
     teacher_steps: int = 20       # CE steps adapting Gemma-3-270M to the domain
     steps: int = 30               # student steps per arm
-    eval_batches: int = 4         # held-out batches of EVAL_BATCH x EVAL_SEQ_LEN tokens
+    eval_batches: int = 6         # held-out batches of EVAL_BATCH x EVAL_SEQ_LEN tokens
     batch: int = 4                # rows per step (teacher adaptation and arms)
     seq_len: int = 64             # student tokens per row
     teacher_seq_len: int = 128    # Gemma tokens per row while adapting
