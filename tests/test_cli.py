@@ -62,7 +62,7 @@ def test_demo_help_describes_the_demo_it_runs(capsys):
 
     import pytest
 
-    from xdistill.demo.real_pair import ARMS, HELD_OUT, DemoSettings
+    from xdistill.demo.settings import ARMS, HELD_OUT, DemoSettings
     from xdistill.demo.tokenizer_pairs import DEFAULT_NAMES
 
     with pytest.raises(SystemExit) as exit_:

@@ -14,6 +14,7 @@ import pytest
 from xdistill.commands.demo import main
 from xdistill.demo import real_pair as rp
 from xdistill.demo.progress import DemoFailed, Progress
+from xdistill.demo.settings import DemoSettings
 
 TINY = ["--teacher-steps", "2", "--steps", "2", "--eval-batches", "1"]
 
@@ -100,7 +101,7 @@ def test_progress_lines_come_while_a_stage_is_busy():
 
 def test_the_teacher_cache_key_follows_what_the_weights_depend_on():
     data = {"domain_sha": "abc"}
-    base = rp.DemoSettings()
+    base = DemoSettings()
     key = rp.teacher_key(base, data)
     assert rp.teacher_key(replace(base, steps=7, eval_batches=9, lr=1.0), data) == key
     assert rp.teacher_key(replace(base, teacher_steps=base.teacher_steps + 1), data) != key

@@ -12,15 +12,13 @@ import argparse
 import sys
 from dataclasses import replace
 
+from xdistill.demo.settings import ARMS, HELD_OUT, DemoSettings
 from xdistill.log import init_logging
 
 
 def _description() -> str:
     # deferred: numpy via demo.tokenizer_pairs (keeps `import xdistill.commands.demo` light)
     from xdistill.demo.tokenizer_pairs import DEFAULT_NAMES
-    # deferred: torch, transformers via xdistill.demo.real_pair (keeps `xdistill --help` fast)
-    from xdistill.demo.real_pair import ARMS, HELD_OUT, DemoSettings
-
     s = DemoSettings()
     arms = "\n".join(f"  - {label} ({arm})" for arm, label in ARMS.items())
     return f"""The two demos `make demo` runs: `xdistill demo tokenizers`, then `xdistill demo distill`.
@@ -44,9 +42,6 @@ arm and one greedy continuation of a held-out prompt per model, and writes summa
 def main(argv: list[str] | None = None) -> int:
     # deferred: numpy via demo.tokenizer_pairs (keeps `import xdistill.commands.demo` light)
     from xdistill.demo.tokenizer_pairs import DEFAULT_NAMES
-    # deferred: torch, transformers via xdistill.demo.real_pair (keeps `xdistill --help` fast)
-    from xdistill.demo.real_pair import DemoSettings
-
     d = DemoSettings()
     parser = argparse.ArgumentParser(prog="xdistill demo", description=_description(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -80,14 +75,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _distill(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    # deferred: torch, transformers via xdistill.demo.distill (keeps `xdistill --help` fast)
-    from xdistill.demo.distill import run
-    from xdistill.demo.progress import DemoFailed
-    from xdistill.demo.real_pair import DemoSettings
-
     for name in ("teacher_steps", "steps", "eval_batches"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    print("[demo] loading torch and transformers", flush=True)
+    # deferred: torch, transformers via xdistill.demo.distill (keeps `xdistill --help` fast)
+    from xdistill.demo.distill import run
+    from xdistill.demo.progress import DemoFailed
+
     settings = replace(DemoSettings(), teacher_steps=args.teacher_steps, steps=args.steps,
                        eval_batches=args.eval_batches)
     try:

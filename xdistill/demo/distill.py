@@ -31,15 +31,15 @@ from pathlib import Path
 from xdistill.assets.paths import asset_dir
 from xdistill.demo import real_pair as rp
 from xdistill.demo.progress import Progress, format_duration, say
+from xdistill.demo.settings import ARMS, EVAL_BATCH, EVAL_SEQ_LEN, HELD_OUT_TITLE, DemoSettings
 
-ARMS = tuple(rp.ARMS)
 # seconds per piece on the project's 2-core VM shared with another training run (README, "make
 # demo"): what the start line's estimate uses; an idle machine is faster
 MEASURED_S = {"teacher_step": 12.0, "ce_step": 2.3, "pkl_step": 5.4, "fixed": 30.0,
               "eval_batch": 10.0}
 
 
-def estimate_s(s: rp.DemoSettings, teacher_cached: bool) -> float:
+def estimate_s(s: DemoSettings, teacher_cached: bool) -> float:
     """The wall time of a run with settings ``s`` at the costs of ``MEASURED_S``."""
     m = MEASURED_S
     teacher = 0.0 if teacher_cached else s.teacher_steps * m["teacher_step"]
@@ -47,7 +47,7 @@ def estimate_s(s: rp.DemoSettings, teacher_cached: bool) -> float:
             + m["eval_batch"] * s.eval_batches)
 
 
-def run(out_dir: str = "runs/demo_distill", settings: rp.DemoSettings = rp.DemoSettings(), *,
+def run(out_dir: str = "runs/demo_distill", settings: DemoSettings = DemoSettings(), *,
         cache: str | None = None, log=say) -> dict:
     """The whole demo (module doc); prints the summary and returns it (also written to
     ``<out_dir>/summary.json``). A failing stage raises
@@ -56,7 +56,7 @@ def run(out_dir: str = "runs/demo_distill", settings: rp.DemoSettings = rp.DemoS
     out, root = Path(out_dir), Path(cache) if cache else asset_dir() / "demo"
     progress = Progress(log, error_log=out / "error.log")
     rp.quiet_loading()
-    with progress.stage("texts", what=f"held out: {rp.HELD_OUT_TITLE}; domain: the other five "
+    with progress.stage("texts", what=f"held out: {HELD_OUT_TITLE}; domain: the other five "
                                       f"plays; cache: {root}"):
         rp.check_assets()
         out.mkdir(parents=True, exist_ok=True)
@@ -92,12 +92,12 @@ def format_summary(result: dict) -> str:
             f"student: SmolLM2-135M, {s['steps']} steps per arm of {s['batch']} x "
             f"{s['seq_len']} tokens on a {result['data']['slice_kb']:.0f} KB slice, seed "
             f"{s['seed']}", "",
-            f"held-out bits per byte ({rp.HELD_OUT_TITLE}, {s['eval_batches']} x {rp.EVAL_BATCH} x "
-            f"{rp.EVAL_SEQ_LEN} tokens; lower is better):", "",
+            f"held-out bits per byte ({HELD_OUT_TITLE}, {s['eval_batches']} x {EVAL_BATCH} x "
+            f"{EVAL_SEQ_LEN} tokens; lower is better):", "",
             f"  {'arm':<6}{'before':>9}{'after':>9}{'change':>9}   what"]
     for arm, res in result["arms"].items():
         rows.append(f"  {arm:<6}{before['bpb']:>9.4f}{res['bpb']:>9.4f}"
-                     f"{res['bpb'] - before['bpb']:>+9.4f}   {rp.ARMS[arm]}")
+                     f"{res['bpb'] - before['bpb']:>+9.4f}   {ARMS[arm]}")
     if {"ce", "pkl"} <= set(result["arms"]):
         gap = result["arms"]["ce"]["bpb"] - result["arms"]["pkl"]["bpb"]
         lower = "P-KL lower" if gap > 0 else "CE-only lower or equal"
@@ -105,7 +105,7 @@ def format_summary(result: dict) -> str:
                      "run: a hint, not evidence",
                  "  (benchmarks/real/RESULTS.md: several seeds, longer runs)."]
     rows += ["", f"greedy continuations ({s['sample_tokens']} tokens) of a held-out prompt:", "",
-             f"  prompt ({rp.HELD_OUT_TITLE}):", _quoted(result["prompt"]), "",
+             f"  prompt ({HELD_OUT_TITLE}):", _quoted(result["prompt"]), "",
              "  stock student:", _quoted(before["sample"])]
     for arm, res in result["arms"].items():
         rows += [f"  after {arm}:", _quoted(res["sample"])]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -22,6 +22,8 @@ from xdistill.assets.paths import ASSETS_VERSION, PLAYS, AssetError, model_dir
 from xdistill.config import from_dict
 from xdistill.data.prepare import prepare
 from xdistill.demo.progress import Progress
+from xdistill.demo.settings import (ARMS, EVAL_BATCH, EVAL_SEQ_LEN, HELD_OUT, STUDENT, TEACHER,
+                                     DemoSettings)
 from xdistill.projection import BuildConfig, build_projection, save_projection
 from xdistill.projection.artifact import sidecar_path
 from xdistill.student.model import export_hf, load_causal_lm
@@ -32,30 +34,9 @@ from xdistill.train.config import OffPolicyConfig
 from xdistill.train.evaluate import model_bits_per_byte
 from xdistill.train.offpolicy import OffPolicyMode
 
-TEACHER, STUDENT = "gemma3-270m", "smollm2-135m"
-HELD_OUT, HELD_OUT_TITLE = "tempest", "The Tempest"
-# held-out windows: batches of EVAL_BATCH x EVAL_SEQ_LEN tokens of the model's own tokenizer
-EVAL_BATCH, EVAL_SEQ_LEN = 4, 128
 # the sample prompt: the opening lines of this held-out passage (index into the play's passages)
 PROMPT_PASSAGE, PROMPT_LINES = 60, 4
 PROJECTION = BuildConfig(methods=("multitoken", "exact"), top_k=4)
-
-
-@dataclass(frozen=True)
-class DemoSettings:
-    """Budgets and the recipe of ``xdistill demo distill`` (one seed, shared by both arms)."""
-
-    teacher_steps: int = 20       # CE steps adapting Gemma-3-270M to the domain
-    steps: int = 30               # student steps per arm
-    eval_batches: int = 6         # held-out batches of EVAL_BATCH x EVAL_SEQ_LEN tokens
-    batch: int = 4                # rows per step (teacher adaptation and arms)
-    seq_len: int = 64             # student tokens per row
-    teacher_seq_len: int = 128    # Gemma tokens per row while adapting
-    lr: float = 1e-4              # student peak learning rate (both arms)
-    teacher_lr: float = 3e-5      # adaptation learning rate
-    slice_kb: int = 40            # the student's slice of the domain text
-    seed: int = 0                 # data order and initialisation, the same for both arms
-    sample_tokens: int = 40       # greedy continuation length
 
 
 def digest(obj) -> str:
@@ -102,10 +83,13 @@ def prepare_texts(root: Path, slice_kb: int) -> dict:
 
 # ---------------------------------------------------------------- evaluation and samples
 def held_out_bpb(model, tok, data: dict, batches: int, add_bos: bool, progress: Progress) -> float:
-    """Bits per byte on the first ``batches`` held-out windows (the model's own tokenizer)."""
+    """Bits per byte on the first ``batches`` held-out windows (the model's own tokenizer); a
+    model in training mode is left in it."""
+    was_training = model.training
     res = model_bits_per_byte(model, tok, [data["heldout"]], seq_len=EVAL_SEQ_LEN,
                               batch_size=EVAL_BATCH, batches=batches, add_bos=add_bos,
                               progress=progress.advance)
+    model.train(was_training)
     return res["bpb"]
 
 
@@ -246,10 +230,6 @@ def projection_file(root: Path, progress: Progress) -> str:
 
 
 # ---------------------------------------------------------------- the arms
-ARMS = {"ce": "CE only on the slice, no teacher",
-        "pkl": "P-KL to the adapted Gemma through the projection, + CE (weight 1 each)"}
-
-
 def arm_config(arm: str, s: DemoSettings, paths: dict, out: Path) -> dict:
     """The trainer config of ``arm``: both arms read the same slice in the same order."""
     teachers = [] if arm == "ce" else [
