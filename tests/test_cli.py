@@ -62,10 +62,8 @@ def test_demo_help_describes_the_demo_it_runs(capsys):
 
     import pytest
 
-    from xdistill.demo.distill import ARM_LABELS, DEMO_ARMS
+    from xdistill.demo.settings import ARMS, HELD_OUT, DemoSettings
     from xdistill.demo.tokenizer_pairs import DEFAULT_NAMES
-    from xdistill.quality.arms import ArmSettings
-    from xdistill.quality.prepare import PrepConfig
 
     with pytest.raises(SystemExit) as exit_:
         main(["demo", "--help"])
@@ -75,11 +73,16 @@ def test_demo_help_describes_the_demo_it_runs(capsys):
     makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
     for cmd in re.findall(r"\$\(VENV\)/bin/(xdistill demo \w+)", makefile):
         assert cmd in text, cmd
-    assert set(ARM_LABELS) == set(DEMO_ARMS)
-    for arm in DEMO_ARMS:
-        assert f"{ARM_LABELS[arm]} ({arm})" in text, arm
+    for arm, label in ARMS.items():
+        assert f"{label} ({arm})" in text, arm
     assert ", ".join(DEFAULT_NAMES) in text
-    assert f"{PrepConfig().big_steps} steps" in text and f"{ArmSettings().steps} steps" in text
+    s = DemoSettings()
+    assert "Gemma-3-270M" in text and "SmolLM2-135M" in text and HELD_OUT in text
+    assert f"{s.teacher_steps} steps (--teacher-steps" in text
+    assert f"{s.steps} steps each (--steps)" in text
+    assert f"({s.eval_batches} batches, --eval-batches)" in text
+    assert "$XDISTILL_ASSETS/demo" in text and "--cache" in text
+    assert "arithmetic" not in text and "quality" not in text   # the toy demo it replaced
 
 
 def test_tiny_recipe_without_its_assets_says_how_to_build_them(tmp_path, capsys, monkeypatch):

@@ -170,8 +170,6 @@ def test_trainer_core_imports_no_mode():
 # line above (one comment may head a run of adjacent imports):
 #     # deferred: torch (keeps `xdistill --help` fast)
 DEFERRED_MARK = "# deferred: "
-# folders not held to the rule yet: they are leaving the package (a separate change)
-NOT_CHECKED = ("quality", "demo")
 
 
 # every Import/ImportFrom node (relative ones too) anywhere under a (async) function, in source
@@ -199,18 +197,16 @@ def _uncovered(lines: list[str], nodes: list) -> list:
 
 
 def test_function_local_imports_say_what_they_defer():
-    files = [p for p in sorted(PKG.rglob("*.py"))
-             if p.relative_to(PKG).parts[0] not in NOT_CHECKED]
     total, bad = 0, []
-    for path in files:
+    for path in sorted(PKG.rglob("*.py")):
         text = path.read_text(encoding="utf-8")
         nodes = function_local_imports(ast.parse(text))
         total += len(nodes)
         bad += [f"{path.relative_to(REPO)}:{n.lineno}: {ast.unparse(n)}"
                 for n in _uncovered(text.splitlines(), nodes)]
-    assert not bad, (f"{len(bad)} of the {total} function-local imports in xdistill/ (without "
-                     f"{', '.join(NOT_CHECKED)}) have no '{DEFERRED_MARK.strip()} <what> (<why>)' "
-                     "comment; move each to the module's top, or say what it defers:\n"
+    assert not bad, (f"{len(bad)} of the {total} function-local imports in xdistill/ have no "
+                     f"'{DEFERRED_MARK.strip()} <what> (<why>)' comment; move each to the "
+                     "module's top, or say what it defers:\n"
                      + "\n".join(bad))
     assert total > 0, "no function-local imports found: the scan is broken"
 

@@ -4,7 +4,7 @@ repository root (``configs/`` linked, the user's ``my_corpus.jsonl`` written).
 Every fenced block of the README is scanned; a line whose first word is ``xdistill``, ``python`` or
 ``torchrun`` is run, in README order. Not run, on purpose: ``make test`` (this test is part of it;
 it is also the install step: venv, package, assets) and ``make demo`` (too long: minutes of
-training; the demo's code has its own tests in ``tests/quality`` and ``tests/test_cli.py``).
+training; the demo's code has its own tests in ``tests/demo`` and ``tests/test_cli.py``).
 
 Only the step budget is shortened: ``train.steps=2`` is appended to each training command, all of
 which already show dotted overrides in the README (a later override wins). One torchrun line
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 RUN = ("xdistill", "python", "torchrun")
 NOT_RUN = {"make test": "this test is part of it (and it is the install step)",
-           "make demo": "minutes of training; tested in tests/quality and tests/test_cli.py"}
+           "make demo": "minutes of training; tested in tests/demo and tests/test_cli.py"}
 
 
 def readme_commands() -> list[str]:

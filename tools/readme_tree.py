@@ -16,7 +16,7 @@ TOP_LEVEL = {
     "configs/": "run configs (YAML), loaded strictly; `xdistill config show offpolicy`",
     "examples/": "one runnable script per config",
     "tests/": "mirrors the package; plain `pytest` is CPU-only (gpu/multigpu/slow markers)",
-    "benchmarks/": "speed figures vs same-process references; RESULTS.md",
+    "benchmarks/": "speed figures vs same-process references (RESULTS.md); quality/ (toy harness, toyq/), real/ (real pair)",
 }
 BEGIN, END = "<!-- tree:begin -->", "<!-- tree:end -->"
 

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import torch
 
-from xdistill.quality.evaluate import greedy_accuracy, load_model
-from xdistill.quality.task import prompt
+from toyq.evaluate import greedy_accuracy, load_model
+from toyq.task import prompt
 from xdistill.tokenization import load_tokenizer
 
 BATCH, NEW_TOKENS = 43, 4

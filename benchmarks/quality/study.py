@@ -44,7 +44,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from xdistill.quality.confirm import MIN_FORMAT_RATE, control_arm
+from toyq.confirm import MIN_FORMAT_RATE, control_arm
 
 HERE = Path(__file__).resolve().parent
 RECORDS = HERE / "credit24"

@@ -9,10 +9,16 @@ discussion around it is kept.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import statistics
+import sys
 from pathlib import Path
 
 BEGIN, END = "<!-- GENERATED -->", "<!-- /GENERATED -->"
+# Welch / paired t / Holm: the quality harness's helpers (self-contained), loaded by file path: this
+# script's folder and benchmarks/quality are separate script folders, and nothing edits sys.path
+STATS_PY = Path(__file__).resolve().parents[1] / "quality" / "toyq" / "stats.py"
 ARM_TEXT = {"ce": "CE only on the slice", "pkl": "P-KL to the adapted Gemma (multitoken "
             "projection, top-4) + CE, weight 1 each", "alm": "ALM to the adapted Gemma, no CE "
             "(tokenkit's weighting)", "multi": "P-KL to the adapted Gemma + forward KL to stock "
@@ -25,6 +31,16 @@ ARM_TEXT = {"ce": "CE only on the slice", "pkl": "P-KL to the adapted Gemma (mul
             "op_k1_byte": "on-policy k1 with byte-level credit, otherwise as `op_k1`"}
 ONPOLICY_ARMS = ("op_k1", "op_k1_byte")
 SAMPLE_KEYS = ("teacher_bpb_on_samples", "repetition")
+
+
+@functools.cache
+def _stats():
+    """``benchmarks/quality/toyq/stats.py`` as a module (loaded once)."""
+    spec = importlib.util.spec_from_file_location("toyq_stats", STATS_PY)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module   # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def _ms(values: list[float]) -> tuple[float, float]:
@@ -51,8 +67,7 @@ def summarise(results: dict) -> dict:
 def gain_lines(summary: dict) -> list[str]:
     """Every arm against CE only on held-out bits per byte (lower is better): Welch and paired t
     over seeds, both Holm-adjusted over all the arm-vs-CE comparisons of this table."""
-    from xdistill.quality.stats import compare, format_comparisons
-
+    compare, format_comparisons = _stats().compare, _stats().format_comparisons
     if "ce" not in summary:
         return []
     arms = [arm for arm in summary if arm != "ce" and arm not in ONPOLICY_ARMS]  # family C
@@ -69,8 +84,7 @@ CONTROL_PAIRS = (("pkl", "ce_ls"), ("pkl", "pkl_stock"), ("pkl", "self_kl"), ("m
 
 def control_lines(summary: dict) -> list[str]:
     """Family B: the teacher arms against the controls, Holm-adjusted over the pairs present."""
-    from xdistill.quality.stats import compare, format_comparisons
-
+    compare, format_comparisons = _stats().compare, _stats().format_comparisons
     pairs = [(a, b) for a, b in CONTROL_PAIRS if a in summary and b in summary]
     if not pairs:
         return []
@@ -85,8 +99,7 @@ def onpolicy_lines(summary: dict) -> list[str]:
     """Family C (PROTOCOL.md, amendment 1): on-policy against off-policy P-KL at equal student
     tokens on test bits per byte, and every teacher arm against CE only on the teacher's bits per
     byte on the student's samples; Holm over the comparisons of each measure."""
-    from xdistill.quality.stats import compare, format_comparisons
-
+    compare, format_comparisons = _stats().compare, _stats().format_comparisons
     ops = [arm for arm in ONPOLICY_ARMS if arm in summary]
     if not ops or "pkl" not in summary:
         return []

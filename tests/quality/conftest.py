@@ -11,7 +11,7 @@ from quality_helpers import TINY_PREP
 @pytest.fixture(scope="session")
 def tiny_cache(tmp_path_factory):
     """A prepared-assets cache root holding TINY_PREP with both teachers."""
-    from xdistill.quality.prepare import prepare_all
+    from toyq.prepare import prepare_all
 
     root = tmp_path_factory.mktemp("quality_prep")
     prepare_all(root, TINY_PREP, log=lambda *_: None)
@@ -20,6 +20,6 @@ def tiny_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def assets(tiny_cache):
-    from xdistill.quality.prepare import prepare_all
+    from toyq.prepare import prepare_all
 
     return prepare_all(tiny_cache, TINY_PREP, log=lambda *_: None)

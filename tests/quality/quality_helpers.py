@@ -3,9 +3,9 @@ a few steps): they check the harness path, not quality."""
 
 from __future__ import annotations
 
-from xdistill.quality import task
-from xdistill.quality.arms import ArmSettings
-from xdistill.quality.prepare import PrepConfig
+from toyq import task
+from toyq.arms import ArmSettings
+from toyq.prepare import PrepConfig
 
 TINY_TASK = task.TaskConfig(max_operand=9, n_heldout=20, passes=2, text_fraction=0.2)
 TINY_PREP = PrepConfig(task=TINY_TASK, big_layers=1, big_hidden=32, big_steps=4, weak_layers=1,

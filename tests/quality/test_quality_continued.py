@@ -1,4 +1,4 @@
-"""The continuation protocol (xdistill/quality/continued.py): every on-policy kind and the two
+"""The continuation protocol (toyq/continued.py): every on-policy kind and the two
 off-policy continuations start from the CE run of the same seed, run through the real trainers
 and are reported against continued CE."""
 
@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from quality_helpers import TINY_ARMS
 
-from xdistill.quality.continued import (CONT_ARMS, ONPOLICY_KIND, SAME_ARMS, ce_checkpoint,
+from toyq.continued import (CONT_ARMS, ONPOLICY_KIND, SAME_ARMS, ce_checkpoint,
                                         cont_config)
 
 
@@ -19,8 +19,8 @@ pytestmark = pytest.mark.integration  # starts processes
 
 def test_every_continuation_arm_config_is_valid(assets, tmp_path):
     from xdistill.config import load_config
-    from xdistill.quality.arms import arm_command
-    from xdistill.quality.runner import write_config
+    from toyq.arms import arm_command
+    from toyq.runner import write_config
     from xdistill.train.config import OffPolicyConfig, validate_offpolicy
     from xdistill.train.onpolicy_config import OnPolicyConfig, validate_onpolicy
 
@@ -49,9 +49,9 @@ def test_every_continuation_arm_config_is_valid(assets, tmp_path):
 
 
 def test_continuation_protocol_end_to_end(assets, tmp_path):
-    from xdistill.quality.report import render
-    from xdistill.quality.run import run_phases
-    from xdistill.quality.runner import Watch
+    from toyq.report import render
+    from toyq.run import run_phases
+    from toyq.runner import Watch
 
     s = replace(TINY_ARMS, cont_steps=2, eval_every=0)
     arms = ["cont_ce", "op_dpca", "op_escd", "op_k1_byte", "op_k1_same"]

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from xdistill.quality import task
-from xdistill.quality.evaluate import well_formed
+from toyq import task
+from toyq.evaluate import well_formed
 
 
 def _twins_in(held, train) -> float:
@@ -36,7 +36,7 @@ def test_plain_split_leaks_swapped_twins_twin_free_does_not():
 
 
 def test_defaults_keep_the_published_split_and_cache_key():
-    from xdistill.quality.prepare import PrepConfig, cache_key
+    from toyq.prepare import PrepConfig, cache_key
 
     cfg = task.TaskConfig()
     m = cfg.max_operand + 1
@@ -61,7 +61,7 @@ def test_welch_paired_holm_against_scipy_and_by_hand():
     import pytest
     from scipy import stats as sps
 
-    from xdistill.quality.stats import holm, paired, penalty, welch
+    from toyq.stats import holm, paired, penalty, welch
 
     x = [0.31, 0.28, 0.40, 0.35, 0.33]
     y = [0.22, 0.30, 0.25, 0.21, 0.27]
@@ -83,8 +83,8 @@ def test_welch_paired_holm_against_scipy_and_by_hand():
 
 
 def test_control_teacher_is_prepared_only_for_the_same_tokenizer_arms():
-    from xdistill.quality.prepare import PrepConfig, teacher_size
-    from xdistill.quality.run import teachers_needed
+    from toyq.prepare import PrepConfig, teacher_size
+    from toyq.run import teachers_needed
 
     assert "teacher_same_big" in teachers_needed(["op_k1_same", "cont_ce"])
     assert "teacher_same_big" not in teachers_needed(["op_k1", "op_bpm", "cont_ce"])
@@ -96,8 +96,8 @@ def test_control_teacher_is_prepared_only_for_the_same_tokenizer_arms():
 def test_corpora_carry_the_validation_split_and_the_harness_scores_the_chosen_one(tmp_path):
     import pytest
 
-    from xdistill.quality.harness import eval_split
-    from xdistill.quality.run import main
+    from toyq.harness import eval_split
+    from toyq.run import main
 
     cfg = task.TaskConfig(max_operand=9, n_heldout=20, passes=1, twin_free=True, n_valid=16)
     info = task.build_corpora(tmp_path, cfg)
@@ -120,9 +120,9 @@ def test_confirmation_table_from_hand_made_runs():
     import pytest
     from scipy import stats as sps
 
-    from xdistill.quality.confirm import comparisons, confirmation_lines
-    from xdistill.quality.report import render
-    from xdistill.quality.stats import holm
+    from toyq.confirm import comparisons, confirmation_lines
+    from toyq.report import render
+    from toyq.stats import holm
 
     seeds = [10, 11, 12, 13, 14]
     acc = {"cont_ce": [0.30, 0.32, 0.29, 0.31, 0.30],
@@ -176,9 +176,9 @@ def test_prompt_pools_and_per_arm_rates(tmp_path):
 
     import pytest
 
-    from xdistill.quality.arms import ArmSettings
-    from xdistill.quality.prepare import prompts_file
-    from xdistill.quality.run import parse_arm_lr
+    from toyq.arms import ArmSettings
+    from toyq.prepare import prompts_file
+    from toyq.run import parse_arm_lr
 
     cfg = task.TaskConfig(answer_noise=0, twin_free=True, n_valid=150, student_pairs=300)
     (tmp_path / "corpus").mkdir()
@@ -200,7 +200,7 @@ def test_prompt_pools_and_per_arm_rates(tmp_path):
 
 
 def test_table_names_the_split_it_scored():
-    from xdistill.quality.summary import format_table
+    from toyq.summary import format_table
 
     summary = {"ce": {"accuracy": 0.3, "accuracy_std": 0.01, "bpb": 3.0, "bpb_std": 0.0,
                       "seeds": 3, "train_s": 1.0}}

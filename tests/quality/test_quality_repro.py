@@ -23,7 +23,7 @@ TIMING = ("time", "step_s", "tok_per_s")
 def _train(assets, out: Path, threads: int) -> tuple[list[dict], dict]:
     from safetensors.torch import load_file
 
-    from xdistill.quality.harness import run_arm
+    from toyq.harness import run_arm
 
     settings = replace(TINY_ARMS, steps=6, eval_every=3, threads=threads)
     run_arm("pkl_cont", 0, assets, settings, out, log=lambda *_: None)

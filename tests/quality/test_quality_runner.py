@@ -1,7 +1,7 @@
 """The watched child runs of the quality harness: progress lines from a growing metrics.jsonl,
 one clear error (naming the log) for a child that exits non-zero, stall detection by lack of
 output (no wall-clock limit on a child that makes progress), cancellation, and the same through
-the real CLI (``xdistill demo distill`` with a tiny stall limit)."""
+the real entry script (``benchmarks/quality/run.py --short`` with a tiny stall limit)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,16 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from xdistill.quality.runner import (RunFailed, Watch, format_duration, last_error_line,
-                                     watch_process)
+from toyq.runner import RunFailed, Watch, format_duration, last_error_line, watch_process
 
 pytestmark = pytest.mark.integration  # starts processes
 
 FAST = Watch(report_every=0.3, stall_s=3.0, poll_s=0.05)
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "quality" / "run.py"
 
 
 def _py(code: str) -> list[str]:
@@ -103,16 +104,17 @@ def test_last_error_line_and_durations(tmp_path):
     assert [format_duration(s) for s in (4.4, 65, 3725)] == ["4s", "1m05s", "1h02m"]
 
 
-def test_demo_cli_stall_is_one_error_line(tmp_path):
-    """The real command from a directory that is not the checkout, with a tiny stall limit: the
-    teacher's trainer child (silent while it imports torch) is detected as stuck; the command
-    prints one ``xdistill: error:`` message naming the log, no traceback, exit code 2."""
+def test_short_run_stall_is_one_error_line(tmp_path):
+    """The real entry script, run by its path from a directory that is not the checkout (the
+    script's folder makes ``toyq`` importable, no path setup), with a tiny stall limit: the
+    teacher's trainer child (silent while it imports torch) is detected as stuck; the script
+    prints one ``error:`` message naming the log, no traceback, exit code 1."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-m", "xdistill.cli", "demo", "distill", "--out",
-                           "demo", "--cache", str(tmp_path / "cache"), "--stall-s", "0.2"],
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--short", "--out", "short", "--cache",
+                           str(tmp_path / "cache"), "--stall-s", "0.2"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc.stderr
-    errors = [x for x in proc.stderr.splitlines() if x.startswith("xdistill: error:")]
+    assert proc.returncode == 1, proc.stderr
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
     assert len(errors) == 1 and "stuck, killed" in errors[0], proc.stderr
     assert "Traceback" not in proc.stderr and "Read the log: " in proc.stderr
     assert "[prepare] teacher_big: training 3000 steps" in proc.stdout

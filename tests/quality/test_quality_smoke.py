@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from quality_helpers import TINY_ARMS, TINY_PREP, TINY_TASK
-from xdistill.quality import task
-from xdistill.quality.arms import ARMS, arm_config
+from toyq import task
+from toyq.arms import ARMS, arm_config
 
 
 pytestmark = pytest.mark.integration  # starts processes
@@ -38,7 +38,7 @@ def test_task_is_deterministic_and_heldout_is_disjoint():
 def test_answer_noise_corrupts_only_the_student_corpus_answers():
     from dataclasses import replace
 
-    from xdistill.quality.prepare import cache_key
+    from toyq.prepare import cache_key
 
     noisy_cfg = replace(TINY_TASK, answer_noise=0.5, passes=20)
     clean_cfg = replace(noisy_cfg, answer_noise=0.0)
@@ -76,7 +76,7 @@ def test_every_arm_config_is_valid(assets, tmp_path):
     from xdistill.train.config import OffPolicyConfig, validate_offpolicy
     from xdistill.train.setup import build_plan
 
-    from xdistill.quality.runner import write_config
+    from toyq.runner import write_config
 
     from xdistill.train.onpolicy_config import OnPolicyConfig, validate_onpolicy
 
@@ -95,7 +95,7 @@ def test_every_arm_config_is_valid(assets, tmp_path):
 def test_harness_end_to_end(assets, tmp_path):
     from xdistill.tokenization import load_tokenizer
 
-    from xdistill.quality.harness import run_harness, uncommon_answer_fraction
+    from toyq.harness import run_harness, uncommon_answer_fraction
 
     assert load_tokenizer(assets["tok_student"]).family == "byte_bpe"
     assert load_tokenizer(assets["tok_teacher"]).family == "spm"
@@ -137,8 +137,8 @@ def test_harness_end_to_end(assets, tmp_path):
 
 def _check_report(result: dict, arms: list[str], tmp_path: Path) -> None:
     """Table (with the learning-speed column), significance lines and both plots render."""
-    from xdistill.quality.summary import acc_auc
-    from xdistill.quality.report import plot_curves, plot_summary, render
+    from toyq.summary import acc_auc
+    from toyq.report import plot_curves, plot_summary, render
 
     for arm in arms:
         s = result["summary"][arm]
@@ -158,8 +158,8 @@ def _check_report(result: dict, arms: list[str], tmp_path: Path) -> None:
 def test_learning_speed_and_paired_significance_from_scores(tmp_path):
     """summarize/format_table/paired_significance on hand-made scores (3 seeds, CE vs one arm,
     plus an old score.json without a curve), checked against values computed by hand."""
-    from xdistill.quality.summary import format_table, summarize
-    from xdistill.quality.report import mean_band, paired_diffs, paired_significance
+    from toyq.summary import format_table, summarize
+    from toyq.report import mean_band, paired_diffs, paired_significance
 
     def run(arm, seed, acc, curve=None):
         r = {"arm": arm, "seed": seed, "accuracy": acc, "bpb": 3.0, "train_s": 1.0}
@@ -199,8 +199,8 @@ def test_acceptance_line_and_identical_paired_differences():
     """The criterion line names the best cross-tokenizer-only arm (``multi`` and ``same_kd`` have a
     same-tokenizer teacher and do not count) and divides its gain by the larger std; per-seed
     differences that are all equal print no (infinite) t."""
-    from xdistill.quality.summary import summarize
-    from xdistill.quality.report import _paired_text, acceptance
+    from toyq.summary import summarize
+    from toyq.report import _paired_text, acceptance
 
     def run(arm, seed, acc):
         return {"arm": arm, "seed": seed, "accuracy": acc, "bpb": 3.0, "train_s": 1.0}
@@ -220,7 +220,7 @@ def test_acceptance_line_and_identical_paired_differences():
 
 
 def test_results_md_keeps_hand_written_text_and_tagged_blocks(tmp_path):
-    from xdistill.quality.run import update_results_md
+    from toyq.run import update_results_md
 
     path = tmp_path / "RESULTS.md"
     update_results_md("first", path)
@@ -234,25 +234,25 @@ def test_results_md_keeps_hand_written_text_and_tagged_blocks(tmp_path):
     assert "<!-- GENERATED:clean:BEGIN -->\nclean table 2\n<!-- GENERATED:clean:END -->" in out
 
 
-def test_demo_arms_need_only_the_cross_teacher(assets, tmp_path):
-    """`xdistill demo distill` prepares only teacher_big: its arms must not touch teacher_weak."""
-    from xdistill.demo.distill import DEMO_ARMS
+def test_short_arms_need_only_the_cross_teacher(assets, tmp_path):
+    """`run.py --short` prepares only teacher_big: its arms must not touch teacher_weak."""
+    from toyq.short import SHORT_ARMS
 
     only_big = {k: v for k, v in assets.items() if k != "teacher_weak"}
-    for arm in (*DEMO_ARMS, "onpolicy"):
+    for arm in (*SHORT_ARMS, "onpolicy"):
         cfg = arm_config(arm, 0, only_big, TINY_ARMS, str(tmp_path / arm))
         assert all(t["worker"]["model"] == assets["teacher_big"]["model"] for t in cfg["teachers"])
     with pytest.raises(KeyError):
         arm_config("same_kd", 0, only_big, TINY_ARMS, str(tmp_path / "same_kd"))
 
 
-def test_demo_run_prints_the_table_and_artifacts(tiny_cache, tmp_path, monkeypatch):
-    """`xdistill demo distill`'s run(), from a directory that is not the checkout: the harness
+def test_short_run_prints_the_table_and_artifacts(tiny_cache, tmp_path, monkeypatch):
+    """`run.py --short`'s run(), from a directory that is not the checkout: the harness
     path at a tiny budget (CE-only next to the teacher step, the other arm after); the printed
     table holds each arm's measured accuracy and gain over CE-only, names the noisy-corpus setup,
     says one seed is a hint and what a re-run repeats; progress lines name
     each run."""
-    from xdistill.demo.distill import run
+    from toyq.short import run
 
     monkeypatch.chdir(tmp_path)
     printed = []
@@ -272,15 +272,15 @@ def test_demo_run_prints_the_table_and_artifacts(tiny_cache, tmp_path, monkeypat
         assert any(line.startswith(f"[{label}] accuracy") for line in printed)
 
 
-def test_demo_failure_is_one_message_naming_the_log(tiny_cache, tmp_path):
-    """A trainer child that fails (here: a generated config the trainer rejects) ends the demo
-    with one RunFailed naming the run, the trainer's own error line and the log to read; the
-    CLI prints it as one ``xdistill: error:`` message (no traceback) and exits 2."""
+def test_short_failure_is_one_message_naming_the_log(tiny_cache, tmp_path):
+    """A trainer child that fails (here: a generated config the trainer rejects) ends the short
+    run with one RunFailed naming the run, the trainer's own error line and the log to read;
+    ``run.py`` prints it as one ``error:`` message (no traceback) and exits 1."""
     from dataclasses import replace
 
-    from xdistill.demo.distill import run
+    from toyq.runner import RunFailed
+    from toyq.short import run
     from xdistill.errors import XDistillError
-    from xdistill.quality.runner import RunFailed
 
     bad = replace(TINY_ARMS, eval_batches=0)  # the trainer rejects it: eval.batches must be >= 1
     with pytest.raises(RunFailed) as info:
@@ -293,14 +293,14 @@ def test_demo_failure_is_one_message_naming_the_log(tiny_cache, tmp_path):
     assert msg.endswith(f"Read the log: {log_path}") and log_path.exists()
     assert "Traceback" not in msg and not info.value.cancelled
     assert not (tmp_path / "demo" / "runs" / "pkl_cont" / "seed0" / "score.json").exists()
-    assert isinstance(info.value, XDistillError)  # the CLI prints it as `xdistill: error: ...`
+    assert isinstance(info.value, XDistillError)  # run.py prints it as `error: ...`
 
 
 def test_continuation_criterion_never_names_a_same_tokenizer_control():
     """In a continuation report the best *cross-tokenizer* on-policy arm is judged: an
     ``op_*_same`` arm (the same-tokenizer control) is not a candidate even when it scores best."""
-    from xdistill.quality.report import _protocol_lines
-    from xdistill.quality.summary import summarize
+    from toyq.report import _protocol_lines
+    from toyq.summary import summarize
 
     def run(arm, seed, acc):
         return {"arm": arm, "seed": seed, "accuracy": acc, "bpb": 3.0, "train_s": 1.0}

@@ -8,7 +8,7 @@ import random
 import pytest
 from scipy import stats as ss
 
-from xdistill.quality.stats import compare, format_comparisons, holm, paired, welch
+from toyq.stats import compare, format_comparisons, holm, paired, welch
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -80,7 +80,7 @@ def test_compare_on_shared_seeds_restricts_both_tests():
     (the confirmation table's rule), checked against scipy on the restricted lists."""
     from scipy import stats as sps
 
-    from xdistill.quality.stats import compare
+    from toyq.stats import compare
 
     per_seed = {"a": {0: 0.50, 1: 0.55, 2: 0.52, 3: 0.90}, "b": {0: 0.40, 1: 0.47, 2: 0.41}}
     (row,) = compare(per_seed, [("a", "b")], higher_is_better=True, shared_seeds=True)

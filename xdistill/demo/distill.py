@@ -1,153 +1,124 @@
-"""``xdistill demo distill``: distil a cross-tokenizer teacher into a student, in minutes on CPU.
+"""``xdistill demo distill``: Gemma-3-270M distilled into SmolLM2-135M on Shakespeare, on CPU.
 
-The shortened quality harness (:mod:`xdistill.quality`), same code path: the same seeded
-arithmetic + Shakespeare corpus, the same tokenizer pair (teacher splits digits in ``▁`` style,
-student keeps 1-3 digit numbers whole in ``Ġ`` style), a teacher trained by ``xdistill train
-offpolicy`` in CE-only mode, projections from ``xdistill.projection.build_projection``, and each
-arm a generated config run through ``xdistill train offpolicy --config``. Only the budget is
-smaller: one seed, four arms (CE-only, P-KL, P-KL + continuation KL, ALM).
+The real pair (262k-token SentencePiece-style Gemma teacher, 49k-token byte-level BPE student):
 
-Schedule (2 cores): the CE-only arm needs no teacher, so it trains next to the teacher; the
-teacher arms then run two at a time. Every run uses one thread (:mod:`xdistill.quality.threads`)
-and prints a progress line every 10 s; a run that fails or stalls ends the demo with one message
-naming its log. Works from any directory: prepared artifacts (tokenizers, corpora, teacher,
-projections) are cached under ``$XDISTILL_ASSETS/quality/<key>``; the arms' runs (configs,
-metrics, HF students, scores) go to ``out_dir``.
+1. **Texts**: *The Tempest* is held out; the other five plays are the domain; the student trains
+   on a ~40 KB slice of it (every n-th passage).
+2. **Teacher**: Gemma-3-270M adapted to the domain by CE through the trainer (a short
+   adaptation), cached under ``$XDISTILL_ASSETS/demo/teacher-<key>`` (the key digests its
+   settings: later runs with the same settings reuse it).
+3. **Projection**: SmolLM2 -> Gemma, multitoken + exact, top-4 (built once, cached there too).
+4. **Arms**, each from stock SmolLM2-135M with the same seed, data and order: CE only, and P-KL to
+   the adapted teacher + CE.
+5. **Report**: held-out bits per byte of the student before and after each arm (and of the
+   teacher before and after its adaptation), and one greedy continuation of a fixed held-out
+   prompt per model.
+
+Everything runs in this process through the product's trainer, with a progress line (rate, ETA)
+at least every 10 s; a failing stage ends the demo with one error naming it.
 """
 
 from __future__ import annotations
 
-import contextlib
+import gc
+import json
 import os
-import threading
+import textwrap
 import time
-from dataclasses import replace
+from dataclasses import asdict
 from pathlib import Path
 
 from xdistill.assets.paths import asset_dir
-from xdistill.quality import arms as arms_mod
-from xdistill.quality import harness, prepare
-from xdistill.quality.runner import Watch, format_duration, say
-from xdistill.quality.summary import summarize
-from xdistill.quality.threads import THREADS_PER_RUN
+from xdistill.demo import real_pair as rp
+from xdistill.demo.progress import Progress, format_duration, say
+from xdistill.demo.settings import ARMS, EVAL_BATCH, EVAL_SEQ_LEN, HELD_OUT_TITLE, DemoSettings
 
-DEMO_ARMS = ("ce", "pkl_multi", "pkl_cont", "alm")
-# what each arm is, in words (``xdistill demo --help``)
-ARM_LABELS = {"ce": "CE-only on the corpus labels, no teacher",
-              "pkl_multi": "P-KL through a multitoken projection",
-              "pkl_cont": "P-KL + continuation KL", "alm": "ALM"}
-# a checkpoint (scored for held-out accuracy, then pruned) and a held-out bpb every N steps: curves
-DEMO_EVAL_EVERY = 100
-# what a re-run repeats (measured: benchmarks/quality/RESULTS.md, "Reproducibility")
-RUN_TO_RUN_NOTE = (
-    "Same machine, install and thread count: a re-run repeats these digits bit for bit. Another",
-    "thread count changes the last digits; another machine or install can move one seed's",
-    "accuracy as much as the spread between seeds: with the same code, seed 0 of pkl_cont scored",
-    "0.313 on one VM and 0.127 on another (benchmarks/quality/RESULTS.md, 'Reproducibility').")
+# seconds per piece on the project's 2-core VM shared with another training run (README, "make
+# demo"): what the start line's estimate uses; an idle machine is faster
+MEASURED_S = {"teacher_step": 12.0, "ce_step": 2.3, "pkl_step": 5.4, "fixed": 30.0,
+              "eval_batch": 10.0}
 
 
-def run(out_dir: str = "runs/demo_distill", *, steps: int | None = None, seeds=(0,),
-        arms=DEMO_ARMS, cache: str | None = None, prep=None, settings=None, jobs: int = 2,
-        log=say, watch: Watch = Watch()) -> dict:
-    """Prepare (cached), train each arm (``jobs`` at a time), print and return
-    ``{"summary", "runs", "artifacts"}``. ``steps`` defaults to the harness's budget. A failing
-    or stalled run raises :class:`~xdistill.quality.runner.RunFailed` (the CLI prints it)."""
-    t0 = time.perf_counter()
-    prep = prep or prepare.PrepConfig(threads=THREADS_PER_RUN)
-    settings = settings or replace(arms_mod.ArmSettings(), eval_every=DEMO_EVAL_EVERY,
-                                   threads=THREADS_PER_RUN)
-    if steps:
-        settings = replace(settings, steps=steps)
-    out, arms, seeds = Path(out_dir), list(arms), list(seeds)
-    log(f"[demo] {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}: teacher and "
-        f"arms on {settings.threads} thread(s) each, {jobs} run(s) at a time; a progress line "
-        f"every {watch.report_every:.0f}s")
-    root = Path(cache) if cache else asset_dir() / "quality"
-    teachers = ["teacher_big"] + (["teacher_weak"] if {"same_kd", "multi"} & set(arms) else [])
-    base = prepare.prepare_all(root, prep, log=log, teachers=[], watch=watch)
-    early = [a for a in arms if a == "ce"] if jobs > 1 else []
-    cancel = threading.Event()
-    early_join = _in_background(lambda: harness.run_harness(
-        base, early, seeds, settings, out, log=log, jobs=1, watch=watch, fail_fast=True,
-        cancel=cancel))
-    try:
-        assets = prepare.prepare_all(root, prep, log=log, teachers=teachers, watch=watch)
-    except BaseException:  # a failed teacher (or Ctrl-C): stop the early arm, report the cause
-        cancel.set()
-        with contextlib.suppress(Exception):
-            early_join()
-        raise
-    early_runs = early_join()  # waits; re-raises a failure of the early arm
-    t_prep = time.perf_counter() - t0
-    rest = harness.run_harness(assets, [a for a in arms if a not in early], seeds, settings, out,
-                               log=log, jobs=jobs, watch=watch, fail_fast=True)
-    runs = early_runs["runs"] + rest["runs"]
-    result = {"runs": runs, "summary": summarize(runs, arms), "failed": {}}
-    result["artifacts"] = _artifacts(assets, out, arms, seeds)
-    log(format_report(result, assets, t_prep, time.perf_counter() - t0))
+def estimate_s(s: DemoSettings, teacher_cached: bool) -> float:
+    """The wall time of a run with settings ``s`` at the costs of ``MEASURED_S``."""
+    m = MEASURED_S
+    teacher = 0.0 if teacher_cached else s.teacher_steps * m["teacher_step"]
+    return (teacher + s.steps * (m["ce_step"] + m["pkl_step"]) + m["fixed"]
+            + m["eval_batch"] * s.eval_batches)
+
+
+def run(out_dir: str = "runs/demo_distill", settings: DemoSettings = DemoSettings(), *,
+        cache: str | None = None, log=say) -> dict:
+    """The whole demo (module doc); prints the summary and returns it (also written to
+    ``<out_dir>/summary.json``). A failing stage raises
+    :class:`~xdistill.demo.progress.DemoFailed`."""
+    t0, cpu0, s, load0 = time.perf_counter(), time.process_time(), settings, os.getloadavg()[0]
+    out, root = Path(out_dir), Path(cache) if cache else asset_dir() / "demo"
+    progress = Progress(log, error_log=out / "error.log")
+    rp.quiet_loading()
+    with progress.stage("texts", what=f"held out: {HELD_OUT_TITLE}; domain: the other five "
+                                      f"plays; cache: {root}"):
+        rp.check_assets()
+        out.mkdir(parents=True, exist_ok=True)
+        data = rp.prepare_texts(root, s.slice_kb)
+    cached = (root / f"teacher-{rp.teacher_key(s, data)}" / "done.json").exists()
+    log(f"[demo] {os.cpu_count()} cores, load average {load0:.1f}; adapted teacher "
+        f"{'cached' if cached else 'not cached yet'}; about "
+        f"{format_duration(estimate_s(s, cached))} (as measured on 2 shared cores)")
+    teacher = rp.adapted_teacher(s, data, root, progress)
+    gc.collect()
+    paths = {**data, "teacher": teacher["path"], "projection": rp.projection_file(root, progress)}
+    result = {"settings": asdict(s), "data": {k: v for k, v in data.items() if k.endswith("_kb")},
+              "teacher": teacher, "before": rp.stock_student(s, data, progress), "arms": {},
+              "prompt": data["prompt"]}
+    for arm in ARMS:
+        result["arms"][arm] = rp.run_arm(arm, s, paths, out, progress)
+        gc.collect()
+    result["seconds"] = {"total": time.perf_counter() - t0, "cpu": time.process_time() - cpu0,
+                         **progress.times}
+    result["load_average"] = {"start": load0, "end": os.getloadavg()[0]}
+    (out / "summary.json").write_text(json.dumps(result, indent=1))
+    log(format_summary(result))
     return result
 
 
-def _in_background(fn):
-    """Start ``fn`` in a thread; returns a function that waits and returns its result (or raises
-    its exception). Nothing to run (an empty arm list) still works."""
-    box: dict = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # re-raised in the caller's thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-
-    def join():
-        thread.join()
-        if "error" in box:
-            raise box["error"]
-        return box["value"]
-
-    return join
-
-
-def _artifacts(assets: dict, out: Path, arms: list, seeds: list) -> dict:
-    from xdistill.quality.report import plot_curves
-
-    curves = plot_curves(out, arms, seeds, out / "curves.png")
-    return {
-        "prepared (tokenizers, corpora, teachers)": assets["root"],
-        "projection (multitoken)": assets["projections"]["multitoken"],
-        "projection (corpus)": assets["projections"]["corpus"],
-        "runs (config.yaml, config.log, metrics.jsonl, export/ = HF student, score.json)":
-            str(out / "runs"),
-        "learning curves (held-out accuracy of checkpoints every eval_every steps, then pruned;"
-        " bits per byte)": str(curves),
-    }
-
-
-def format_report(result: dict, assets: dict, prep_s: float, total_s: float) -> str:
-    teacher = assets["teacher_big"]
-    rows = [f"teacher (digit-split tokenizer): held-out accuracy {teacher['accuracy']:.3f}, "
-            f"bits/byte {teacher['bpb']:.3f}",
-            "", "student after distillation (greedy exact match on held-out problems; "
-            "bits per byte on a held-out play):", ""]
-    rows.append(f"{'arm':<12} {'accuracy':>10} {'bits/byte':>10}")
-    base = result["summary"].get("ce")
-    for arm, s in result["summary"].items():
-        gain = (f"  ({s['accuracy'] - base['accuracy']:+.3f} vs CE-only)"
-                if base and arm != "ce" else "")
-        rows.append(f"{arm:<12} {s['accuracy']:>10.3f} {s['bpb']:>10.3f}{gain}")
-    noise = assets["prep"]["task"].get("answer_noise", 0.0)
-    if noise:
-        rows += ["", f"The student's corpus has {noise:.0%} of its answers wrong (the teachers "
-                     "trained on clean ones):", "CE-only learns from those labels; the "
-                     "distillation arms also get the teacher's distributions."]
-    rows += ["", "One seed only: a hint, not evidence. One seed's gap between arms can be as "
-                 "large as", "the spread between seeds.", *RUN_TO_RUN_NOTE,
-             "benchmarks/quality/RESULTS.md has several seeds per arm (mean +- std), run by:",
-             "  python benchmarks/quality/run.py --jobs 2",
-             "", f"time: {format_duration(prep_s)} preparation (teacher cached afterwards; the "
-                 f"CE-only arm trains alongside), {format_duration(total_s)} total", "",
-             "artifacts:"] + [f"  {k}: {v}" for k, v in result["artifacts"].items()]
+def format_summary(result: dict) -> str:
+    """The demo's closing report (what ``make demo`` ends with)."""
+    s, t, before = result["settings"], result["teacher"], result["before"]
+    rows = ["", "== xdistill demo distill: Gemma-3-270M -> SmolLM2-135M (different tokenizers) ==",
+            "", f"teacher: Gemma-3-270M adapted by CE, {s['teacher_steps']} steps "
+                f"({'cached' if t['cached'] else 'adapted in this run'}): held-out bits/byte "
+                f"{t['stock']:.4f} -> {t['adapted']:.4f}",
+            f"student: SmolLM2-135M, {s['steps']} steps per arm of {s['batch']} x "
+            f"{s['seq_len']} tokens on a {result['data']['slice_kb']:.0f} KB slice, seed "
+            f"{s['seed']}", "",
+            f"held-out bits per byte ({HELD_OUT_TITLE}, {s['eval_batches']} x {EVAL_BATCH} x "
+            f"{EVAL_SEQ_LEN} tokens; lower is better):", "",
+            f"  {'arm':<6}{'before':>9}{'after':>9}{'change':>9}   what"]
+    for arm, res in result["arms"].items():
+        rows.append(f"  {arm:<6}{before['bpb']:>9.4f}{res['bpb']:>9.4f}"
+                     f"{res['bpb'] - before['bpb']:>+9.4f}   {ARMS[arm]}")
+    if {"ce", "pkl"} <= set(result["arms"]):
+        gap = result["arms"]["ce"]["bpb"] - result["arms"]["pkl"]["bpb"]
+        lower = "P-KL lower" if gap > 0 else "CE-only lower or equal"
+        rows += ["", f"  P-KL vs CE-only: {gap:+.4f} bits/byte ({lower}); one seed, a short "
+                     "run: a hint, not evidence",
+                 "  (benchmarks/real/RESULTS.md: several seeds, longer runs)."]
+    rows += ["", f"greedy continuations ({s['sample_tokens']} tokens) of a held-out prompt:", "",
+             f"  prompt ({HELD_OUT_TITLE}):", _quoted(result["prompt"]), "",
+             "  stock student:", _quoted(before["sample"])]
+    for arm, res in result["arms"].items():
+        rows += [f"  after {arm}:", _quoted(res["sample"])]
+    times, load = result["seconds"], result["load_average"]
+    stages = ", ".join(f"{k} {format_duration(v)}" for k, v in times.items()
+                       if k not in ("total", "cpu"))
+    rows += ["", textwrap.fill(f"time: {format_duration(times['total'])} wall, "
+                               f"{format_duration(times['cpu'])} CPU (load average "
+                               f"{load['start']:.1f} at the start, {load['end']:.1f} at the end): "
+                               f"{stages}", 100, subsequent_indent="  ")]
     return "\n".join(rows)
+
+
+def _quoted(text: str) -> str:
+    """``text`` as an indented block, one ``|`` line per line (blank lines kept)."""
+    return "\n".join(f"    | {line}".rstrip() for line in text.rstrip("\n").split("\n"))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from xdistill.align import align_pair
 from xdistill.tokenization import ROLE_TEXT, Tokenizer, load_tokenizer
 
 PARAGRAPH = (Path(__file__).parent / "paragraph.txt").read_text(encoding="utf-8")
@@ -40,8 +41,6 @@ def text_byte_set(tok: Tokenizer) -> set[bytes]:
 
 
 def compare_pair(a: Tokenizer, b: Tokenizer, text: str = PARAGRAPH) -> PairReport:
-    from xdistill.align import align_pair
-
     raw = len(set(a.hf.get_vocab()) & set(b.hf.get_vocab()))
     byte = len(text_byte_set(a) & text_byte_set(b))
     ea, eb = a.encode(text), b.encode(text)

@@ -14,7 +14,7 @@ at n = 3 about 2% of the time, and the best of many arms far more often).
   same baseline; nan unless the same-tokenizer gain is positive).
 * :func:`compare` -- every listed (arm vs baseline) comparison of one metric, adjusted together;
   :func:`format_comparisons` renders them as a markdown table (the harness's on-policy
-  confirmation table is :mod:`xdistill.quality.confirm`).
+  confirmation table is :mod:`toyq.confirm`).
 
 The statistics are written from their definitions; the t distribution's tail comes from
 ``scipy.special.stdtr``. Tests check them against ``scipy.stats`` and hand-computed cases.

@@ -18,12 +18,12 @@ Idle, 2 threads are 1.26x faster. With one busy process they are 1.2x *slower* t
 on a loaded machine 7.7x slower (36x slower than idle: the user report behind this module saw
 3.7 s per teacher step instead of 0.06 s), while 1 thread slows down about as much as the machine
 is oversubscribed (3.7x). So a run gets 1 thread, always, and parallelism comes from running two
-runs at a time (the demo trains the CE-only arm next to the teacher, then two arms at a time),
+runs at a time (``--short`` trains the CE-only arm next to the teacher, then two arms at a time),
 which shares the cores the way the OS scheduler expects. Adapting to ``os.getloadavg()`` was
 rejected: the load seen at the start says nothing about work that starts later in the run.
 """
 
 from __future__ import annotations
 
-# torch / numba threads of every training run the harness and the demo start
+# torch / numba threads of every training run the harness and ``--short`` start
 THREADS_PER_RUN = 1

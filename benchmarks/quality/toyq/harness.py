@@ -7,9 +7,9 @@ checkpoints saved every ``ArmSettings.eval_every`` steps (and at the last step),
 once scored. A run whose ``score.json`` exists is not repeated, so an interrupted harness resumes
 where it stopped.
 
-Every trainer child is watched by :mod:`xdistill.quality.runner` (progress lines, stall
-detection). A failing run is reported and the others go on, unless ``fail_fast`` (the demo): then
-the first failure cancels the runs in flight and is raised as one :class:`RunFailed`.
+Every trainer child is watched by :mod:`toyq.runner` (progress lines, stall detection). A failing
+run is reported and the others go on, unless ``fail_fast`` (``--short``): then the first failure
+cancels the runs in flight and is raised as one :class:`RunFailed`.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import threading
 import time
 from pathlib import Path
 
-from xdistill.quality.arms import ArmSettings, arm_command, arm_config
-from xdistill.quality.evaluate import SCORING
-from xdistill.quality.runner import RunFailed, Watch, format_duration, run_config, say
-from xdistill.quality.summary import summarize
+from toyq.arms import ArmSettings, arm_command, arm_config
+from toyq.evaluate import SCORING
+from toyq.runner import RunFailed, Watch, format_duration, run_config, say
+from toyq.summary import summarize
 
 # run-config keys that do not change what is trained: a finished run made with other values is
 # the same run (where it was written, how often it logged, whether TensorBoard was on). Torch
@@ -60,7 +60,7 @@ def eval_split(assets: dict) -> str:
 def score_run(run_dir: Path, assets: dict) -> dict:
     """Greedy accuracy, format rate and held-out bits per byte of the exported student (the same
     scorer for every arm, off- and on-policy), on :func:`eval_split`'s problems."""
-    from xdistill.quality.evaluate import bits_per_byte, greedy_accuracy, load_model
+    from toyq.evaluate import bits_per_byte, greedy_accuracy, load_model
     from xdistill.tokenization import load_tokenizer
 
     model, tok = load_model(str(run_dir / "export")), load_tokenizer(assets["tok_student"])
@@ -77,7 +77,7 @@ def accuracy_curve(run_dir: Path, assets: dict, prune: bool = True, tick=None) -
     afterwards unless ``prune`` is false (``export/`` stays)."""
     import shutil
 
-    from xdistill.quality.evaluate import greedy_accuracy, load_model
+    from toyq.evaluate import greedy_accuracy, load_model
     from xdistill.tokenization import load_tokenizer
     from xdistill.train.checkpoint import list_checkpoints, load_checkpoint
 

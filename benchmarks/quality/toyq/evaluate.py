@@ -18,7 +18,7 @@ from collections import defaultdict
 
 import torch
 
-from xdistill.quality.task import prompt
+from toyq.task import prompt
 
 # held by whoever loads and scores a model in the harness process: loading HF models and DCP
 # checkpoints from several threads at once is not safe (a checkpoint load in one thread, while

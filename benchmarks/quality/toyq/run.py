@@ -4,12 +4,16 @@
     python benchmarks/quality/run.py --arms ce,pkl_multi,alm --seeds 0 --steps 100
     python benchmarks/quality/run.py --jobs 2 --answer-noise 0 --tag clean --out runs/quality_clean
 
-(``benchmarks/quality/run.py`` calls :func:`main` with ``--report-dir benchmarks/quality``;
-``python -m xdistill.quality.run`` works from anywhere and reports into ``<out>``.) Writes
+    python benchmarks/quality/run.py --short --out runs/quality_short   # minutes: one seed
+
+(``benchmarks/quality/run.py`` calls :func:`main` with ``--report-dir benchmarks/quality``.) Writes
 ``<out>/results.json`` and, in the report folder, ``accuracy_bpb.png``, ``curves.png`` (accuracy
 and bits per byte vs step, mean +- std over seeds) and the generated section of ``RESULTS.md``
 (between the GENERATED markers; the hand-written discussion around them is kept). Exit code 1
-when a run failed (the report is still written; each failure names its log).
+when a run failed (the report is still written; each failure names its log). ``--short`` is the
+shortened harness (:mod:`toyq.short`: one seed, four arms, the CE-only arm next to the teacher,
+``--steps``, ``--jobs``, ``--cache``, ``--stall-s`` and ``--out`` apply; it prints its table and
+writes no report); a failing or stalled run ends it with one message naming its log (exit 1).
 """
 
 from __future__ import annotations
@@ -22,9 +26,9 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from xdistill.quality.arms import ARMS, ArmSettings
-from xdistill.quality.prepare import PROMPT_POOLS, PrepConfig
-from xdistill.quality.runner import Watch
+from toyq.arms import ARMS, ArmSettings
+from toyq.prepare import PROMPT_POOLS, PrepConfig
+from toyq.runner import Watch
 
 
 def markers(tag: str = "") -> tuple[str, str]:
@@ -88,11 +92,15 @@ def parse(argv=None):
                    help="held-out bpb, and a checkpoint scored for held-out accuracy, every N "
                         "steps (learning curves, mean accuracy over training); 0 = final only")
     p.add_argument("--threads", type=int, default=1,
-                   help="torch threads per training run (1: see xdistill/quality/threads.py)")
+                   help="torch threads per training run (1: see "
+                        "benchmarks/quality/toyq/threads.py)")
     p.add_argument("--jobs", type=int, default=1, help="training runs at a time")
     p.add_argument("--stall-s", type=float, default=Watch.stall_s,
                    help="kill a training run whose log and metrics have not grown for this many "
                         "seconds")
+    p.add_argument("--short", action="store_true",
+                   help="the shortened harness (one seed, four arms, minutes on 2 cores; teacher "
+                        "cached under $XDISTILL_ASSETS/quality unless --cache): prints its table")
     p.add_argument("--no-report", action="store_true", help="do not touch RESULTS.md / plots")
     p.add_argument("--report-dir", default="",
                    help="folder of RESULTS.md and the plots (default: --out)")
@@ -122,12 +130,12 @@ def parse_arm_lr(text: str) -> tuple:
 
 
 def run_phases(assets, arms, seeds, settings, out, jobs, watch) -> dict:
-    """All runs; the continuation arms (``xdistill/quality/continued.py``) start from each
+    """All runs; the continuation arms (``benchmarks/quality/toyq/continued.py``) start from each
     seed's ``ce`` run, which therefore runs (or is reused) first, and is reported only when
     asked for."""
-    from xdistill.quality.continued import CONT_ARMS
-    from xdistill.quality.harness import run_harness
-    from xdistill.quality.summary import summarize
+    from toyq.continued import CONT_ARMS
+    from toyq.harness import run_harness
+    from toyq.summary import summarize
 
     cont = [a for a in arms if a in CONT_ARMS]
     base = [a for a in arms if a not in CONT_ARMS]
@@ -146,7 +154,7 @@ def run_phases(assets, arms, seeds, settings, out, jobs, watch) -> dict:
 
 def teachers_needed(arms) -> list[str]:
     """The prepared teachers the ``arms`` read (``ce`` none, ``same_kd`` only the weak one)."""
-    from xdistill.quality.continued import CONT_ARMS, SAME_ARMS
+    from toyq.continued import CONT_ARMS, SAME_ARMS
 
     arms = set(arms) | ({"pkl_cont"} if set(arms) & set(CONT_ARMS) else set())
     need = [t for t, users in (("teacher_big", set(ARMS) - {"ce", "same_kd"}),
@@ -161,23 +169,38 @@ def main(argv=None) -> int:
 
     args = parse(argv)
     try:
+        if args.short:
+            return _run_short(args)
         return _run(args, sys.argv[1:] if argv is None else argv)
     except XDistillError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 
 
+def _run_short(args) -> int:
+    """``--short``: :func:`toyq.short.run` with the options that apply to it."""
+    from toyq.short import run as run_short
+
+    try:
+        run_short(out_dir=args.out, steps=args.steps, jobs=args.jobs, cache=args.cache or None,
+                  watch=Watch(stall_s=args.stall_s))
+    except KeyboardInterrupt:
+        print("run.py --short: interrupted (training runs stopped)", file=sys.stderr)
+        return 130
+    return 0
+
+
 def _run(args, shown: list[str]) -> int:
-    from xdistill.quality.harness import uncommon_answer_fraction
-    from xdistill.quality.prepare import prepare_all
-    from xdistill.quality.report import (plot_curves, plot_summary, render,
+    from toyq.harness import uncommon_answer_fraction
+    from toyq.prepare import prepare_all
+    from toyq.report import (plot_curves, plot_summary, render,
                                          write_results_json)
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     t0 = time.perf_counter()
     load_start = os.getloadavg()
     out = Path(args.out)
-    from xdistill.quality.continued import CONT_ARMS
+    from toyq.continued import CONT_ARMS
 
     arms = [a for a in args.arms.split(",") if a]
     unknown = [a for a in arms if a not in ARMS + CONT_ARMS]

@@ -75,8 +75,8 @@ def cont_prompts(s) -> int:
 
 def cont_config(arm: str, seed: int, assets: dict, s, out_dir: str) -> dict:
     """The run config of a continuation arm (module doc)."""
-    from xdistill.quality.arms import _teacher, arm_config
-    from xdistill.quality.prepare import prompts_file
+    from toyq.arms import _teacher, arm_config
+    from toyq.prepare import prompts_file
 
     ce = str(ce_checkpoint(out_dir, seed))
     base = arm_config("pkl_cont" if arm == "cont_pkl_cont" else "ce", seed, assets, s, out_dir)

@@ -12,7 +12,7 @@ kind *collapses* when it is below 0.9 on any seed).
 
 from __future__ import annotations
 
-from xdistill.quality.stats import compare, penalty
+from toyq.stats import compare, penalty
 
 ALPHA = 0.05
 MIN_FORMAT_RATE = 0.9
@@ -35,7 +35,7 @@ def _by_arm(runs: list[dict]) -> dict:
 
 def comparisons(runs: list[dict], base: str = "cont_ce") -> list[dict]:
     """One record per (kind, teacher) with both arms and the base finished on >= 2 shared seeds;
-    the tests are :func:`xdistill.quality.stats.compare`'s over those seeds."""
+    the tests are :func:`toyq.stats.compare`'s over those seeds."""
     arms = _by_arm(runs)
     if base not in arms:
         return []

@@ -72,7 +72,7 @@ class ArmSettings:
     threads: int = 1
     # distillation temperature on both sides
     temperature: float = 1.0
-    # continuation protocol (xdistill/quality/continued.py): optimizer steps after the CE
+    # continuation protocol (benchmarks/quality/toyq/continued.py): optimizer steps after the CE
     # checkpoint, their peak learning rate, and the tokens each rollout may sample
     cont_steps: int = 300
     cont_lr: float = 1e-3
@@ -149,9 +149,9 @@ def arm_command(arm: str) -> str:
 
 def arm_config(arm: str, seed: int, assets: dict, s: ArmSettings, out_dir: str) -> dict:
     """The full run config of ``arm`` with ``seed`` (see the module docstring)."""
-    from xdistill.quality.prepare import model_config
+    from toyq.prepare import model_config
 
-    from xdistill.quality.continued import CONT_ARMS, cont_config
+    from toyq.continued import CONT_ARMS, cont_config
 
     if arm == "onpolicy":
         return onpolicy_config(seed, assets, s, out_dir)
@@ -180,7 +180,7 @@ def arm_config(arm: str, seed: int, assets: dict, s: ArmSettings, out_dir: str) 
 
 def onpolicy_config(seed: int, assets: dict, s: ArmSettings, out_dir: str) -> dict:
     """The ``onpolicy`` arm: same student, steps, optimiser and corpus (on the off-policy half)."""
-    from xdistill.quality.prepare import model_config, prompts_file
+    from toyq.prepare import model_config, prompts_file
 
     off = arm_config("ce", seed, assets, s, out_dir)
     cross = _teacher("cross", assets["teacher_big"]["model"], assets["tok_teacher"], "k1", s)

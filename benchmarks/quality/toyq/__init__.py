@@ -8,6 +8,7 @@ weighting), ``runner`` (each trainer run is a watched child process: progress li
 detection, one error naming the log), ``threads`` (one thread per run, and why), ``evaluate``
 (greedy exact-match accuracy, bits per byte), ``harness`` (run arms x seeds, score them),
 ``summary`` (mean +- std per arm), ``report`` (RESULTS.md table, significance, plots), ``run``
-(the command line). Entry points: ``python benchmarks/quality/run.py`` (reports into
-``benchmarks/quality``) and the shortened demo ``xdistill demo distill``.
+(the command line), ``short`` (the shortened harness, ``run.py --short``). Entry point:
+``python benchmarks/quality/run.py`` (reports into ``benchmarks/quality``), which puts this
+package's folder on ``sys.path`` by being there.
 """

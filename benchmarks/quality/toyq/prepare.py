@@ -21,8 +21,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from xdistill.quality import task, toks
-from xdistill.quality.runner import Watch, run_config, say
+from toyq import task, toks
+from toyq.runner import Watch, run_config, say
 
 # teacher runs write a metrics record every this many steps: the harness's progress lines (and its
 # stall detection) read them, so they come every few seconds even on a loaded machine
@@ -101,7 +101,7 @@ def train_teacher(out: Path, tokenizer: str, corpus: dict, layers: int, hidden: 
     """Train (or reuse) one teacher; returns its folder, held-out accuracy and bpb."""
     from xdistill.tokenization import load_tokenizer
 
-    from xdistill.quality.evaluate import SCORING, greedy_accuracy, load_model
+    from toyq.evaluate import SCORING, greedy_accuracy, load_model
 
     export = out / "export"
     if not (export / "config.json").exists():
@@ -151,10 +151,10 @@ def prepare_all(root: str | Path, cfg: PrepConfig = PrepConfig(), log=say,
                 teachers=TEACHERS, watch: Watch = Watch()) -> dict:
     """Everything the arms need (cached under ``root/<key>``); returns ``assets.json``'s content.
 
-    ``teachers`` names the teachers to have ready (the demo needs only ``teacher_big``); one that
+    ``teachers`` names the teachers to have ready (``--short`` needs only ``teacher_big``); one that
     a later call asks for is trained then and added to the manifest. A teacher's trainer run is
-    watched (progress lines, stall detection: :mod:`xdistill.quality.runner`); one that fails
-    raises :class:`~xdistill.quality.runner.RunFailed` naming its log.
+    watched (progress lines, stall detection: :mod:`toyq.runner`); one that fails
+    raises :class:`~toyq.runner.RunFailed` naming its log.
     """
     root = Path(root).resolve() / cache_key(cfg)  # the manifest's paths work from any cwd
     manifest = root / "assets.json"

@@ -13,8 +13,8 @@ import math
 import statistics
 from pathlib import Path
 
-from xdistill.quality.confirm import confirmation_lines
-from xdistill.quality.summary import acc_auc, format_table, read_metrics
+from toyq.confirm import confirmation_lines
+from toyq.summary import acc_auc, format_table, read_metrics
 
 
 def plot_summary(summary: dict, path: Path) -> Path:
@@ -75,7 +75,7 @@ def plot_curves(out: Path, arms, seeds, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from xdistill.quality.arms import ARMS
+    from toyq.arms import ARMS
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     colors = plt.get_cmap("tab20")
@@ -108,7 +108,7 @@ def plot_curves(out: Path, arms, seeds, path: Path) -> Path:
 
 def xtoken_ordering(summary: dict) -> str:
     """The measured accuracy ordering of the X-Token arms (worst to best)."""
-    from xdistill.quality.arms import XTOKEN_ARMS
+    from toyq.arms import XTOKEN_ARMS
 
     present = [a for a in XTOKEN_ARMS if a in summary]
     ranked = sorted(present, key=lambda a: summary[a]["accuracy"])
@@ -214,7 +214,7 @@ def paired_significance(runs: list[dict], arms, base_arm: str = "ce") -> list[st
 
 def _protocol_lines(summary: dict) -> tuple[str, list[str]]:
     """(baseline arm, the protocol's ordering and criterion lines)."""
-    from xdistill.quality.continued import CONT_ARMS
+    from toyq.continued import CONT_ARMS
 
     if "cont_ce" in summary:
         op = [a for a in CONT_ARMS if a.startswith("op_") and a in summary]
