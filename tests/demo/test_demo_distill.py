@@ -27,10 +27,8 @@ def _run(tmp_path, capsys, out: str) -> tuple[dict, str]:
     return json.loads((tmp_path / out / "summary.json").read_text()), printed.out
 
 
-@pytest.mark.real
-@pytest.mark.slow
-def test_tiny_demo_adapts_the_teacher_once_and_reports_both_arms(tmp_path, capsys):
-    """Minutes on 2 loaded cores: real models, 2 teacher steps, 2 steps per arm, 1 eval batch."""
+def _first_run(tmp_path, capsys) -> dict:
+    """The tiny demo from an empty cache: the teacher adapted here, both arms reported."""
     first, out1 = _run(tmp_path, capsys, "out1")
     assert set(first["arms"]) == {"ce", "pkl"} and first["teacher"]["cached"] is False
     figures = [first["before"]["bpb"], first["teacher"]["stock"], first["teacher"]["adapted"],
@@ -45,7 +43,22 @@ def test_tiny_demo_adapts_the_teacher_once_and_reports_both_arms(tmp_path, capsy
     folders = [p.name for p in (tmp_path / "cache").iterdir() if p.name.startswith("teacher-")]
     assert len(folders) == 1 and not folders[0].endswith(".partial"), folders
     assert (tmp_path / "cache" / folders[0] / "export" / "config.json").is_file()
+    return first
 
+
+@pytest.mark.real
+def test_tiny_demo_runs_as_a_user_runs_it(tmp_path, capsys):
+    """About a minute on 2 cores (real models, 2 teacher steps, 2 steps per arm, 1 eval batch):
+    the demo `make demo` runs, end to end, in `make test`."""
+    _first_run(tmp_path, capsys)
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_tiny_demo_adapts_the_teacher_once_and_reports_both_arms(tmp_path, capsys):
+    """Minutes on 2 loaded cores: the tiny demo twice in one cache; the second run reuses the
+    adapted teacher and repeats the arms."""
+    first = _first_run(tmp_path, capsys)
     second, out2 = _run(tmp_path, capsys, "out2")
     assert second["teacher"]["cached"] is True
     assert "[teacher] adapted teacher cached" in out2 and "adapting Gemma" not in out2
