@@ -145,20 +145,25 @@ def adapt_teacher(args, data: dict, root: Path) -> str:
 
 
 def stream(cmd: list[str], log_path: Path, label: str, steps: int) -> None:
-    """Run ``cmd``, copy its output to ``log_path``, print a progress line at most every 10 s."""
+    """Run ``cmd``, append its output to ``log_path`` (a resumed run keeps the earlier lines),
+    print a progress line at most every 10 s; the rate counts the steps this run made (a resumed
+    run starts at its checkpoint's step)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false")
     t0 = last = time.perf_counter()
-    with open(log_path, "w") as log, subprocess.Popen(
+    with open(log_path, "a") as log, subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
-        step = 0
+        log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
+        step, first = 0, None
         for line in proc.stdout:
             log.write(line)
             log.flush()
             step = _step_of(line, step)
+            if first is None and step:
+                first = step - 1   # the step this run started after
             now = time.perf_counter()
             if now - last >= 10:
-                rate = step / (now - t0)
+                rate = (step - (first or 0)) / (now - t0)
                 eta = (steps - step) / rate if rate > 0 else float("nan")
                 say(f"[{label}] step {step}/{steps} | {rate * 60:.1f} steps/min | ETA {eta:.0f} s "
                     f"| {now - t0:.0f} s elapsed")
