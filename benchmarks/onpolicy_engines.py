@@ -1,0 +1,162 @@
+"""The on-policy step on the real pair with vLLM rollouts vs HF generate, as a ratio (.venv-vllm).
+
+    .venv-vllm/bin/python benchmarks/onpolicy_engines.py [--steps 4] [--rounds 2] [--batch 8]
+        [--new 64] [--out benchmarks/results/onpolicy_engines.md]
+
+The whole trainer step, not only generation: SmolLM2-135M (float32 on this CPU) samples ``--batch``
+prompts of ``configs/prompts_tiny.jsonl`` (up to ``--new`` tokens, T = 1), Gemma-3-270M scores
+them (k1, byte-level credit), the student takes its optimizer step and, with vLLM, the engine gets
+the new weights (``rollout.backend: vllm``; ``hf`` generates with the trainer's own model). Each
+backend runs in a fresh process (``core.build`` + ``OnPolicyMode`` + ``core.train_step``), the
+backends alternating round by round (``--rounds``, each round starting with the other backend),
+so a change in the machine's load hits both alike. Reported per backend: the median over rounds
+of the mean step time over steps 2..N (step 1 warms up), of its generation part
+(``time/generation``; vLLM's weight sync after the optimizer step is in the whole step only) and of the sampled tokens per second;
+the ratios HF / vLLM paired by round. The vLLM engine's start (once per run) is reported apart.
+A progress line every 10 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BACKENDS = ("hf", "vllm")
+
+
+def say(msg: str) -> None:
+    print(f"[onpolicy_engines {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def config(backend: str, args, out: Path) -> dict:
+    from xdistill.assets.paths import model_dir
+
+    rollout = {"backend": backend, "max_new_tokens": args.new, "max_prompt_len": 32, "seed": 0}
+    if backend == "vllm":
+        rollout.update(vllm_dtype="float32", vllm_kv_cache_gb=1)
+    return {"student": {"path": str(model_dir("smollm2-135m")), "param_dtype": "float32"},
+            "student_tokenizer": "smollm2-135m",
+            "teachers": [{"name": "gemma", "tokenizer": "gemma3-270m", "add_bos": True,
+                          "worker": {"model": str(model_dir("gemma3-270m")), "output": "logits",
+                                     "dtype": "float32"},
+                          "loss": {"kind": "k1"}}],
+            "prompts": {"paths": [str(ROOT / "configs" / "prompts_tiny.jsonl")],
+                        "batch_size": args.batch},
+            "rollout": rollout, "loss": {"chunk_size": 64, "credit": "byte"},
+            "optim": {"lr": 1e-5}, "scheduler": {"kind": "constant"},
+            "train": {"steps": args.steps, "out_dir": str(out), "tensorboard": False,
+                      "num_threads": 2},
+            "checkpoint": {"export_hf": False, "every": 0, "resume": ""}}
+
+
+def child(cfg_path: str) -> dict:
+    """One backend's run in this (fresh) process: per step its time, generation time and tokens."""
+    from xdistill.config import from_dict
+    from xdistill.train import core
+    from xdistill.train.onpolicy import OnPolicyMode
+    from xdistill.train.onpolicy_config import OnPolicyConfig
+
+    cfg = from_dict(OnPolicyConfig, json.loads(Path(cfg_path).read_text()))
+    t0 = time.perf_counter()
+    run = core.build(cfg, OnPolicyMode())
+    run.mode.start(run)        # the vLLM engine starts here
+    start_s = time.perf_counter() - t0
+    try:
+        steps = [core.train_step(run, s) for s in range(1, cfg.train.steps + 1)]
+    finally:
+        run.mode.close()
+    rows = [{"step_s": m["step_s"], "gen_s": m["time/generation"],
+             "tokens": m["response_len"] * cfg.prompts.batch_size} for m in steps]
+    return {"start_s": start_s, "steps": rows}
+
+
+def run_backend(backend: str, args, root: Path) -> dict:
+    root.mkdir(parents=True, exist_ok=True)
+    path, log = root / f"{backend}.json", root / f"{backend}.log"
+    path.write_text(json.dumps(config(backend, args, root / backend)))
+    t0 = last = time.perf_counter()
+    with open(log, "w") as err:   # vLLM logs plenty: a file, not a pipe nobody reads meanwhile
+        proc = subprocess.Popen([sys.executable, __file__, "--child", str(path)],
+                                stdout=err, stderr=subprocess.STDOUT, text=True)
+        while proc.poll() is None:
+            time.sleep(1)
+            if time.perf_counter() - last >= 10:
+                say(f"{backend}: {time.perf_counter() - t0:.0f} s elapsed")
+                last = time.perf_counter()
+    if proc.returncode != 0:
+        raise SystemExit(f"onpolicy_engines: the {backend} run failed:\n"
+                         f"{log.read_text()[-4000:]}")
+    res = json.loads(path.with_suffix(".result.json").read_text())
+    later = res["steps"][1:]
+    res["step_s"] = statistics.fmean(r["step_s"] for r in later)
+    res["gen_s"] = statistics.fmean(r["gen_s"] for r in later)
+    res["tok_s"] = sum(r["tokens"] for r in later) / sum(r["gen_s"] for r in later)
+    say(f"{backend}: {res['step_s']:.2f} s/step, generation {res['gen_s']:.2f} s, "
+        f"{res['tok_s']:.1f} sampled tok/s (start {res['start_s']:.0f} s)")
+    return res
+
+
+def report(args, rounds: list[dict], seconds: float) -> str:
+    from real.step import cpu_line  # benchmarks/ (this script's folder) is on the path
+
+    med = {b: {k: statistics.median(r[b][k] for r in rounds) for k in
+               ("step_s", "gen_s", "tok_s", "start_s")} for b in BACKENDS}
+    step_x = [r["hf"]["step_s"] / r["vllm"]["step_s"] for r in rounds]
+    gen_x = [r["hf"]["gen_s"] / r["vllm"]["gen_s"] for r in rounds]
+    lines = ["# On-policy step, real pair: vLLM rollouts vs HF generate", "",
+             f"{cpu_line()}; load average {' / '.join(f'{x:.2f}' for x in os.getloadavg())}; "
+             f"{time.strftime('%Y-%m-%d')}; {len(rounds)} round(s), {seconds / 60:.0f} min", "",
+             f"SmolLM2-135M student (float32, 2 threads), Gemma-3-270M teacher (float32, k1, byte "
+             f"credit), {args.batch} prompts x <= {args.new} tokens, T = 1; mean over steps "
+             f"2..{args.steps} of each run, median over rounds.", "",
+             "| backend | s/step | generation s/step | sampled tok/s | engine start s |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {b} | {med[b]['step_s']:.2f} | {med[b]['gen_s']:.2f} | {med[b]['tok_s']:.1f} | "
+              f"{med[b]['start_s']:.0f} |" for b in BACKENDS]
+    lines += ["", f"- whole step, HF / vLLM per round: {', '.join(f'{x:.2f}' for x in step_x)} "
+              f"(median **{statistics.median(step_x):.2f}x**)",
+              f"- generation (vLLM's weight sync is in the whole step only), HF / vLLM per round: "
+              f"{', '.join(f'{x:.2f}' for x in gen_x)} (median **{statistics.median(gen_x):.2f}x**)"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--new", type=int, default=64)
+    p.add_argument("--out", default="")
+    p.add_argument("--child", default="", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.child:
+        Path(args.child).with_suffix(".result.json").write_text(json.dumps(child(args.child)))
+        return 0
+    if importlib.util.find_spec("vllm") is None:  # `make bench` runs every script in .venv
+        print("onpolicy_engines: skipped: vllm is not installed here (make vllm-env, then run "
+              "this script with .venv-vllm/bin/python)")
+        return 0
+    t0, rounds = time.perf_counter(), []
+    with tempfile.TemporaryDirectory(prefix="xdistill-onpolicy-engines-") as tmp:
+        for r in range(args.rounds):
+            order = BACKENDS if r % 2 == 0 else BACKENDS[::-1]
+            rounds.append({b: run_backend(b, args, Path(tmp) / f"r{r}") for b in order})
+    text = report(args, rounds, time.perf_counter() - t0)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
