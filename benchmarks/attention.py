@@ -1,11 +1,12 @@
 """Student attention on CPU: bfloat16 SDPA vs float32 SDPA on upcast inputs (forward + backward).
 
-    .venv/bin/python benchmarks/attention.py [--reps 15] [--threads 2]
+    .venv/bin/python benchmarks/attention.py [--reps 15] [--threads 2] [--tokens 64,128,256]
 
 Why ``xdistill/student/attention.py`` gives a bfloat16 student float32 attention on CPUs. Shapes
 of SmolLM2-135M's attention (9 query heads, 3 key/value heads expanded, head dim 64), batch 4, at
-128 and 256 tokens; causal. Three ways, interleaved rep by rep in this one process (so a change
-in the machine's load hits all three alike), median time per way and the ratio to float32:
+64 (the real-pair step's windows), 128 and 256 tokens; causal. Three ways, interleaved rep by rep
+in this one process (so a change in the machine's load hits all three alike), median time per
+way and the ratio to float32:
 
 * ``float32``       float32 inputs, float32 SDPA (a float32 student);
 * ``bf16``          bfloat16 inputs, bfloat16 SDPA (what a bf16 student ran before);
@@ -71,6 +72,7 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tokens", default="64,128,256", help="sequence lengths, comma-separated")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     from real.step import cpu_line  # benchmarks/ (this script's folder) is on the path
@@ -80,7 +82,7 @@ def main(argv=None) -> int:
           f"load average {' / '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
     print("| tokens | float32 ms | bf16 ms | bf16_upcast ms | bf16 / float32 | "
           "bf16_upcast / float32 | bf16 / bf16_upcast |\n|---|---|---|---|---|---|---|")
-    for T in (128, 256):
+    for T in (int(t) for t in args.tokens.split(",")):
         m = measure(T, args.reps)
         print(f"| {T} | {m['float32'] * 1e3:.1f} | {m['bf16'] * 1e3:.1f} | "
               f"{m['bf16_upcast'] * 1e3:.1f} | {m['bf16'] / m['float32']:.2f} | "

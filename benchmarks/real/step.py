@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/real/step.py [--steps 6] [--batch 4] [--seq-len 64]
         [--variants before,split,threads,projected,pipelined,bf16,bf16_sdpa,eager,cached,float32,auto,
-                    system]
+                    system,support,support_auto]
         [--repeats 1] [--random-init] [--projection NPZ]
         [--out FILE]
 
@@ -48,6 +48,11 @@ above it, except the last four):
 * ``system``    ``float32`` with ``train.host_allocator: system``: glibc returns every large
                 freed block to the OS and page-faults it in again next step (every other variant
                 runs with the default, ``auto`` = reuse on CPU; ``xdistill/host_memory.py``).
+* ``support``   ``float32`` with the teacher's ``output: support``: its head computes only the
+                projection's support columns (46,445 of Gemma's 262,144) and no token
+                log-probs, all that P-KL reads (``xdistill/teacher/outputs.py``);
+* ``support_auto`` ``support`` with ``dtype: auto`` / ``param_dtype: auto``: compare it with
+                ``support`` for the bf16 ratio of a step that uses it.
 
 Top-k teacher outputs are not a variant: cross-tokenizer P-KL needs the teacher's full
 distribution (logits or projected); ``output: topk`` serves same-tokenizer ``topk_kl``.
@@ -66,7 +71,7 @@ import time
 from pathlib import Path
 
 VARIANTS = ("before", "split", "threads", "projected", "pipelined", "bf16", "bf16_sdpa", "eager",
-            "cached", "float32", "auto", "system")
+            "cached", "float32", "auto", "system", "support", "support_auto")
 PHASES = ("data", "teacher", "transport", "student", "loss", "optim")
 
 
@@ -119,10 +124,13 @@ def config(variant: str, a: dict, args, out: Path) -> dict:
     threads = 2
     if variant == "projected":
         worker["output"] = "projected"
+    if variant.startswith("support"):
+        worker["output"] = "support"
     if variant == "pipelined":
         worker.update(placement="subprocess", num_threads=1, slots=2)
         threads = 1
-    dtype = {"bf16": "bfloat16", "bf16_sdpa": "bfloat16", "auto": "auto"}.get(variant, "float32")
+    dtype = {"bf16": "bfloat16", "bf16_sdpa": "bfloat16", "auto": "auto",
+             "support_auto": "auto"}.get(variant, "float32")
     worker["dtype"] = dtype
     student = {"path": a["student"], "param_dtype": dtype}
     if variant == "bf16_sdpa":
@@ -167,7 +175,8 @@ def child(variant: str, cfg_path: str) -> dict:
         ms = [core.train_step(run, s) for s in range(1, cfg.train.steps + 1)][1:]
         cache = getattr(engine, "cache", None)
         note = "" if cache is None else cache.summary()
-        if variant in ("float32", "bf16", "bf16_sdpa", "auto", "system"):
+        if variant in ("float32", "bf16", "bf16_sdpa", "auto", "system", "support",
+                       "support_auto"):
             from xdistill.student.mixed import compute_dtype_of
 
             weights = next(engine.model.parameters()).dtype if engine is not None else "?"

@@ -36,7 +36,7 @@ def _save(tmp_path, kind: str, cfg: dict, V: int) -> str:
 
 
 @pytest.mark.parametrize("kind,cfg", [("gemma3_text", GEMMA), ("llama", LLAMA)])
-@pytest.mark.parametrize("output", ["logits", "topk", "projected"])
+@pytest.mark.parametrize("output", ["logits", "topk", "projected", "support"])
 @pytest.mark.parametrize("temperature", [1.0, 2.0])
 def test_split_head_equals_the_plain_forward(tmp_path, kind, cfg, output, temperature):
     V = 300
@@ -44,6 +44,10 @@ def test_split_head_equals_the_plain_forward(tmp_path, kind, cfg, output, temper
     proj = None
     if output == "projected":
         proj = torch.eye(V)[: V // 2].repeat_interleave(1, 0).to_sparse_csr()
+    if output == "support":  # student token s -> teacher ids 3s+1 (every third column)
+        proj = torch.zeros(V // 3, V)
+        proj[torch.arange(V // 3), torch.arange(V // 3) * 3 + 1] = 1.0
+        proj = proj.to_sparse_csr()
     tc = TeacherConfig(name="t", model=path, output=output, top_k=7, temperature=temperature,
                        micro_batch_size=2)
     worker = TeacherWorker(tc, proj)
@@ -54,7 +58,7 @@ def test_split_head_equals_the_plain_forward(tmp_path, kind, cfg, output, temper
     worker.split = None  # the plain forward + fill_output
     ref = worker.forward(TeacherRequest(0, ids, mask))
     for name in ("logits_BTtV", "topk_logp_BTtK", "topk_idx_BTtK", "tail_logmass_BTt",
-                 "proj_logp_BTtVs", "token_logp_BTt"):
+                 "proj_logp_BTtVs", "support_logits_BTtS", "token_logp_BTt"):
         a, b = getattr(got, name), getattr(ref, name)
         assert (a is None) == (b is None), name
         if a is not None:
@@ -122,3 +126,42 @@ def test_bf16_teacher_head_writes_float32_from_bf16_hidden_states(tmp_path, kind
     logp = got.logits_BTtV.double().log_softmax(-1)
     want = logp[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1).clamp(min=LOGP_TINY)
     torch.testing.assert_close(got.token_logp_BTt[:, 1:].double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind,cfg", [("gemma3_text", GEMMA), ("llama", LLAMA)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_support_output_is_the_logits_at_the_support(tmp_path, kind, cfg, dtype):
+    """``output: support``: the head computes only the support's columns (its restricted
+    weight has S rows), giving the full logits' values there (float32 outputs from bf16
+    weights too, within the bf16 head's rounding), and no token log-probs."""
+    V = 300
+    path = _save(tmp_path, kind, cfg, V)
+    cols = torch.tensor([0, 7, 8, 31, 150, 299])
+    proj = torch.zeros(4, V)
+    proj[[0, 1, 1, 2, 3, 3], cols] = torch.tensor([1.0, 0.5, 0.5, 1.0, 0.25, 0.75])
+    common = dict(name="t", model=path, dtype=dtype, micro_batch_size=2)
+    sup = TeacherWorker(TeacherConfig(output="support", **common), proj.to_sparse_csr())
+    full = TeacherWorker(TeacherConfig(output="logits", **common))
+    assert sup.split is not None and sup.split.V == len(cols)
+    assert sup.info.support_size == len(cols)
+    ids = torch.randint(0, V, (3, 11), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    got = sup.forward(TeacherRequest(0, ids, mask))
+    ref = full.forward(TeacherRequest(0, ids, mask)).logits_BTtV[..., cols]
+    assert got.kind == "support" and got.token_logp_BTt is None
+    assert got.support_logits_BTtS.dtype == torch.float32
+    tol = 1e-6 if dtype == "float32" else 2.0 ** -8 * float(ref.abs().max())
+    torch.testing.assert_close(got.support_logits_BTtS, ref, rtol=0, atol=tol)
+
+
+def test_support_output_needs_a_projection_that_fits(tmp_path):
+    from xdistill.errors import TeacherError
+
+    path = _save(tmp_path, "llama", LLAMA, 300)
+    with pytest.raises(TeacherError, match="output 'support' needs a projection"):
+        TeacherWorker(TeacherConfig(name="t", model=path, output="support"))
+    wide = torch.zeros(2, 400)
+    wide[0, 350] = wide[1, 3] = 1.0
+    with pytest.raises(TeacherError, match="400 teacher columns but the teacher model emits "
+                                           "only 300"):
+        TeacherWorker(TeacherConfig(name="t", model=path, output="support"), wide.to_sparse_csr())

@@ -19,7 +19,8 @@ from teacher_fakes import (BrokenLoadEngine, SleepEngine, StampEngine, random_ba
                            random_projection, reference_logits, shm_files)
 from xdistill.errors import TeacherError
 from xdistill.teacher import SubprocessClient, TeacherConfig, TeacherPool, TeacherRequest
-from xdistill.teacher.outputs import projected_logprobs, projection_on_device, topk_logprobs
+from xdistill.teacher.outputs import (projected_logprobs, projection_on_device, support_columns,
+                                      topk_logprobs)
 
 
 pytestmark = pytest.mark.integration  # starts processes
@@ -33,7 +34,7 @@ def _one():
 
 
 def test_pool_of_subprocess_teachers_matches_inprocess_forward(tiny_models):
-    """Three subprocess teachers (logits / top-k / projected) plus one in-process teacher of a
+    """Four subprocess teachers (logits / top-k / projected / support) plus one in-process teacher of a
     second architecture, all submitted concurrently through a pool."""
     ids, mask = random_batch(1000, B=3, Tt=9, seed=4)
     qids, qmask = random_batch(900, B=2, Tt=5, seed=5)
@@ -43,10 +44,12 @@ def test_pool_of_subprocess_teachers_matches_inprocess_forward(tiny_models):
     configs = [TeacherConfig(name="full", **llama),
                TeacherConfig(name="top", output="topk", top_k=5, temperature=1.5, **llama),
                TeacherConfig(name="proj", output="projected", **llama),
+               TeacherConfig(name="sup", output="support", **llama),
                TeacherConfig(name="qwen", model=tiny_models["qwen2"])]
-    views = [_view_like(c.name, ids, mask) for c in configs[:3]] + [_view_like("qwen", qids, qmask)]
+    views = [_view_like(c.name, ids, mask) for c in configs[:4]] + [_view_like("qwen", qids, qmask)]
     ref_NV = reference_logits(tiny_models["llama"], ids, mask).reshape(-1, 1000)
-    with TeacherPool(configs, projections={"proj": proj}) as pool:
+    support_S = support_columns(proj)
+    with TeacherPool(configs, projections={"proj": proj, "sup": proj}) as pool:
         assert {c.transport for c in pool.clients.values()} == {"shm", "inprocess"}
         for _ in range(2):  # second round reuses the mapped slots
             with pool.forward(views) as outs:
@@ -62,6 +65,10 @@ def test_pool_of_subprocess_teachers_matches_inprocess_forward(tiny_models):
                 ref_p = projected_logprobs(ref_NV, projection_on_device(proj, "cpu"), 1.0)
                 torch.testing.assert_close(outs["proj"].proj_logp_BTtVs.reshape(-1, 300), ref_p,
                                            rtol=1e-4, atol=1e-4)
+                sup = outs["sup"].support_logits_BTtS
+                assert outs["sup"].token_logp_BTt is None
+                torch.testing.assert_close(sup.reshape(-1, len(support_S)),
+                                           ref_NV[:, support_S], rtol=1e-5, atol=1e-5)
                 ref_q = reference_logits(tiny_models["qwen2"], qids, qmask)
                 torch.testing.assert_close(outs["qwen"].logits_BTtV, ref_q, rtol=1e-5, atol=1e-5)
         pids = [c.pid for c in pool.clients.values() if c.placement == "subprocess"]

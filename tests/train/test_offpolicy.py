@@ -286,3 +286,34 @@ def test_label_smoothing_reaches_the_ce_term(tmp_path, tiny_assets, teachers):
     log_v = math.log(load_tokenizer(tiny_assets["tok_s"]).vocab_size)
     uniform = (ce[0.3] - 0.7 * ce[0.0]) / 0.3
     assert log_v - 1e-4 <= uniform < log_v + 0.5, (ce, log_v)
+
+
+def test_support_output_trains_like_full_logits(tmp_path, tiny_assets):
+    """A pkl teacher with ``worker.output: support`` (its head computes only the projection's
+    support columns) next to the same teacher with full logits: every step's two loss terms are
+    equal (the same student and batch), through the trainer as configured; a support teacher
+    with another loss, or with scored weighting, is refused at load naming its key."""
+    from xdistill.config import from_dict
+    from xdistill.errors import ConfigError
+    from xdistill.train.config import OffPolicyConfig, validate_offpolicy
+    from xdistill.train.offpolicy import run_offpolicy
+
+    cfg = base_config(tiny_assets, tmp_path / "run")
+    cross = cfg["teachers"][0]
+    support = dict(cross, name="support", worker=dict(cross["worker"], output="support"))
+    cfg["teachers"] = [dict(cross, name="full"), support]
+    cfg["train"].update(steps=3, log_samples=False)
+    run_offpolicy(from_dict(OffPolicyConfig, cfg))
+    recs = _train_records(tmp_path / "run")
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    for r in recs:
+        assert r["full/loss"] > 0
+        assert r["support/loss"] == pytest.approx(r["full/loss"], rel=1e-5), r
+    bad = dict(support, loss={"kind": "alm", "weight": 1.0})
+    with pytest.raises(ConfigError, match=r"teachers.0.worker.output: 'support' outputs .* only "
+                                          r"feed loss 'pkl', got loss.kind 'alm'"):
+        validate_offpolicy(from_dict(OffPolicyConfig, dict(cfg, teachers=[bad])))
+    scored = dict(cfg, loss=dict(cfg["loss"], weighting="dynamic"))
+    with pytest.raises(ConfigError, match="teachers.1.worker.output: 'support' outputs carry no "
+                                          "scores"):
+        validate_offpolicy(from_dict(OffPolicyConfig, scored))

@@ -46,6 +46,11 @@ def test_validation_names_the_key(tmp_path):
     bad.teachers[0].worker.cache_mb = 64
     with pytest.raises(ConfigError, match="teachers.0.worker.cache_mb: on-policy rollouts"):
         validate_onpolicy(bad)
+    bad = _cfg(tmp_path, kind="k3")
+    bad.teachers[0].worker.output = "support"
+    with pytest.raises(ConfigError, match="teachers.0.worker.output: 'support' outputs .* are not "
+                                          "used on-policy"):
+        validate_onpolicy(bad)
     bad = _cfg(tmp_path, kind="topk_kl")
     with pytest.raises(ConfigError, match="topk_kl"):
         validate_onpolicy(bad)

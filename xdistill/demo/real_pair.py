@@ -234,7 +234,7 @@ def arm_config(arm: str, s: DemoSettings, paths: dict, out: Path) -> dict:
     """The trainer config of ``arm``: both arms read the same slice in the same order."""
     teachers = [] if arm == "ce" else [
         {"name": "gemma", "tokenizer": TEACHER, "add_bos": True,
-         "worker": {"model": paths["teacher"], "micro_batch_size": s.batch, "output": "logits"},
+         "worker": {"model": paths["teacher"], "micro_batch_size": s.batch, "output": "support"},
          "loss": {"kind": "pkl", "projection": paths["projection"]}}]
     return {"student": {"path": str(model_dir(STUDENT))}, "student_tokenizer": STUDENT,
             "teachers": teachers,

@@ -162,7 +162,7 @@ def exact_kl(student_logits_BTsVs, teacher_logits_BTtVt, align: ChunkAlignment, 
 def projected_kl(student_logits_BTsVs, teacher_logits_BTtVt, align: ChunkAlignment, proj_VsVt,
                  *, s_loss_mask_BTs=None, t_loss_mask_BTt=None, direction="forward", beta=0.5,
                  temperature=1.0, teacher_temperature=None, num_valid=None,
-                 chunk_size=DEFAULT_CHUNK_SIZE):
+                 chunk_size=DEFAULT_CHUNK_SIZE, teacher_on_support=False):
     """P-KL: chunk-start distributions compared in teacher space through ``proj_VsVt`` (W).
 
     ``W[s, t] >= 0`` with rows summing to 1 (or 0 for unmapped student tokens) is read as
@@ -176,19 +176,29 @@ def projected_kl(student_logits_BTsVs, teacher_logits_BTtVt, align: ChunkAlignme
     Computed on ``[n, S]`` with closed-form gradients (:mod:`xdistill.losses.projection_ops`;
     the prepared W, moved to the logits' device, is cached on ``proj_VsVt``, so pass the same
     tensor, e.g. the CPU one, every step).
+
+    ``teacher_on_support``: ``teacher_logits_BTtVt`` holds only the support's columns,
+    ``[B, Tt, S]`` in increasing teacher id order (a ``support`` teacher output); the same loss,
+    without the ``[.., Vt]`` rows.
     """
     tau = float(temperature)
     tau_t = tau if teacher_temperature is None else float(teacher_temperature)
-    Vs, Vt = student_logits_BTsVs.shape[2], teacher_logits_BTtVt.shape[2]
+    Vs = student_logits_BTsVs.shape[2]
+    Vt = proj_VsVt.shape[1] if teacher_on_support else teacher_logits_BTtVt.shape[2]
     dt = torch.float64 if student_logits_BTsVs.dtype == torch.float64 else torch.float32
     prep = _prepare_projection(proj_VsVt, Vs, Vt, dt, student_logits_BTsVs.device)
+    if teacher_on_support and teacher_logits_BTtVt.shape[2] != prep.n_support:
+        raise ValueError(f"teacher support logits have {teacher_logits_BTtVt.shape[2]} columns "
+                         f"but the projection's support has {prep.n_support}: the teacher "
+                         "worker was given another projection than the loss")
     div = _divergence(direction, beta)
     fused = direction == "forward" or (direction == "jsd" and float(beta) == 0.0)
+    on = bool(teacher_on_support)
 
     def rows_fn(z_s, teacher, b_n, t_n):
         if fused:
-            return projected_forward_kl_gather(z_s, teacher, b_n, t_n, prep, tau, tau_t)
-        zt_nS = gather_support_rows(teacher, b_n, t_n, prep, z_s.dtype)
+            return projected_forward_kl_gather(z_s, teacher, b_n, t_n, prep, tau, tau_t, on)
+        zt_nS = gather_support_rows(teacher, b_n, t_n, prep, z_s.dtype, on)
         return div(projected_logp(z_s, prep, tau), teacher_logq(zt_nS, tau_t)).sum()
 
     return _support_chunk_loss(student_logits_BTsVs, teacher_logits_BTtVt, align, prep,

@@ -105,6 +105,8 @@ class TeacherLossInput:
     tail_logmass_BTt: torch.Tensor | None = None
     # teacher distribution already projected into student space (log), [B, Tt, Vs]
     proj_logp_BTtVs: torch.Tensor | None = None
+    # teacher logits / ``temperature`` at the projection's support columns only, [B, Tt, S]
+    support_logits_BTtS: torch.Tensor | None = None
     # log p_T(t_j | t_<j) at input positions (ALM, CE score), [B, Tt]
     token_logp_BTt: torch.Tensor | None = None
     # teacher token ids (None for a same-tokenizer teacher: the student ids), [B, Tt]
@@ -197,6 +199,14 @@ def _cross_loss(spec, inp, s_logits, s_ids, s_mask, num_valid, chunk_size):
                              "not outputs already projected to the student vocabulary")
         return _cross.student_space_kl(s_logits, inp.proj_logp_BTtVs, align,
                                        direction=spec.direction, beta=spec.beta, **kw)
+    if spec.loss == "pkl" and inp.logits_BTtV is None and inp.support_logits_BTtS is not None:
+        if spec.continuation is not None:
+            raise ValueError(f"teacher {spec.name!r}: the continuation KL needs teacher logits, "
+                             "not only the projection's support columns")
+        return _cross.projected_kl(s_logits, inp.support_logits_BTtS, align, spec.projection,
+                                   direction=spec.direction, beta=spec.beta,
+                                   teacher_temperature=_teacher_tau(spec, inp),
+                                   teacher_on_support=True, **kw)
     t_logits = _need(inp, "logits_BTtV", spec)
     kw["teacher_temperature"] = _teacher_tau(spec, inp)
     if spec.loss == "pkl":

@@ -221,16 +221,24 @@ def group_rows(n: int, *widths: int, itemsize: int = 4) -> int:
     return max(1, min(n, GROUP_BYTES // (itemsize * max(max(widths), 1))))
 
 
+def _support_of(rows_nX: torch.Tensor, prep: PreparedProjection, on_support: bool):
+    """Teacher rows at the support: as they are when the teacher gave only the support's columns
+    (``on_support``, width S), else their ``prep.support_S`` columns."""
+    return rows_nX if on_support else rows_nX.index_select(1, prep.support_S)
+
+
 def gather_support_rows(teacher_BTtVt: torch.Tensor, b_n: torch.Tensor, t_n: torch.Tensor,
-                        prep: PreparedProjection, dtype: torch.dtype) -> torch.Tensor:
+                        prep: PreparedProjection, dtype: torch.dtype,
+                        on_support: bool = False) -> torch.Tensor:
     """``teacher_BTtVt[b_n, t_n][:, prep.support_S]`` in ``dtype``, [n, S], gathered by row groups
-    (no ``[n, Vt]`` intermediate)."""
+    (no ``[n, Vt]`` intermediate). ``on_support``: the teacher tensor holds only the support's
+    columns already (``[B, Tt, S]``, a ``support`` teacher output)."""
     n, Vt = int(b_n.numel()), teacher_BTtVt.shape[-1]
     out = torch.empty((n, prep.n_support), dtype=dtype, device=teacher_BTtVt.device)
     step = group_rows(n, Vt, itemsize=teacher_BTtVt.element_size())
     for lo in range(0, n, step):
         rows = teacher_BTtVt[b_n[lo:lo + step], t_n[lo:lo + step]]
-        out[lo:lo + step] = rows.index_select(1, prep.support_S)
+        out[lo:lo + step] = _support_of(rows, prep, on_support)
     return out
 
 
@@ -300,13 +308,14 @@ def projected_forward_kl_sum(z_nVs: torch.Tensor, zt_nS: torch.Tensor, prep: Pre
 
 def projected_forward_kl_gather(z_nVs: torch.Tensor, teacher_BTtVt: torch.Tensor, b_n, t_n,
                                 prep: PreparedProjection, tau: float = 1.0,
-                                tau_t: float = 1.0) -> torch.Tensor:
+                                tau_t: float = 1.0, on_support: bool = False) -> torch.Tensor:
     """:func:`projected_forward_kl_sum` with the teacher rows ``teacher_BTtVt[b_n, t_n]`` gathered
-    at the support group by group (never an ``[n, Vt]`` or ``[n, S]`` teacher copy)."""
+    at the support group by group (never an ``[n, Vt]`` or ``[n, S]`` teacher copy);
+    ``on_support`` as in :func:`gather_support_rows`."""
     teacher = teacher_BTtVt.detach()
 
     def take(sl):
-        rows = teacher[b_n[sl], t_n[sl]].index_select(1, prep.support_S)
+        rows = _support_of(teacher[b_n[sl], t_n[sl]], prep, on_support)
         return rows.to(z_nVs.dtype)
 
     return _ProjectedForwardKL.apply(z_nVs, take, prep, float(tau), float(tau_t))

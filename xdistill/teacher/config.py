@@ -12,7 +12,7 @@ from typing import Literal
 
 from xdistill.errors import ConfigError
 
-OutputKind = Literal["logits", "topk", "projected"]
+OutputKind = Literal["logits", "topk", "projected", "support"]
 Placement = Literal["inprocess", "subprocess", "ray", "served"]
 ServedProtocol = Literal["vllm", "echo"]
 TransportKind = Literal["auto", "inprocess", "shm", "cuda_ipc", "ray"]
@@ -88,8 +88,11 @@ class TeacherConfig:
     # where the worker runs: in the training process, a spawned subprocess, a Ray actor, or
     # "served": an OpenAI-compatible completions server (see `served`; output "topk" only)
     placement: Placement = "inprocess"
-    # what the teacher returns: full logits, top-k log-probs + tail mass, or log-probs projected
-    # into the student vocabulary through a sparse projection
+    # what the teacher returns: full logits, top-k log-probs + tail mass, log-probs projected
+    # into the student vocabulary through a sparse projection, or "support": the logits at the
+    # projection's support columns only (the teacher tokens some student token maps to: all
+    # that loss 'pkl' reads; the head computes only those columns and no token log-probs, so a
+    # 262k-token teacher whose support is 46k columns spends ~1/5 of the head's time; pkl only)
     output: OutputKind = "logits"
     # number of top log-probs kept per position when output = "topk"
     top_k: int = 64

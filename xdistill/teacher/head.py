@@ -11,6 +11,11 @@ positions, writing each block's result straight into the output buffer: full log
 buffer with no second copy; top-k, projected and token log-prob outputs never hold more than one
 ``[block, V]`` float32 block.
 
+A ``support`` output (P-KL's columns only, ``xdistill.teacher.outputs``) uses the split restricted
+to those columns (:meth:`SplitHead.restrict`): a copy of the head's rows there (46,445 x 640 for
+Gemma-3 behind SmolLM2's projection: 59 MB in bfloat16; teachers are frozen, so it never goes
+stale), and a matmul over them only.
+
 The split is used only where it reproduces the model's own forward: the model must expose
 ``get_decoder()`` and a linear output layer, a final logit soft-cap (Gemma 2/3) is applied in
 place, and :meth:`SplitHead.verify` compares both paths on a short probe when the worker starts
@@ -43,6 +48,29 @@ class SplitHead:
             else model.config
         self.softcap = getattr(cfg, "final_logit_softcapping", None)
         self.V = int(self.head.weight.shape[0])
+        # output columns of a restricted head (:meth:`restrict`), else None (every column)
+        self.columns = None
+        self._rows: dict = {}  # the head's rows at ``columns``, per (device, dtype)
+
+    def restrict(self, columns_S: torch.Tensor) -> "SplitHead":
+        """This split computing only the logits of ``columns_S`` (teacher ids, long): the
+        head's rows there, gathered once per device (``output: support``)."""
+        other = object.__new__(SplitHead)
+        other.__dict__.update(self.__dict__, columns=columns_S.long(), V=int(columns_S.numel()),
+                              _rows={})
+        return other
+
+    def _weight_bias(self):
+        w, b = self.head.weight, self.head.bias
+        if self.columns is None:
+            return w, b
+        key = (w.device, w.dtype)
+        if key not in self._rows:
+            cols = self.columns.to(w.device)
+            self._rows.clear()  # the weights moved (offload): keep one copy
+            self._rows[key] = (w.index_select(0, cols).contiguous(),
+                               None if b is None else b.index_select(0, cols))
+        return self._rows[key]
 
     @classmethod
     def of(cls, model) -> "SplitHead | None":
@@ -69,10 +97,10 @@ class SplitHead:
         on CPU torch has no float32-output bfloat16 matmul, so the block's bfloat16 product is
         widened into ``out_NV`` (one [block, V] temporary, never a full-size one). The soft-cap
         is then applied in float32."""
-        w = self.head.weight
+        w, bias = self._weight_bias()
         h = h_NH.to(w.dtype)
-        if out_NV is None or self.head.bias is not None:
-            z = self.head(h)
+        if out_NV is None or bias is not None:
+            z = torch.nn.functional.linear(h, w, bias)
             if out_NV is not None:
                 z = out_NV.copy_(z)
         elif out_NV.dtype == w.dtype:
@@ -117,6 +145,9 @@ def fill_from_hidden(split: SplitHead, kind: str, h_nTH: torch.Tensor, ids_nT: t
     n, T, H = h_nTH.shape
     N, V = n * T, split.V
     h_NH = h_nTH.reshape(N, H)
+    if kind == "support":  # split restricted to the support (SplitHead.restrict); no token logp
+        _fill_logits(split, h_NH, out["support_logits_BTtS"][rows].reshape(N, V), temperature)
+        return
     tgt_N = torch.zeros(N, dtype=torch.int64, device=h_NH.device)
     tgt_N.view(n, T)[:, :-1] = ids_nT[:, 1:].clamp(0, V - 1)
     tok_N = torch.zeros(N, dtype=torch.float32, device=h_NH.device)
@@ -148,3 +179,17 @@ def fill_from_hidden(split: SplitHead, kind: str, h_nTH: torch.Tensor, ids_nT: t
         res = torch.zeros(n, T, dtype=torch.float32, device=tok.device)
         res[:, 1:] = tok[:, :-1]
         out["token_logp_BTt"][rows].copy_(res)
+
+
+def _fill_logits(split: SplitHead, h_NH: torch.Tensor, dst_NV: torch.Tensor,
+                 temperature: float) -> None:
+    """``dst_NV = logits / temperature``, block by block (straight into ``dst_NV`` at T = 1)."""
+    N, V = dst_NV.shape
+    step = min(block_rows(V), max(1, (N + 1) // 2))
+    for a in range(0, N, step):
+        b = min(a + step, N)
+        if temperature == 1.0:
+            split.logits(h_NH[a:b], dst_NV[a:b])
+        else:
+            block = torch.empty(b - a, V, device=h_NH.device)
+            dst_NV[a:b].copy_(split.logits(h_NH[a:b], block).div_(temperature))

@@ -18,11 +18,18 @@ Three output kinds (``TeacherConfig.output``), all at temperature ``T`` (recorde
   receives), ``q_s = m / sum(m)`` (renormalised, so the result is a distribution even when the
   projection drops mass), ``proj_logp_BTtVs = log(q_s)``. Teacher logit columns beyond the
   projection's Vt (padded embedding rows) carry no mapping and are dropped before renormalising.
+* ``support``: ``support_logits_BTtS = z[..., S] / T``, the logits at the projection's *support*
+  ``S`` only (:func:`support_columns`: the teacher ids some student token maps to with positive
+  weight, increasing), in the configured logits dtype. P-KL restricts and renormalises both sides
+  to ``S`` (``xdistill.losses.projection_ops``), so these columns are all it reads; the worker's
+  head computes only them (``xdistill.teacher.head``).
 
-Every kind also carries ``token_logp_BTt``: the log-probability (at temperature T, float32) of the
+Every kind but ``support`` also carries ``token_logp_BTt``: the log-probability (at temperature T, float32) of the
 teacher's own next input token, at *input* positions: ``token_logp_BTt[b, j] = log softmax(z[b, j-1]
 / T)[ids[b, j]]`` and 0 at ``j = 0`` (a cheap gather: ``z_id / T - logsumexp(z / T)``). The sampled
 on-policy estimators (k1, k3) need only this, so they work with top-k and projected teachers too.
+(``support`` outputs leave it out: it needs the normaliser over every column, which is the cost
+that kind avoids.)
 
 Zero probabilities (an empty tail, a student token that receives no mass, a position whose mass is
 all dropped) are floored at :data:`LOGP_TINY` = log(float32 tiny) ~ -87.3 instead of ``-inf``, so
@@ -45,7 +52,7 @@ LOGP_TINY = math.log(torch.finfo(torch.float32).tiny)
 _CHUNK_BYTES = 1 << 28
 
 TENSOR_FIELDS = ("logits_BTtV", "topk_logp_BTtK", "topk_idx_BTtK", "tail_logmass_BTt",
-                 "proj_logp_BTtVs", "token_logp_BTt")
+                 "proj_logp_BTtVs", "support_logits_BTtS", "token_logp_BTt")
 
 
 @dataclass(frozen=True)
@@ -54,7 +61,7 @@ class TeacherOutput:
 
     # teacher name
     name: str
-    # "logits" | "topk" | "projected"
+    # "logits" | "topk" | "projected" | "support"
     kind: str
     # softmax temperature the outputs are taken at
     temperature: float
@@ -68,8 +75,11 @@ class TeacherOutput:
     tail_logmass_BTt: torch.Tensor | None = None
     # log of the teacher distribution projected into student space, float32 [B, Tt, Vs]
     proj_logp_BTtVs: torch.Tensor | None = None
+    # z / T at the projection's support columns S (increasing teacher ids), [B, Tt, S]
+    # (kind "support")
+    support_logits_BTtS: torch.Tensor | None = None
     # log q(ids[j] | ids[<j]) at temperature T at input positions (0 at j = 0), float32 [B, Tt]
-    # (every kind)
+    # (every kind but "support")
     token_logp_BTt: torch.Tensor | None = None
     # request number this output answers (increases by one per forward of this teacher)
     step: int = -1
@@ -87,9 +97,12 @@ class TeacherOutput:
                                 for n, t in self.tensors().items()})
 
 
-def output_spec(kind: str, B: int, Tt: int, V: int, *, top_k: int = 0, Vs: int = 0,
+def output_spec(kind: str, B: int, Tt: int, V: int, *, top_k: int = 0, Vs: int = 0, S: int = 0,
                 logits_dtype: torch.dtype = torch.float32) -> dict[str, tuple[tuple, torch.dtype]]:
-    """Shapes and dtypes of the tensor fields of a ``kind`` output for a [B, Tt] batch."""
+    """Shapes and dtypes of the tensor fields of a ``kind`` output for a [B, Tt] batch (``S``:
+    the support width of kind ``support``)."""
+    if kind == "support":
+        return {"support_logits_BTtS": ((B, Tt, S), logits_dtype)}
     token = {"token_logp_BTt": ((B, Tt), torch.float32)}
     if kind == "logits":
         return {"logits_BTtV": ((B, Tt, V), logits_dtype), **token}
@@ -181,13 +194,36 @@ def projection_on_device(proj_VsVt: torch.Tensor, device) -> torch.Tensor:
         return coo.to_sparse_csr().to(device)
 
 
+def support_columns(proj_VsVt: torch.Tensor, V: int | None = None) -> torch.Tensor:
+    """The support ``S`` of a projection: the teacher ids (columns) holding some positive weight,
+    increasing, int64 on the projection's device: the columns P-KL reads. ``V`` (the teacher's
+    logit width), when given, is checked to cover them."""
+    if proj_VsVt.dim() != 2:
+        raise ValueError(f"projection must be 2-D [Vs, Vt], got shape {tuple(proj_VsVt.shape)}")
+    coo = proj_VsVt if proj_VsVt.layout == torch.sparse_coo else proj_VsVt.to_sparse_coo()
+    coo = coo.coalesce()
+    support_S = torch.unique(coo.indices()[1][coo.values() > 0]).long()  # as the loss's, in
+    # the projection's own dtype (xdistill.losses.projection_ops)
+    Vt = int(proj_VsVt.shape[1])
+    if V is not None and Vt > V:
+        raise ValueError(f"projection has {Vt} teacher columns but the teacher model emits only "
+                         f"{V} logits; it was built for another teacher vocabulary")
+    return support_S
+
+
 def fill_output(kind: str, logits_nTV: torch.Tensor, out: dict[str, torch.Tensor], rows: slice,
-                *, temperature: float, top_k: int = 0, proj_VsVt=None, ids_nT=None) -> None:
+                *, temperature: float, top_k: int = 0, proj_VsVt=None, ids_nT=None,
+                support_S=None) -> None:
     """Write the ``kind`` output for rows ``rows`` of the batch from their logits into ``out``.
 
-    ``ids_nT`` (the rows' input ids) is needed when ``out`` holds ``token_logp_BTt``.
+    ``ids_nT`` (the rows' input ids) is needed when ``out`` holds ``token_logp_BTt``;
+    ``support_S`` (:func:`support_columns`) for kind ``support``.
     """
     n, T, V = logits_nTV.shape
+    if kind == "support":
+        z = logits_nTV.index_select(-1, support_S.to(logits_nTV.device))
+        out["support_logits_BTtS"][rows].copy_(z if temperature == 1.0 else z.float() / temperature)
+        return
     if "token_logp_BTt" in out:
         if ids_nT is None:
             raise ValueError("fill_output: token_logp_BTt needs the rows' input ids (ids_nT)")
@@ -212,6 +248,7 @@ def fill_output(kind: str, logits_nTV: torch.Tensor, out: dict[str, torch.Tensor
 def check_fields(output: TeacherOutput) -> None:
     """Raise ValueError when an output lacks the fields of its kind (a worker bug)."""
     need = {"logits": ("logits_BTtV",), "projected": ("proj_logp_BTtVs",),
+            "support": ("support_logits_BTtS",),
             "topk": ("topk_logp_BTtK", "topk_idx_BTtK", "tail_logmass_BTt")}[output.kind]
     missing = [n for n in need if getattr(output, n) is None]
     if missing:
@@ -220,4 +257,5 @@ def check_fields(output: TeacherOutput) -> None:
 
 __all__ = ["TeacherOutput", "LOGP_TINY", "output_spec", "topk_logprobs", "projected_logprobs",
            "next_token_logprobs",
-           "projection_on_device", "fill_output", "check_fields", "TENSOR_FIELDS"]
+           "projection_on_device", "support_columns", "fill_output", "check_fields",
+           "TENSOR_FIELDS"]

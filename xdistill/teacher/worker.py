@@ -28,7 +28,7 @@ from xdistill.teacher.cache import OutputCache, contiguous_runs, row_keys
 from xdistill.teacher.config import TeacherConfig
 from xdistill.teacher.head import SplitHead, fill_from_hidden
 from xdistill.teacher.outputs import (TeacherOutput, fill_output, output_spec,
-                                      projection_on_device)
+                                      projection_on_device, support_columns)
 
 log = get_logger("teacher")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -68,6 +68,8 @@ class TeacherInfo:
     logits_dtype: torch.dtype
     # process id of the worker
     pid: int
+    # columns of "support" outputs: the projection's support size S (0 otherwise)
+    support_size: int = 0
 
 
 def resolve_dtype(name: str, default: torch.dtype | None = None) -> torch.dtype | str:
@@ -93,8 +95,9 @@ class TeacherWorker:
             raise TeacherError(f"teacher {config.name!r}: model {config.model!r} {state} (a "
                                "local Hugging Face folder, a .gguf file or a model asset name is "
                                "expected)")
-        if config.output == "projected" and projection_VsVt is None:
-            raise TeacherError(f"teacher {config.name!r}: output 'projected' needs a projection")
+        if config.output in ("projected", "support") and projection_VsVt is None:
+            raise TeacherError(f"teacher {config.name!r}: output {config.output!r} needs a "
+                               "projection")
         self.device = torch.device(config.device)
         self._home = torch.device("cpu") if config.offload else self.device
         self.model = load_causal_lm(path, dtype=weights_dtype(config),
@@ -112,13 +115,22 @@ class TeacherWorker:
         if config.output == "projected":
             self.proj_VsVt = projection_on_device(projection_VsVt, self.device)
             Vs = int(self.proj_VsVt.shape[0])
+        self.support_S = None
+        if config.output == "support":
+            try:
+                self.support_S = support_columns(projection_VsVt, V).to(self.device)
+            except ValueError as e:
+                raise TeacherError(f"teacher {config.name!r}: {e}") from None
         self.split = self._split_head()
+        if self.split is not None and self.support_S is not None:
+            self.split = self.split.restrict(self.support_S)
         self.cache = OutputCache(config.cache_mb, config.name) if config.cache_mb > 0 else None
         self.info = TeacherInfo(
             name=config.name, kind=config.output, vocab_size=V, student_vocab_size=Vs,
             top_k=min(config.top_k, V) if config.output == "topk" else 0,
             temperature=float(config.temperature), device=str(self.device),
-            logits_dtype=resolve_dtype(config.logits_dtype, torch.float32), pid=os.getpid())
+            logits_dtype=resolve_dtype(config.logits_dtype, torch.float32), pid=os.getpid(),
+            support_size=0 if self.support_S is None else int(self.support_S.numel()))
 
     def _split_head(self):
         """:class:`SplitHead` when it reproduces this model's logits (outputs are then written
@@ -135,6 +147,7 @@ class TeacherWorker:
     def output_spec(self, B: int, Tt: int) -> dict:
         i = self.info
         return output_spec(i.kind, B, Tt, i.vocab_size, top_k=i.top_k, Vs=i.student_vocab_size,
+                           S=i.support_size,
                            logits_dtype=i.logits_dtype)
 
     def _check_ids(self, ids_BTt: torch.Tensor, mask_BTt: torch.Tensor) -> None:
@@ -200,7 +213,8 @@ class TeacherWorker:
             return
         logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
         fill_output(self.info.kind, logits, out, rows, temperature=cfg.temperature,
-                    top_k=self.info.top_k, proj_VsVt=self.proj_VsVt, ids_nT=ids)
+                    top_k=self.info.top_k, proj_VsVt=self.proj_VsVt, ids_nT=ids,
+                    support_S=self.support_S)
 
     def forward(self, request: TeacherRequest, device=None) -> TeacherOutput:
         """Run ``request`` into freshly allocated tensors (in-process use)."""

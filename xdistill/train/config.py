@@ -167,6 +167,10 @@ def validate_offpolicy(cfg: OffPolicyConfig, world_size: int = 1) -> OffPolicyCo
         _validate_teacher(t, f"teachers.{i}")
     if cfg.loss.weighting not in WEIGHTINGS or cfg.loss.score not in SCORES:
         raise ConfigError("loss.weighting/score out of range")
+    for i, t in enumerate(cfg.teachers):
+        if t.worker.output == "support" and cfg.loss.weighting != "static":
+            raise ConfigError(f"teachers.{i}.worker.output: 'support' outputs carry no scores "
+                              f"for loss.weighting {cfg.loss.weighting!r} (use 'logits')")
     return cfg
 
 
@@ -185,6 +189,9 @@ def _validate_teacher(t: TeacherRunConfig, key: str) -> None:
         raise ConfigError(f"{key}.loss.continuation: needs loss.kind 'pkl', loss.direction "
                           f"'forward' and worker.output 'logits' (got {kind!r}, "
                           f"{t.loss.direction!r}, {t.worker.output!r})")
+    if t.worker.output == "support" and kind != "pkl":
+        raise ConfigError(f"{key}.worker.output: 'support' outputs (the logits at a projection's "
+                          f"support) only feed loss 'pkl', got loss.kind {kind!r}")
     if kind == "topk_kl" and t.worker.output != "topk":
         raise ConfigError(f"{key}: loss 'topk_kl' needs worker.output = 'topk', "
                           f"got {t.worker.output!r}")

@@ -260,6 +260,9 @@ def _validate_teacher(t: OnPolicyTeacherConfig, key: str) -> None:
                           f"(got {t.worker.output!r}); use k1/k3 with top-k teachers")
     if lc.kind == "topk_kl" and t.worker.output != "topk":
         raise ConfigError(f"{key}: loss 'topk_kl' needs worker.output = 'topk'")
+    if t.worker.output == "support":
+        raise ConfigError(f"{key}.worker.output: 'support' outputs (logits at a projection's "
+                          "support, no token log-probs) are not used on-policy; use 'logits'")
     if t.worker.output == "projected":
         raise ConfigError(f"{key}.worker.output: 'projected' outputs are not used on-policy; use "
                           "logits (reverse_kl/jsd through loss.projection) or topk (k1/k3/topk_kl)")

@@ -114,7 +114,7 @@ def build_pool(cfg: OffPolicyConfig, plan: Plan):
     if not cfg.teachers:
         return None
     projections = {t.name: plan.teachers[t.name].projection for t in cfg.teachers
-                   if t.worker.output == "projected"}
+                   if t.worker.output in ("projected", "support")}
     for i, t in enumerate(cfg.teachers):
         if t.worker.cache_mb > 0 and cfg.data.shuffle:
             log.warning("teachers.%d.worker.cache_mb: data.shuffle is true, so every epoch packs "

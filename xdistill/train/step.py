@@ -46,6 +46,7 @@ def loss_inputs(specs, batch, outputs=None, device=None) -> list[TeacherLossInpu
                 out = out.to(device, non_blocking=True)
             kw = dict(logits_BTtV=out.logits_BTtV, topk_logp_BTtK=out.topk_logp_BTtK,
                       topk_idx_BTtK=out.topk_idx_BTtK, proj_logp_BTtVs=out.proj_logp_BTtVs,
+                      support_logits_BTtS=getattr(out, "support_logits_BTtS", None),
                       tail_logmass_BTt=getattr(out, "tail_logmass_BTt", None),
                       token_logp_BTt=getattr(out, "token_logp_BTt", None),
                       temperature=out.temperature)
