@@ -283,15 +283,23 @@ def main(argv=None) -> int:
             r = run_variant(name, a, args, Path(tmp))
             runs[name].append(r)
             el = time.perf_counter() - t0
-            print(f"[real step] {name}: {r['step']:.2f} s/step, peak {r['peak_mb']:.0f} MB "
-                  f"({i + 1}/{total}, {el:.0f} s, ETA {el / (i + 1) * (total - i - 1):.0f} s)",
-                  flush=True)
-    res = median_runs(runs)
-    load = "load average %.2f / %.2f / %.2f" % os.getloadavg()
-    text = report(res, args, time.perf_counter() - t0, load)
+            split = ", ".join(f"{k} {r['split'][k]:.2f}" for k in PHASES)
+            print(f"[real step] {name}: {r['step']:.2f} s/step ({split}), peak "
+                  f"{r['peak_mb']:.0f} MB, last loss {r['loss']:.6f} ({i + 1}/{total}, {el:.0f} s,"
+                  f" ETA {el / (i + 1) * (total - i - 1):.0f} s)", flush=True)
+            if i + 1 < total:  # a kill (a time limit) keeps the table of the runs so far
+                Path(args.out).write_text(_table(runs, args, t0, f" (partial: {i + 1} of "
+                                                 f"{total} runs)"), encoding="utf-8")
+    text = _table(runs, args, t0)
     print(text)
     Path(args.out).write_text(text, encoding="utf-8")
     return 0
+
+
+def _table(runs: dict, args, t0: float, note: str = "") -> str:
+    res = median_runs({n: rs for n, rs in runs.items() if rs})
+    load = "load average %.2f / %.2f / %.2f" % os.getloadavg() + note
+    return report(res, args, time.perf_counter() - t0, load)
 
 
 if __name__ == "__main__":
