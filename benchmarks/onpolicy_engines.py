@@ -70,13 +70,28 @@ def child(cfg_path: str) -> dict:
     run = core.build(cfg, OnPolicyMode())
     run.mode.start(run)        # the vLLM engine starts here
     start_s = time.perf_counter() - t0
+    syncs = _time_syncs(run.mode.engine)  # the weight sync after each update (not a phase)
     try:
         steps = [core.train_step(run, s) for s in range(1, cfg.train.steps + 1)]
     finally:
         run.mode.close()
     rows = [{"step_s": m["step_s"], "gen_s": m["time/generation"],
-             "tokens": m["response_len"] * cfg.prompts.batch_size} for m in steps]
+             "phases": dict({k[5:]: v for k, v in m.items() if k.startswith("time/")},
+                            sync=sync),
+             "tokens": m["response_len"] * cfg.prompts.batch_size} for m, sync in zip(steps, syncs)]
     return {"start_s": start_s, "steps": rows}
+
+
+def _time_syncs(engine) -> list[float]:
+    """Wrap ``engine.sync_weights`` so each call's seconds are appended to the returned list."""
+    times, sync = [], engine.sync_weights
+
+    def timed(model):
+        t = time.perf_counter()
+        sync(model)
+        times.append(time.perf_counter() - t)
+    engine.sync_weights = timed
+    return times
 
 
 def run_backend(backend: str, args, root: Path) -> dict:
@@ -100,6 +115,8 @@ def run_backend(backend: str, args, root: Path) -> dict:
     res["step_s"] = statistics.fmean(r["step_s"] for r in later)
     res["gen_s"] = statistics.fmean(r["gen_s"] for r in later)
     res["tok_s"] = sum(r["tokens"] for r in later) / sum(r["gen_s"] for r in later)
+    res["phases"] = {k: statistics.fmean(r["phases"].get(k, 0.0) for r in later)
+                     for k in later[0]["phases"]}
     say(f"{backend}: {res['step_s']:.2f} s/step, generation {res['gen_s']:.2f} s, "
         f"{res['tok_s']:.1f} sampled tok/s (start {res['start_s']:.0f} s)")
     return res
@@ -126,7 +143,23 @@ def report(args, rounds: list[dict], seconds: float) -> str:
               f"(median **{statistics.median(step_x):.2f}x**)",
               f"- generation (vLLM's weight sync is in the whole step only), HF / vLLM per round: "
               f"{', '.join(f'{x:.2f}' for x in gen_x)} (median **{statistics.median(gen_x):.2f}x**)"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + phase_table(rounds)) + "\n"
+
+
+def phase_table(rounds: list[dict]) -> list[str]:
+    """Where each backend's step goes: the trainer's phase timers plus the weight sync (s per
+    step, median over rounds); ``other`` is the step time none of them covers."""
+    names = sorted({k for r in rounds for b in BACKENDS for k in r[b]["phases"]})
+    med = {b: {k: statistics.median(r[b]["phases"].get(k, 0.0) for r in rounds) for k in names}
+           for b in BACKENDS}
+    steps = {b: statistics.median(r[b]["step_s"] for r in rounds) for b in BACKENDS}
+    rows = ["", "| backend | " + " | ".join(names) + " | other |",
+            "|---|" + "---|" * (len(names) + 1)]
+    for b in BACKENDS:
+        other = steps[b] - sum(med[b].values())
+        rows.append(f"| {b} | " + " | ".join(f"{med[b][k]:.2f}" for k in names)
+                    + f" | {other:.2f} |")
+    return rows
 
 
 def main(argv=None) -> int:
