@@ -53,6 +53,10 @@ CONFIRM_SEEDS = (100, 101, 102, 103, 104)
 CONFIRM_ARMS = ("ce", "ce_ls", "pkl", "pkl_stock", "self_kl", "multi", "alm",
                 *onpolicy_arms.ONPOLICY_ARMS)
 STAGES = ("ce_lr", "teacher", "pkl_lr", "op_lr", "smoothing", "confirm")
+# what each stage's rule reads (PROTOCOL.md): label smoothing is tuned at CE-only's rate, so it
+# needs stage 1 only and may run while the teacher stages wait
+NEEDS = {"ce_lr": (), "teacher": ("ce_lr",), "pkl_lr": ("ce_lr", "teacher"),
+         "op_lr": ("ce_lr", "teacher"), "smoothing": ("ce_lr",), "confirm": STAGES[:-1]}
 SAMPLE_PROMPTS, SAMPLE_SEED = 32, 4321   # test prompts the student continues (samples.py)
 say = distill.say
 
@@ -249,7 +253,7 @@ def main(argv=None) -> int:
     say("[data] " + ", ".join(f"{k} {data[f'{k}_kb']:.0f} KB" for k in splits.SPLITS))
     ev, a = evals(args, data), base_assets(args, data)
     for name in (STAGES if args.stage == "all" else (args.stage,)):
-        missing = [s for s in STAGES[:STAGES.index(name)] if s not in state]
+        missing = [s for s in NEEDS[name] if s not in state]
         if missing:
             raise SystemExit(f"[study] stage {name!r} needs {', '.join(missing)} first")
         extra = (data,) if name in ("teacher", "op_lr", "confirm") else ()
