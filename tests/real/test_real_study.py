@@ -20,6 +20,12 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "real" / "study.py
 
 def test_smoke_study_runs_every_stage_and_generates_the_table(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1")
+    # a stage waits for the stages its rule reads, no more: label smoothing needs the CE rate only
+    early = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--smoke",
+                            "--stage", "smoothing"], capture_output=True, text=True, env=env,
+                           timeout=3600)
+    assert early.returncode != 0 and "stage 'smoothing' needs ce_lr first" in early.stderr, \
+        early.stderr[-3000:]
     out = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--smoke"],
                          capture_output=True, text=True, env=env, timeout=3600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
