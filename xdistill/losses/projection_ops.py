@@ -96,11 +96,17 @@ def _csr(major_N, minor_N, vals_N, n_major, n_minor):
         return torch.sparse_csr_tensor(crow, minor, vals, size=(n_major, n_minor))
 
 
+def projection_support(proj_VsVt: torch.Tensor) -> torch.Tensor:
+    """The support S of W: the teacher ids (columns) holding some positive weight, increasing
+    (int64): the columns P-KL reads (a teacher's ``support`` output gives only these)."""
+    return torch.unique(_coo_parts(proj_VsVt)[1])
+
+
 def _build(proj_VsVt: torch.Tensor, dtype: torch.dtype) -> PreparedProjection:
     Vs, Vt = int(proj_VsVt.shape[0]), int(proj_VsVt.shape[1])
     rows, cols, vals = _coo_parts(proj_VsVt)
     vals = vals.to(dtype)
-    support_S = torch.unique(cols)  # sorted
+    support_S = torch.unique(cols)  # sorted: projection_support(proj_VsVt)
     col_to_S = torch.full((Vt,), -1, dtype=torch.long, device=cols.device)
     col_to_S[support_S] = torch.arange(support_S.numel(), device=cols.device)
     s_cols = col_to_S[cols]
@@ -323,4 +329,5 @@ def projected_forward_kl_gather(z_nVs: torch.Tensor, teacher_BTtVt: torch.Tensor
 
 __all__ = ["GROUP_BYTES", "PreparedProjection", "gather_support_rows", "group_rows",
            "prepare_projection", "projected_forward_kl_gather", "projected_forward_kl_sum",
+           "projection_support",
            "projected_logp", "teacher_logq"]

@@ -24,9 +24,10 @@ Three output kinds (``TeacherConfig.output``), all at temperature ``T`` (recorde
   to ``S`` (``xdistill.losses.projection_ops``), so these columns are all it reads; the worker's
   head computes only them (``xdistill.teacher.head``).
 
-Every kind but ``support`` also carries ``token_logp_BTt``: the log-probability (at temperature T, float32) of the
-teacher's own next input token, at *input* positions: ``token_logp_BTt[b, j] = log softmax(z[b, j-1]
-/ T)[ids[b, j]]`` and 0 at ``j = 0`` (a cheap gather: ``z_id / T - logsumexp(z / T)``). The sampled
+Every kind but ``support`` also carries ``token_logp_BTt``: the log-probability (at temperature
+T, float32) of the teacher's own next input token, at *input* positions: ``token_logp_BTt[b, j] =
+log softmax(z[b, j-1] / T)[ids[b, j]]`` and 0 at ``j = 0`` (a cheap gather: ``z_id / T -
+logsumexp(z / T)``). The sampled
 on-policy estimators (k1, k3) need only this, so they work with top-k and projected teachers too.
 (``support`` outputs leave it out: it needs the normaliser over every column, which is the cost
 that kind avoids.)
@@ -44,6 +45,8 @@ import warnings
 from dataclasses import dataclass, replace
 
 import torch
+
+from xdistill.losses.projection_ops import projection_support
 
 # log of float32's smallest normal number (~ -87.3): the floor of teacher log-probs that would be
 # -inf (not the losses' LOGP_FLOOR, -1e4, which floors log p inside a divergence)
@@ -200,15 +203,11 @@ def support_columns(proj_VsVt: torch.Tensor, V: int | None = None) -> torch.Tens
     logit width), when given, is checked to cover them."""
     if proj_VsVt.dim() != 2:
         raise ValueError(f"projection must be 2-D [Vs, Vt], got shape {tuple(proj_VsVt.shape)}")
-    coo = proj_VsVt if proj_VsVt.layout == torch.sparse_coo else proj_VsVt.to_sparse_coo()
-    coo = coo.coalesce()
-    support_S = torch.unique(coo.indices()[1][coo.values() > 0]).long()  # as the loss's, in
-    # the projection's own dtype (xdistill.losses.projection_ops)
     Vt = int(proj_VsVt.shape[1])
     if V is not None and Vt > V:
         raise ValueError(f"projection has {Vt} teacher columns but the teacher model emits only "
                          f"{V} logits; it was built for another teacher vocabulary")
-    return support_S
+    return projection_support(proj_VsVt)  # the very columns the loss restricts to
 
 
 def fill_output(kind: str, logits_nTV: torch.Tensor, out: dict[str, torch.Tensor], rows: slice,
