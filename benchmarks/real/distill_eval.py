@@ -168,6 +168,8 @@ def adapt(job: dict) -> dict:
     step of ``job["checks"]``, score validation bits per byte and export the weights to
     ``<out>/step<N>`` (so one run gives every candidate adaptation length).
 
+    With ``job["stop_bpb"]``, the adaptation ends at the first check scoring at or below it.
+
     Resumable: with ``checkpoint.resume: auto`` and ``checkpoint.every`` in the config, a killed
     adaptation restarts from its latest checkpoint; the checks already scored are kept in
     ``<out>/checks_progress.json``. The checkpoints are removed once the last check is scored."""
@@ -187,6 +189,9 @@ def adapt(job: dict) -> dict:
               if p["step"] <= run.start_step]
     if run.start_step:
         say(f"resumed at step {run.start_step}; checks kept: {[p['step'] for p in points]}")
+    stop = job.get("stop_bpb")
+    if stop is not None and any(p["bpb"] <= stop for p in points):
+        steps = run.start_step                  # killed after the stopping check: nothing left
     run.mode.start(run)
     try:
         for step in range(run.start_step + 1, steps + 1):
@@ -197,6 +202,9 @@ def adapt(job: dict) -> dict:
             if step in job["checks"]:
                 points.append(_adapt_check(run, job, out, step))
                 progress.write_text(json.dumps(points))
+                if stop is not None and points[-1]["bpb"] <= stop:
+                    say(f"check step {step} reaches {stop:.4f}: adaptation ends here")
+                    break
             if cfg.checkpoint.every > 0 and step % cfg.checkpoint.every == 0 and step < steps:
                 core.save(run, step)
     finally:

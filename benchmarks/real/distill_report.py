@@ -31,6 +31,9 @@ ARM_TEXT = {"ce": "CE only on the slice", "pkl": "P-KL to the adapted Gemma (mul
             "op_k1_byte": "on-policy k1 with byte-level credit, otherwise as `op_k1`"}
 ONPOLICY_ARMS = ("op_k1", "op_k1_byte")
 SAMPLE_KEYS = ("teacher_bpb_on_samples", "repetition")
+# texts scored once at the end of a run (reported, not tested), with their column titles
+FINAL_COLUMNS = (("other_play", "other-play bpb"), ("ood", "out-of-domain bpb"))
+TEACHER_FIGURE = "bpb gemma3-270m adapted (teacher)"
 
 
 @functools.cache
@@ -55,8 +58,9 @@ def summarise(results: dict) -> dict:
                     "seconds": statistics.fmean(r["seconds"] for r in runs.values()),
                     "seeds": len(finals),
                     "per_seed": {s: r["curve"][-1]["bpb"] for s, r in runs.items()}}
-        if all("ood" in r.get("final", {}) for r in runs.values()):
-            out[arm]["ood"] = _ms([r["final"]["ood"] for r in runs.values()])
+        for key, _ in FINAL_COLUMNS:
+            if all(key in r.get("final", {}) for r in runs.values()):
+                out[arm][key] = _ms([r["final"][key] for r in runs.values()])
         if all("samples" in r for r in runs.values()):
             for key in SAMPLE_KEYS:
                 out[arm][key] = _ms([r["samples"][key] for r in runs.values()])
@@ -80,6 +84,21 @@ def gain_lines(summary: dict) -> list[str]:
 
 # the protocol's family B (PROTOCOL.md): is a gain the teacher's? (arm, against)
 CONTROL_PAIRS = (("pkl", "ce_ls"), ("pkl", "pkl_stock"), ("pkl", "self_kl"), ("multi", "pkl"))
+
+
+def gap_lines(summary: dict, figures: dict) -> list[str]:
+    """The share of the CE-only -> teacher gap (held-out bits per byte) that each teacher arm
+    closes: (CE - arm) / (CE - teacher), from the seed means; undefined unless the teacher leads."""
+    if "ce" not in summary or TEACHER_FIGURE not in figures:
+        return []
+    ce, teacher = summary["ce"]["bpb"][0], figures[TEACHER_FIGURE]
+    head = (f"Gap closed (PROTOCOL.md goal >= 50%): CE only {ce:.4f}, teacher {teacher:.4f} "
+            f"held-out bits per byte")
+    if ce - teacher <= 0:
+        return ["", head + ": the teacher does not lead CE only, so no gap is defined."]
+    arms = [a for a in ("pkl", "pkl_stock", "multi", "alm", *ONPOLICY_ARMS) if a in summary]
+    return ["", head + f" (gap {ce - teacher:.4f}):", ""] + [
+        f"- `{a}`: {(ce - summary[a]['bpb'][0]) / (ce - teacher):.0%}" for a in arms]
 
 
 def control_lines(summary: dict) -> list[str]:
@@ -139,16 +158,16 @@ def block(results: dict, meta: dict) -> str:
              f"time {meta['wall_s'] / 60:.0f} min (teacher adaptation included unless cached).", "",
              *data_lines(meta), "Starting figures (held-out):", ""]
     lines += [f"- {k}: {v:.4f}" for k, v in meta["start"]["figures"].items()]
-    ood = all("ood" in s for s in summary.values())
+    finals = [(k, title) for k, title in FINAL_COLUMNS if all(k in s for s in summary.values())]
     smp = all(SAMPLE_KEYS[0] in s for s in summary.values())
     lines += ["", "| arm | what | held-out bpb (mean ± std) | teacher agreement | "
-              + ("out-of-domain bpb | " if ood else "")
+              + "".join(f"{title} | " for _, title in finals)
               + ("teacher bpb on samples | 4-gram repetition | " if smp else "") + "seeds | s/run |",
-              "|---|---|---|---|" + ("---|" if ood else "") + ("---|---|" if smp else "")
+              "|---|---|---|---|" + "---|" * len(finals) + ("---|---|" if smp else "")
               + "---|---|"]
     for arm, s in summary.items():
         (bm, bs), (am, as_) = s["bpb"], s["agree"]
-        extra = f"{s['ood'][0]:.4f} ± {s['ood'][1]:.4f} | " if ood else ""
+        extra = "".join(f"{s[k][0]:.4f} ± {s[k][1]:.4f} | " for k, _ in finals)
         if smp:
             extra += " | ".join(f"{s[k][0]:.4f} ± {s[k][1]:.4f}" for k in SAMPLE_KEYS) + " | "
         lines.append(f"| `{arm}` | {ARM_TEXT.get(arm, arm)} | {bm:.4f} ± {bs:.4f} | {am:.4f} ± "
@@ -156,7 +175,8 @@ def block(results: dict, meta: dict) -> str:
     lines += ["", "Against CE only (gain = lower held-out bits per byte; Welch and paired t over "
               "seeds, each Holm-adjusted over the comparisons below; raw per-seed values in "
               "`results.json` beside this file):", ""]
-    lines += (gain_lines(summary) + control_lines(summary) + onpolicy_lines(summary)
+    lines += (gain_lines(summary) + gap_lines(summary, meta["start"]["figures"])
+              + control_lines(summary) + onpolicy_lines(summary)
               + ["", "![curves](curves.png)", "", END])
     return "\n".join(lines)
 

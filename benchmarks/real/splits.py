@@ -1,13 +1,22 @@
-"""The evidence protocol's texts (PROTOCOL.md): domain, student slice, validation, test, and an
-out-of-domain text, each prepared once into arrow shards.
+"""The evidence protocol's texts (PROTOCOL.md): domain, student slice, validation, test, and
+texts outside them, each prepared once into arrow shards. Two schemes:
 
-* domain: four plays (``DOMAIN``) -- the teacher adapts on all of it; the student trains on a
-  ``slice_kb`` slice (every n-th passage);
-* validation: *The Tempest* -- every decision (learning rates, smoothing, adaptation length);
-* test: *Twelfth Night* -- the confirmatory table only, scored once;
-* out-of-domain: Python's own language reference topics (``pydoc_data.topics``, shipped with
-  CPython, English technical prose) -- what distillation on Shakespeare costs elsewhere. Its
-  sha256 is recorded, since it follows the Python patch version.
+``blocks`` (amendment 2, the default): each of the four domain plays (``DOMAIN``) is cut into
+``BLOCKS`` contiguous blocks of passages;
+
+* domain: every block but the held-out ones -- the teacher adapts on all of it; the student
+  trains on a ``slice_kb`` slice of it (every n-th passage);
+* validation: blocks ``VALID_BLOCKS`` of every play -- every decision;
+* test: blocks ``TEST_BLOCKS`` of every play -- the confirmatory table only, scored once;
+  validation and test interleave the plays passage by passage, so that the first evaluation
+  tokens come from all four;
+* other play: *Twelfth Night* -- reported, not tested;
+
+``plays`` (the protocol as first written): the teacher adapts on all four plays; validation is
+*The Tempest*, test *Twelfth Night*. Both schemes add the out-of-domain text: Python's own
+language reference topics (``pydoc_data.topics``, shipped with CPython, English technical prose)
+-- what distillation on Shakespeare costs elsewhere. Its sha256 is recorded, since it follows
+the Python patch version.
 """
 
 from __future__ import annotations
@@ -19,7 +28,10 @@ from pathlib import Path
 DOMAIN = ("hamlet", "macbeth", "othello", "julius_caesar")
 VALID, TEST = "tempest", "twelfth_night"
 OOD_KB = 96
-SPLITS = ("domain", "slice", "valid", "test", "ood")
+SCHEMES = ("blocks", "plays")
+BLOCKS, VALID_BLOCKS, TEST_BLOCKS = 20, (4, 14), (9, 19)
+SPLITS = {"blocks": ("domain", "slice", "valid", "test", "other_play", "ood"),
+          "plays": ("domain", "slice", "valid", "test", "ood")}
 
 
 def ood_passages(max_chars: int = 600, limit_kb: int = OOD_KB) -> list[str]:
@@ -38,26 +50,53 @@ def ood_passages(max_chars: int = 600, limit_kb: int = OOD_KB) -> list[str]:
     return out
 
 
-def texts(slice_kb: int) -> dict[str, list[str]]:
+def held_out_blocks(docs: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """One play's passages as (train, validation, test): ``BLOCKS`` contiguous blocks of equal
+    passage count (the last ones one shorter), blocks ``VALID_BLOCKS`` / ``TEST_BLOCKS`` held
+    out, in order."""
+    bounds = [round(i * len(docs) / BLOCKS) for i in range(BLOCKS + 1)]
+    block = [docs[bounds[i]:bounds[i + 1]] for i in range(BLOCKS)]
+    pick = lambda ids: [d for i in ids for d in block[i]]  # noqa: E731
+    held = set(VALID_BLOCKS) | set(TEST_BLOCKS)
+    return pick(i for i in range(BLOCKS) if i not in held), pick(VALID_BLOCKS), pick(TEST_BLOCKS)
+
+
+def interleave(groups: list[list[str]]) -> list[str]:
+    """Round robin over ``groups`` (the first of each, then the second, ...), longer ones last."""
+    return [g[i] for i in range(max(map(len, groups), default=0)) for g in groups if i < len(g)]
+
+
+def texts(slice_kb: int, scheme: str = "blocks") -> dict[str, list[str]]:
     from xdistill.tiny import passages
 
-    domain = [p for play in DOMAIN for p in passages(plays=[play])]
+    if scheme not in SCHEMES:
+        raise ValueError(f"splits: unknown scheme {scheme!r}; expected one of {SCHEMES}")
+    if scheme == "plays":
+        domain = [p for play in DOMAIN for p in passages(plays=[play])]
+        held = {"valid": passages(plays=[VALID]), "test": passages(plays=[TEST])}
+    else:
+        parts = [held_out_blocks(passages(plays=[play])) for play in DOMAIN]
+        domain = [p for train, _, _ in parts for p in train]
+        held = {"valid": interleave([v for _, v, _ in parts]),
+                "test": interleave([t for _, _, t in parts]),
+                "other_play": passages(plays=[TEST])}
     total = sum(len(p.encode()) for p in domain)
     every = max(1, round(total / (slice_kb * 1024)))
-    return {"domain": domain, "slice": domain[::every], "valid": passages(plays=[VALID]),
-            "test": passages(plays=[TEST]), "ood": ood_passages()}
+    return {"domain": domain, "slice": domain[::every], **held, "ood": ood_passages()}
 
 
-def prepare_splits(root: Path, slice_kb: int) -> dict:
-    """Arrow folders of every split under ``root/data_v2`` (reused when present), their sizes in
-    KB, text digests, and the validation/test passages for the agreement metric."""
+def prepare_splits(root: Path, slice_kb: int, scheme: str = "blocks") -> dict:
+    """Arrow folders of every split under ``root/data_<scheme>`` (``data_v2`` for ``plays``;
+    reused when present), their sizes in KB, text digests, and the validation/test passages for
+    the agreement metric."""
     from xdistill.data.prepare import prepare
 
-    out = {}
-    for name, docs in texts(slice_kb).items():
-        folder = root / "data_v2" / name
+    out = {"scheme": scheme}
+    base = root / ("data_v2" if scheme == "plays" else f"data_{scheme}")
+    for name, docs in texts(slice_kb, scheme).items():
+        folder = base / name
         if not (folder / "index.json").exists():
-            raw = root / "data_v2" / f"{name}.jsonl"
+            raw = base / f"{name}.jsonl"
             raw.parent.mkdir(parents=True, exist_ok=True)
             raw.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs),
                            encoding="utf-8")

@@ -1,18 +1,23 @@
 """The real-model evidence protocol (``benchmarks/real/PROTOCOL.md``), stage by stage.
 
-    .venv/bin/python benchmarks/real/study.py --out runs/real_v2             # every stage in order
-    .venv/bin/python benchmarks/real/study.py --out runs/real_v2 --stage teacher
+    .venv/bin/python benchmarks/real/study.py --out runs/real_a2             # every stage in order
+    .venv/bin/python benchmarks/real/study.py --out runs/real_a2 --stage teacher
+    .venv/bin/python benchmarks/real/study.py --out runs/real_v2 --scheme plays   # as first written
     .venv/bin/python benchmarks/real/study.py --out /tmp/rs --smoke          # 2-step plumbing check
 
 Stages (each one's choices go to ``<out>/study.json`` and ``evidence/study.json``; every run is
-cached by its configuration, so the study can span several sessions):
+cached by its configuration, so the study can span several sessions). The texts follow
+``--scheme`` (``splits.py``): ``blocks`` (amendment 2, the default; records in ``evidence/a2/``)
+holds out blocks of the four domain plays for validation and test; ``plays`` (as first written;
+records in ``evidence/``) validates on *The Tempest* and tests on *Twelfth Night*.
 
-1. ``ce_lr``     CE-only at each rate of ``LR_GRID``, seeds 0-1, scored on validation
-                 (*The Tempest*); the best mean validation bits per byte picks CE's rate.
-2. ``teacher``   Gemma-3-270M adapted by CE on the four domain plays at a constant rate, scored on
+1. ``ce_lr``     CE-only at each rate of ``LR_GRID``, seeds 0-1, scored on validation; the best
+                 mean validation bits per byte picks CE's rate.
+2. ``teacher``   Gemma-3-270M adapted by CE on the domain at a constant rate, scored on
                  validation and exported at each of ``ADAPT_CHECKS``; the teacher is the first
-                 that leads CE-only's validation bits per byte by >= ``LEAD`` (else the last one,
-                 reported as a deviation).
+                 that leads CE-only's validation bits per byte by >= ``LEAD``, and the adaptation
+                 stops there (``blocks``); if none does, the best-scoring check (``blocks``; the
+                 last one under ``plays``), the shortfall reported.
 3. ``pkl_lr``    P-KL to that teacher at each rate of ``LR_GRID``, seeds 0-1, validation; picks
                  the distillation arms' rate.
 4. ``op_lr``     on-policy k1 to that teacher (``onpolicy_arms.py``: prompts cut from the
@@ -21,7 +26,7 @@ cached by its configuration, so the study can span several sessions):
                  (PROTOCOL.md, amendment 1).
 5. ``smoothing`` CE + label smoothing at CE's rate, each eps of ``LS_GRID``, seeds 0-1.
 6. ``confirm``   every arm of ``CONFIRM_ARMS``, seeds 100-104 (never used before), scored once on
-                 the test play (*Twelfth Night*), plus the out-of-domain text and the student's
+                 the test split, plus the other play and the out-of-domain text and the student's
                  samples of test prompts judged by the teacher (``samples.py``) at the end; the
                  table (Welch and paired t, Holm over each family's comparisons) is generated from
                  the committed ``evidence/results.json``.
@@ -48,6 +53,7 @@ LS_GRID = (0.05, 0.1, 0.2)
 ADAPT_CHECKS = (60, 120, 240, 480)
 ADAPT_CHECKPOINT_EVERY = 30   # adaptation steps between checkpoints (~4 min each here)
 LEAD = 0.15
+AMENDMENT = "a2"         # the blocks scheme's records: evidence/a2/, runs/real_a2
 TUNE_SEEDS = (0, 1)
 CONFIRM_SEEDS = (100, 101, 102, 103, 104)
 CONFIRM_ARMS = ("ce", "ce_ls", "pkl", "pkl_stock", "self_kl", "multi", "alm",
@@ -64,11 +70,17 @@ say = distill.say
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=Path("runs/real_v2"))
+    p.add_argument("--out", type=Path, default=None,
+                   help="run folder (default runs/real_a2, or runs/real_v2 with --scheme plays)")
+    p.add_argument("--scheme", choices=splits.SCHEMES, default="blocks",
+                   help="texts (splits.py): held-out blocks of the domain plays (amendment 2) or "
+                        "other plays (as first written)")
     p.add_argument("--stage", choices=STAGES + ("all",), default="all")
     p.add_argument("--smoke", action="store_true",
                    help="2 steps, 2-step adaptation, 1 eval batch: checks the plumbing only")
     args = p.parse_args(argv)
+    if args.out is None:
+        args.out = Path("runs/real_v2" if args.scheme == "plays" else f"runs/real_{AMENDMENT}")
     base = distill.parse(["--steps", "60", "--eval-every", "20", "--eval-batches", "8",
                           "--agree-passages", "16", "--teacher-lr", "3e-5"])
     for k, v in vars(base).items():
@@ -80,15 +92,19 @@ def parse(argv=None) -> argparse.Namespace:
         args.checks, args.tune_seeds, args.confirm_seeds = (1, 2), (0,), (100,)
     args.lr_grid, args.ls_grid = ((1e-4,), (0.1,)) if args.smoke else (LR_GRID, LS_GRID)
     args.sample_prompts = 2 if args.smoke else SAMPLE_PROMPTS
-    args.records = RECORDS if not args.smoke else args.out / "evidence"
+    records = RECORDS if args.scheme == "plays" else RECORDS / AMENDMENT
+    args.records = records if not args.smoke else args.out / "evidence"
     return args
 
 
 def evals(args, data: dict) -> dict:
     ev = lambda split: {"paths": [data[split]], "batches": args.eval_batches,  # noqa: E731
                         "texts": data[f"{split}_texts"][:args.agree_passages]}
-    return {"valid": ev("valid"), "test": ev("test"),
-            "ood": {"paths": [data["ood"]], "batches": args.eval_batches, "texts": []}}
+    out = {"valid": ev("valid"), "test": ev("test")}
+    for name in ("other_play", "ood"):              # reported, not tested
+        if name in data:
+            out[name] = {"paths": [data[name]], "batches": args.eval_batches, "texts": []}
+    return out
 
 
 def base_assets(args, data: dict) -> dict:
@@ -147,7 +163,10 @@ def stage_teacher(args, state, a, ev, data) -> None:
     # resumable (distill_eval.adapt): a killed adaptation restarts from its last checkpoint
     cfg["checkpoint"] = {"every": ADAPT_CHECKPOINT_EVERY, "keep_last": 1, "resume": "auto",
                          "export_hf": False}
+    target = state["ce_lr"]["valid_bpb"] - LEAD
     job = {"cfg": cfg, "checks": list(args.checks), "eval": ev["valid"], "out": str(out)}
+    if args.scheme != "plays":      # amendment 2: stop at the rule's pick
+        job["stop_bpb"] = target
     res_path = out / "adapted.json"
     if not (res_path.exists() and json.loads(res_path.read_text()).get("digest")
             == distill._digest(job)):
@@ -157,9 +176,9 @@ def stage_teacher(args, state, a, ev, data) -> None:
         distill.stream([sys.executable, str(HERE / "distill_eval.py"), "adapt",
                         str(out / "job.json")], out / "adapt.log", "teacher", max(args.checks))
     checks = json.loads(res_path.read_text())["checks"]
-    target = state["ce_lr"]["valid_bpb"] - LEAD
     hit = [c for c in checks if c["bpb"] <= target]
-    pick = hit[0] if hit else checks[-1]
+    fallback = checks[-1] if args.scheme == "plays" else min(checks, key=lambda c: c["bpb"])
+    pick = hit[0] if hit else fallback
     state["teacher"] = {"checks": checks, "target_bpb": target, "chosen": pick,
                         "lead": state["ce_lr"]["valid_bpb"] - pick["bpb"], "met": bool(hit)}
     save(args, state, "teacher", checks)
@@ -196,7 +215,8 @@ def stage_confirm(args, state, a, ev, data) -> None:
                "new_tokens": onpolicy_arms.NEW_TOKENS, "seed": SAMPLE_SEED, "teacher": teacher,
                "teacher_add_bos": True}
     a = {**onpolicy_assets(args, state, a, data), "label_smoothing":
-         state["smoothing"]["chosen"], "eval": ev["test"], "final_evals": {"ood": ev["ood"]},
+         state["smoothing"]["chosen"], "eval": ev["test"],
+         "final_evals": {k: ev[k] for k in ("other_play", "ood") if k in ev},
          "samples": samples}
     (args.out / "confirm").mkdir(parents=True, exist_ok=True)
     start = distill.starting_figures(args, a, args.out / "confirm")   # on the test play
@@ -234,9 +254,16 @@ def hardware() -> str:
 
 
 def data_text(args, data: dict) -> str:
+    if data["scheme"] == "plays":
+        held = (f"decisions on *{splits.VALID}*, this table on the test play *{splits.TEST}* "
+                f"({data['test_kb']:.0f} KB")
+    else:
+        held = (f"decisions on blocks {splits.VALID_BLOCKS} of {splits.BLOCKS} of every domain "
+                f"play ({data['valid_kb']:.0f} KB), this table on blocks {splits.TEST_BLOCKS} "
+                f"({data['test_kb']:.0f} KB, never seen by the teacher or the student), the other "
+                f"play *{splits.TEST}* reported ({data['other_play_kb']:.0f} KB")
     return (f"Data: domain {data['domain_kb']:.0f} KB ({', '.join(splits.DOMAIN)}), student slice "
-            f"{data['slice_kb']:.0f} KB; decisions on *{splits.VALID}*, this table on the test play "
-            f"*{splits.TEST}* ({data['test_kb']:.0f} KB; bits per byte on its first "
+            f"{data['slice_kb']:.0f} KB; {held}; bits per byte on its first "
             f"{args.eval_batches} x 4 x 128 tokens, agreement on its first {args.agree_passages} "
             f"passages) and out-of-domain text (Python's reference topics, {data['ood_kb']:.0f} KB, "
             f"sha256 {data['ood_sha256']}). Student: {args.steps} steps of {args.batch} x "
@@ -249,8 +276,8 @@ def main(argv=None) -> int:
     path = args.out / "study.json"
     state = json.loads(path.read_text()) if path.exists() else {}
     t0 = time.perf_counter()
-    data = splits.prepare_splits(args.out, args.slice_kb)
-    say("[data] " + ", ".join(f"{k} {data[f'{k}_kb']:.0f} KB" for k in splits.SPLITS))
+    data = splits.prepare_splits(args.out, args.slice_kb, args.scheme)
+    say("[data] " + ", ".join(f"{k} {data[f'{k}_kb']:.0f} KB" for k in splits.SPLITS[args.scheme]))
     ev, a = evals(args, data), base_assets(args, data)
     for name in (STAGES if args.stage == "all" else (args.stage,)):
         missing = [s for s in NEEDS[name] if s not in state]

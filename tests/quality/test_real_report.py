@@ -67,3 +67,23 @@ def test_protocol_table_has_controls_out_of_domain_and_its_own_data_text(tmp_pat
     for pair in ("pkl vs ce_ls", "pkl vs pkl_stock", "pkl vs self_kl", "multi vs pkl"):
         assert f"| {pair} | 5 / 5 |" in text, pair
     assert "| pkl_stock vs ce | 5 / 5 |" in text
+
+
+def test_amendment_two_columns_and_the_gap_closed(tmp_path):
+    """Amendment 2: the other play beside the out-of-domain column, and the share of the CE-only
+    -> teacher gap each teacher arm closes, (CE - arm) / (CE - teacher) from the seed means; with
+    a teacher behind CE only the report says no gap is defined instead of a ratio."""
+    base = {0: 1.80, 1: 1.82, 2: 1.81}
+    results = {"ce": _runs(base), "pkl": _runs({s: b - 0.03 for s, b in base.items()}),
+               "multi": _runs({s: b - 0.09 for s, b in base.items()})}
+    for runs in results.values():
+        for r in runs.values():
+            r["final"] = {"other_play": 1.9, "ood": 2.5}
+    meta = {"command": "study", "hardware": "test", "wall_s": 60.0, "data_text": "Data: a2.",
+            "start": {"figures": {report.TEACHER_FIGURE: 1.69}}}     # gap 1.81 - 1.69 = 0.12
+    text = report.write_report(results, meta, tmp_path).read_text()
+    assert "| other-play bpb | out-of-domain bpb |" in text and "1.9000 ± 0.0000 | 2.5000" in text
+    assert "(gap 0.1200)" in text and "- `pkl`: 25%" in text and "- `multi`: 75%" in text
+    meta["start"]["figures"][report.TEACHER_FIGURE] = 1.83
+    text = report.write_report(results, meta, tmp_path / "behind").read_text()
+    assert "the teacher does not lead CE only, so no gap is defined" in text and "- `pkl`:" not in text
