@@ -45,6 +45,9 @@ def test_every_continuation_arm_config_is_valid(assets, tmp_path):
             assert (cfg.teachers[0].worker.model == assets["teacher_same_big"]["model"]) == same
         else:
             cfg = validate_offpolicy(load_config(OffPolicyConfig, str(path)))
+            # the headroom check reads every training answer: the teachers' corpus
+            corpus = assets["corpus"]["teacher" if arm == "cont_ce_oracle" else "student"]
+            assert list(cfg.data.paths) == [corpus], arm
         assert cfg.train.steps == TINY_ARMS.cont_steps
 
 

@@ -11,6 +11,10 @@ off-policy; ``cont_prompts`` prompts per step are chosen to match ``batch x seq_
 arm                 what continues training the CE checkpoint
 ==================  =============================================================================
 ``cont_ce``         CE on the student corpus (the noisy labels alone)
+``cont_ce_oracle``  CE on the teachers' corpus: the true answer of *every* training problem,
+                    including those the student has no label for (a ceiling: what a teacher
+                    that answered every prompt right could add through the prompts; issue-24
+                    headroom check)
 ``cont_pkl_cont``   off-policy P-KL + continuation KL to the cross-tokenizer teacher, + CE (the
                     best off-policy distillation arm of the from-scratch protocol)
 ``op_k1``           on-policy, k1: policy gradient with the chunk log-ratio as advantage
@@ -45,7 +49,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-CONT_ARMS = ("cont_ce", "cont_pkl_cont", "op_k1", "op_k3", "op_rkl", "op_strict", "op_dpca",
+CONT_ARMS = ("cont_ce", "cont_ce_oracle", "cont_pkl_cont", "op_k1", "op_k3", "op_rkl", "op_strict", "op_dpca",
              "op_simple", "op_bpm", "op_escd", "op_k1_mean", "op_dpca_mean", "op_simple_mean",
              "op_k1_byte", "op_k3_byte", "op_dpca_byte", "op_simple_byte")
 SAME_ARMS = tuple(f"op_{k}_same" for k in ("k1", "k3", "rkl", "strict", "dpca", "simple", "bpm",
@@ -87,7 +91,9 @@ def cont_config(arm: str, seed: int, assets: dict, s, out_dir: str) -> dict:
     base["optim"]["lr"] = s.cont_lr_of(arm)
     base["checkpoint"]["every"] = s.eval_every and min(s.eval_every, s.cont_steps)
     base["eval"]["every"] = base["checkpoint"]["every"]
-    if arm in ("cont_ce", "cont_pkl_cont"):
+    if arm == "cont_ce_oracle":
+        base["data"]["paths"] = [assets["corpus"]["teacher"]]
+    if arm in ("cont_ce", "cont_ce_oracle", "cont_pkl_cont"):
         return base
     kind = ONPOLICY_KIND[arm]
     loss = {"kind": kind, "weight": 1.0, "temperature": 1.0}
