@@ -116,3 +116,58 @@ def test_command_help_is_plain_text(capsys):
         main(["train", "--help"])
     assert "runs xdistill.train.offpolicy.run_offpolicy." in " ".join(
         capsys.readouterr().out.split())
+
+
+def test_entry_exits_with_mains_code_without_a_process_group(monkeypatch):
+    import pytest
+
+    from xdistill import cli, distributed
+
+    monkeypatch.setattr(cli, "main", lambda argv=None: 3)
+    monkeypatch.setattr(distributed, "_STARTED_GROUP", False)
+    monkeypatch.setattr(os, "_exit", lambda code: pytest.fail("os._exit without a process group"))
+    with pytest.raises(SystemExit) as exc:
+        cli.entry()
+    assert exc.value.code == 3
+
+
+def test_entry_leaves_a_rank_through_os_exit_after_flushing(monkeypatch):
+    """A process that ran a process group ends by os._exit (no interpreter teardown beside gloo's
+    threads), after the logging handlers and standard streams are flushed."""
+    import logging
+
+    import pytest
+
+    from xdistill import cli, distributed
+
+    class Left(Exception):
+        pass
+
+    events = []
+
+    class Handler(logging.Handler):
+        def emit(self, record):
+            events.append("emit")
+
+        def flush(self):
+            events.append("flush")
+
+    def fake_exit(code):
+        events.append(("exit", code))
+        raise Left
+
+    handler = Handler()
+    logging.getLogger("xdistill-test-entry").addHandler(handler)
+    real_shutdown = logging.shutdown
+    # logging's own shutdown, on our handler only (the real call would close pytest's handlers)
+    monkeypatch.setattr(logging, "shutdown", lambda: real_shutdown([lambda: handler]))
+    monkeypatch.setattr(cli, "main", lambda argv=None: 0)
+    monkeypatch.setattr(distributed, "_STARTED_GROUP", True)
+    monkeypatch.setattr(os, "_exit", fake_exit)
+    try:
+        with pytest.raises(Left):
+            cli.entry()
+    finally:
+        logging.getLogger("xdistill-test-entry").removeHandler(handler)
+    assert "flush" in events and events[-1] == ("exit", 0)
+    assert events.index("flush") < events.index(("exit", 0))

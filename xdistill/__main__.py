@@ -1,5 +1,5 @@
 """``python -m xdistill``: the ``xdistill`` console script without the installed entry point."""
 
-from xdistill.cli import main
+from xdistill.cli import entry
 
-raise SystemExit(main())
+entry()

@@ -2,7 +2,8 @@
 
 Each command lives in ``xdistill.commands.<name>`` and exposes ``main(argv) -> int``. Commands are
 imported lazily so ``xdistill --help`` is fast. User errors (:class:`XDistillError`) print one line
-``xdistill: error: ...`` and exit with code 2.
+``xdistill: error: ...`` and exit with code 2. The console script is :func:`entry` (:func:`main`,
+then exit); tests call :func:`main`.
 """
 
 from __future__ import annotations
@@ -64,5 +65,16 @@ def main(argv: list[str] | None = None) -> int:
         return int(getattr(exc, "exit_code", 2))
 
 
+def entry() -> None:
+    """The console script (``xdistill``, ``python -m xdistill``): :func:`main`, then exit with its
+    code. A process that ran a process group (a ``torchrun`` rank) leaves through
+    :func:`xdistill.distributed.leave_process`, without the interpreter's teardown (why: there)."""
+    code = main()
+    dist_module = sys.modules.get("xdistill.distributed")   # loaded only if a command needed it
+    if dist_module is not None and dist_module.started_a_process_group():
+        dist_module.leave_process(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

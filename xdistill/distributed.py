@@ -6,6 +6,11 @@ available, gloo otherwise). Without those variables it starts nothing and every 
 the single process of a world of size 1: :func:`all_reduce_sum` returns its input, :func:`barrier`
 returns at once. Code therefore never branches on "am I distributed?" itself.
 
+A process that ran a group ends through :func:`leave_process` (the console script does this):
+torch keeps the group's backend, and gloo's worker threads, alive after ``destroy_process_group``
+for as long as FSDP2's DTensor specs, cached inside torch, hold the device mesh -- here, until the
+interpreter's own teardown, which a worker thread can then abort (see :func:`leave_process`).
+
 The device mesh is one-dimensional (``("dp_shard",)``, plain FSDP) or two-dimensional
 (``("dp_replicate", "dp_shard")``, HSDP: shard inside a group of ranks, replicate across groups).
 
@@ -19,9 +24,11 @@ of ``sum_of_all_token_losses / n_global`` -- the same as one process on the whol
 from __future__ import annotations
 
 import datetime
+import logging
 import os
+import sys
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -30,6 +37,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from xdistill.errors import XDistillError
 
 Number = TypeVar("Number", int, float)
+
+# set by init_distributed when this process starts a process group (read by leave_process's caller)
+_STARTED_GROUP = False
 
 
 @dataclass(frozen=True)
@@ -100,7 +110,39 @@ def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> D
         timeout=datetime.timedelta(seconds=timeout_s),
         device_id=device if chosen == "nccl" else None,
     )
+    global _STARTED_GROUP
+    _STARTED_GROUP = True
     return DistEnv(rank, world_size, local_rank, device, chosen)
+
+
+def started_a_process_group() -> bool:
+    """True once :func:`init_distributed` started a process group in this process (even after
+    :func:`destroy_distributed`)."""
+    return _STARTED_GROUP
+
+
+def leave_process(code: int) -> NoReturn:
+    """End a process that ran a process group, its work done and its group destroyed: flush the
+    logging handlers and the standard streams, then ``os._exit(code)``, skipping the interpreter's
+    teardown.
+
+    Why: ``destroy_process_group`` does not end gloo's worker threads while anything still holds
+    the group, and after an FSDP2 run torch's own DTensor caches hold the device mesh, which holds
+    the group (measured with torch 2.13: the mesh and three gloo threads outlive the call and a
+    garbage collection). The interpreter's teardown then runs beside those threads; a worker that
+    drops the last reference to a tensor with a Python object needs the GIL, which a finalising
+    interpreter refuses by ending the thread, and C++ aborts the process (``terminate called
+    without an active exception``: seen once in ~30 two-rank runs under load, after training had
+    finished; pytorch#179291 describes the mechanism). Everything a run writes is closed before
+    this is called: checkpoints and exports are synchronous, metrics and trackers are closed by the
+    trainer, teacher and loader workers are stopped by its ``close``."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):   # closed or broken pipe: nothing left to save
+            pass
+    os._exit(code)
 
 
 def is_distributed() -> bool:
