@@ -206,3 +206,29 @@ def test_table_names_the_split_it_scored():
                       "seeds": 3, "train_s": 1.0}}
     assert "| arm | validation accuracy |" in format_table(summary, "valid")
     assert "| arm | held-out accuracy |" in format_table(summary)
+
+
+def test_unlabeled_split_is_the_prompt_pool_the_student_has_no_label_for(tmp_path):
+    """Fourth protocol's split: the training problems beyond the student's labels -- disjoint
+    from the labeled ones, twin-free against them, absent from the student's corpus, present in
+    the teachers'; ``--eval-split unlabeled`` refuses a corpus that labels everything."""
+    from toyq.run import main
+
+    cfg = task.TaskConfig(answer_noise=0, twin_free=True, n_valid=150, student_pairs=300)
+    train, _, _ = task.split_pairs_protocol(cfg)
+    pool = task.unlabeled_pairs(cfg)
+    labeled = task.student_side(train, cfg)
+    assert len(pool) + len(labeled) == len(train) and len(pool) > 250
+    assert not {tuple(p) for p in pool.tolist()} & {tuple(p) for p in labeled.tolist()}
+    assert _twins_in(pool, labeled) == 0.0
+    small = replace(cfg, max_operand=9, n_heldout=20, n_valid=16, passes=1, student_pairs=10)
+    info = task.build_corpora(tmp_path, small)
+    student = (tmp_path / "student.jsonl").read_text()
+    teacher = (tmp_path / "teacher.jsonl").read_text()
+    for a, b in task.unlabeled_pairs(small).tolist():
+        assert f"Q: {a}+{b}=?" not in student and f"Q: {a}+{b}=?" in teacher
+    assert len(task.unlabeled_pairs(replace(small, student_pairs=0))) == 0
+    assert info["heldout"]
+    assert main(["--arms", "cont_ce", "--twin-free", "--n-valid", "10", "--eval-split",
+                 "unlabeled", "--no-report", "--out", str(tmp_path / "out"),
+                 "--cache", str(tmp_path / "cache"), "--steps", "1"]) == 2

@@ -48,8 +48,10 @@ class _Ticker:
 
 
 def eval_split(assets: dict) -> str:
-    """The problems accuracy is measured on: ``heldout`` (the test split, default) or ``valid``
-    (the twin-free validation split of the issue-24 screening; ``assets["eval_split"]``)."""
+    """The problems accuracy is measured on (``assets["eval_split"]``): ``heldout`` (the test
+    split, default), ``valid`` (the twin-free validation split of the issue-24 screening) or
+    ``unlabeled`` (the training problems the student's corpus has no label for; ``run.py`` adds
+    them)."""
     split = assets.get("eval_split", "heldout")
     if split not in assets["corpus"]:
         raise KeyError(f"the prepared corpus has no {split!r} split (twin_free with n_valid > 0 "

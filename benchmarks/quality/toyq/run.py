@@ -76,8 +76,10 @@ def parse(argv=None):
     p.add_argument("--prompt-pool", choices=PROMPT_POOLS, default=ArmSettings.prompt_pool,
                    help="on-policy prompts: the student's labeled problems, or every training "
                         "problem (also the unlabeled ones the teachers trained on)")
-    p.add_argument("--eval-split", choices=("heldout", "valid"), default="heldout",
-                   help="score accuracy on the test (held-out) or the validation split")
+    p.add_argument("--eval-split", choices=("heldout", "valid", "unlabeled"), default="heldout",
+                   help="score accuracy on the test (held-out) split, the validation split, or "
+                        "the training problems without a label in the student's corpus (what only "
+                        "a teacher can teach; needs --student-pairs)")
     p.add_argument("--cont-steps", type=int, default=ArmSettings.cont_steps,
                    help="continuation protocol (cont_* / op_* arms): steps after the CE "
                         "checkpoint of each seed")
@@ -225,8 +227,19 @@ def _run(args, shown: list[str]) -> int:
                    task=replace(base.task, answer_noise=args.answer_noise,
                                 twin_free=args.twin_free, n_valid=args.n_valid,
                                 student_pairs=args.student_pairs))
+    unlabeled = None
+    if args.eval_split == "unlabeled":    # the training prompts without a label (fourth protocol)
+        from toyq.task import unlabeled_pairs
+
+        unlabeled = unlabeled_pairs(prep.task).tolist()
+        if not unlabeled:
+            print("error: --eval-split unlabeled needs --student-pairs below the training "
+                  "problems (every training problem is labeled)", file=sys.stderr)
+            return 2
     assets = prepare_all(args.cache or out / "prepared", prep, teachers=need, watch=watch)
     assets = {**assets, "eval_split": args.eval_split}
+    if unlabeled is not None:
+        assets["corpus"] = {**assets["corpus"], "unlabeled": unlabeled}
     settings = replace(ArmSettings(), steps=args.steps, eval_every=args.eval_every,
                        threads=args.threads, temperature=args.temperature,
                        cont_steps=args.cont_steps, cont_lr=args.cont_lr,

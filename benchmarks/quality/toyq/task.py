@@ -152,6 +152,14 @@ def student_side(train: np.ndarray, cfg: TaskConfig) -> np.ndarray:
     return train[:n]
 
 
+def unlabeled_pairs(cfg: TaskConfig) -> np.ndarray:
+    """The training problems the student's corpus has no label for (the rest of ``train`` after
+    :func:`student_side`): prompts whose answer only a teacher can give. Empty unless
+    ``student_pairs`` leaves some out."""
+    train, _ = split_pairs(cfg)
+    return train[len(student_side(train, cfg)):]
+
+
 def documents(pairs: np.ndarray, texts: list[str], cfg: TaskConfig, salt: int,
               noisy: bool = False) -> list[str]:
     """Problem documents (``per_doc`` problems each, ``passes`` shuffled passes) + text docs;
