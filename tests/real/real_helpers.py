@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import numpy as np
 from hypothesis import strategies as st
 
@@ -61,3 +65,16 @@ def check_decode(tok, ids) -> None:
     except UnicodeDecodeError:
         return
     assert tok._backend.decode([int(i) for i in ids], skip_special_tokens=False) == expected
+
+
+REAL_SCRIPTS = Path(__file__).resolve().parents[2] / "benchmarks" / "real"
+
+
+def load_real_script(name: str):
+    """``benchmarks/real/<name>.py`` loaded by its path as module ``real_<name>`` (tests import
+    no benchmark script by its bare name)."""
+    spec = importlib.util.spec_from_file_location(f"real_{name}", REAL_SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

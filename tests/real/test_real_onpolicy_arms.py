@@ -4,27 +4,15 @@ continuation, checked against hand computations on a tiny model (fast, no real w
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from real_helpers import load_real_script
 
-REAL = Path(__file__).resolve().parents[2] / "benchmarks" / "real"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"real_{name}", REAL / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-arms, samples = _load("onpolicy_arms"), _load("samples")
+arms, samples = load_real_script("onpolicy_arms"), load_real_script("samples")
 
 
 def test_prompts_are_cut_at_a_space_and_short_passages_dropped():

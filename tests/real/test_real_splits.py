@@ -5,24 +5,10 @@ unchanged (real Shakespeare from the asset cache; no model)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from real_helpers import load_real_script
 
-REAL = Path(__file__).resolve().parents[2] / "benchmarks" / "real"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"real_{name}", REAL / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-splits = _load("splits")
+splits = load_real_script("splits")
 
 
 @pytest.fixture(scope="module")
