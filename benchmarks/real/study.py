@@ -219,7 +219,7 @@ def stage_confirm(args, state, a, ev, data) -> None:
          "final_evals": {k: ev[k] for k in ("other_play", "ood") if k in ev},
          "samples": samples}
     (args.out / "confirm").mkdir(parents=True, exist_ok=True)
-    start = distill.starting_figures(args, a, args.out / "confirm")   # on the test play
+    start = distill.starting_figures(args, a, args.out / "confirm")   # on the test split
     a["teacher_preds"] = start["preds"]
     stage_of = lambda arm: ("ce_lr" if arm in ("ce", "ce_ls") else  # noqa: E731
                             "op_lr" if arm in onpolicy_arms.ONPOLICY_ARMS else "pkl_lr")

@@ -49,8 +49,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-CONT_ARMS = ("cont_ce", "cont_ce_oracle", "cont_pkl_cont", "op_k1", "op_k3", "op_rkl", "op_strict", "op_dpca",
-             "op_simple", "op_bpm", "op_escd", "op_k1_mean", "op_dpca_mean", "op_simple_mean",
+CONT_ARMS = ("cont_ce", "cont_ce_oracle", "cont_pkl_cont", "op_k1", "op_k3", "op_rkl",
+             "op_strict", "op_dpca", "op_simple", "op_bpm", "op_escd", "op_k1_mean", "op_dpca_mean", "op_simple_mean",
              "op_k1_byte", "op_k3_byte", "op_dpca_byte", "op_simple_byte")
 SAME_ARMS = tuple(f"op_{k}_same" for k in ("k1", "k3", "rkl", "strict", "dpca", "simple", "bpm",
                                            "escd"))
