@@ -135,8 +135,8 @@ def test_confirmation_table_from_hand_made_runs():
     comps = comparisons(runs)
     assert [(c["kind"], c["teacher"]) for c in comps] == [
         ("op_bpm", "cross"), ("op_bpm", "same"), ("op_k1", "cross"), ("op_k1", "same"),
-        ("op_k1_byte", "cross"), ("op_k1_byte", "same")]
-    assert {c["arm"] for c in comps if c["kind"] == "op_k1_byte"} == {"op_k1_byte", "op_k1_same"}
+        ("op_k1_byte", "cross")]              # op_k1_same, shared by two kinds: tested once
+    assert len({c["arm"] for c in comps}) == len(comps) == 5
     pw = {}
     for c in comps:
         ref = sps.ttest_ind(acc[c["arm"]], acc["cont_ce"], equal_var=False)
@@ -152,6 +152,8 @@ def test_confirmation_table_from_hand_made_runs():
     text = "\n".join(confirmation_lines(runs))
     pen = 1 - (np.mean(acc["op_k1"]) - 0.304) / (np.mean(acc["op_k1_same"]) - 0.304)
     assert f"cross-tokenizer penalty of op_k1: {pen:.2f}" in text
+    pen_byte = 1 - (np.mean(acc["op_k1_byte"]) - 0.304) / (np.mean(acc["op_k1_same"]) - 0.304)
+    assert f"cross-tokenizer penalty of op_k1_byte: {pen_byte:.2f}" in text
     assert "k1 with the same-tokenizer teacher beats continued CE: yes" in text
     assert "collapsed (format rate < 0.9 on a seed): op_bpm" in text
     summary = {a: {"accuracy": 0.3, "accuracy_std": 0.01, "bpb": 3.0, "bpb_std": 0.0,
@@ -231,4 +233,33 @@ def test_unlabeled_split_is_the_prompt_pool_the_student_has_no_label_for(tmp_pat
     assert info["heldout"]
     assert main(["--arms", "cont_ce", "--twin-free", "--n-valid", "10", "--eval-split",
                  "unlabeled", "--no-report", "--out", str(tmp_path / "out"),
+                 "--cache", str(tmp_path / "cache"), "--steps", "1"]) == 2
+
+
+def test_unlabeled_halves_partition_the_pool_and_keep_twins_together(tmp_path):
+    """Fifth protocol's splits: the unlabeled pool cut in a tuning half and a test half --
+    disjoint, together the whole pool, about equal, a problem and its swapped twin in the same
+    half; the table names the half it scored; ``run.py`` refuses a half of an empty pool."""
+    from toyq.run import main
+    from toyq.summary import format_table
+
+    cfg = task.TaskConfig(answer_noise=0, twin_free=True, n_valid=150, student_pairs=300)
+    pool = task.unlabeled_pairs(cfg).tolist()
+    halves = task.unlabeled_halves(cfg)
+    tune, test = (halves[k].tolist() for k in task.UNLABELED_HALVES)
+    assert sorted(map(tuple, tune + test)) == sorted(map(tuple, pool))
+    assert not {tuple(p) for p in tune} & {tuple(p) for p in test}
+    assert abs(len(tune) - len(test)) <= 2 and len(test) > 120
+    pool_set, tune_set = {tuple(p) for p in pool}, {tuple(p) for p in tune}
+    twins = [(a, b) for a, b in pool_set if a != b and (b, a) in pool_set]
+    assert twins                                                   # the pool has twins
+    assert all(((a, b) in tune_set) == ((b, a) in tune_set) for a, b in twins)
+    again = task.unlabeled_halves(cfg)
+    assert all(np.array_equal(halves[k], again[k]) for k in halves)   # deterministic
+    summary = {"ce": {"accuracy": 0.3, "accuracy_std": 0.01, "bpb": 3.0, "bpb_std": 0.0,
+                      "seeds": 3, "train_s": 1.0}}
+    assert "| arm | accuracy on the unlabeled prompts' test half |" in format_table(
+        summary, "unlabeled_test")
+    assert main(["--arms", "cont_ce", "--twin-free", "--n-valid", "10", "--eval-split",
+                 "unlabeled_tune", "--no-report", "--out", str(tmp_path / "out"),
                  "--cache", str(tmp_path / "cache"), "--steps", "1"]) == 2

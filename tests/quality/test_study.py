@@ -78,3 +78,50 @@ def test_second_protocol_rules(monkeypatch):
     members = [a for arms in v2.FAMILY.values() for a in arms]
     assert len(members) == len(set(members)) and set(v2.SCREEN_ARMS) <= set(members)
     assert not set(v2.CONFIRM_SEEDS) & {0, 1, 2, 10, 11, 12, 13, 14}   # never used before
+
+
+def _load_script(monkeypatch, name: str):
+    monkeypatch.syspath_prepend(str(_path.parent))     # as when the script runs: its folder
+    spec = importlib.util.spec_from_file_location(f"quality_{name}", _path.with_name(name))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_fifth_protocol_rates_extend_past_a_grid_end_and_confirm_uses_them(monkeypatch, tmp_path):
+    """study_v5's fixed rules, with the harness (which trains; covered by the harness tests)
+    replaced by a table of accuracies: continued CE peaks inside the grid, k1 at its top end, so
+    k1 alone also runs the rate beyond (and keeps it: it is better still); the confirmation runs
+    on fresh seeds, the test half, continued CE and the oracle at CE's rate, the k1 arms at k1's."""
+    v5 = _load_script(monkeypatch, "study_v5.py")
+    acc = {"cont_ce": {3e-5: 0.20, 1e-4: 0.24, 3e-4: 0.22},
+           "op_k1_same": {3e-5: 0.25, 1e-4: 0.28, 3e-4: 0.31, 1e-3: 0.33}}
+    calls = []
+
+    def fake_harness(out, args, arms, seeds, steps, extra=()):
+        calls.append((out.name, tuple(arms), tuple(seeds), steps, tuple(extra)))
+        if "--eval-split" in extra and extra[extra.index("--eval-split") + 1] == "unlabeled_test":
+            (out).mkdir(parents=True, exist_ok=True)
+            (out / "results.json").write_text(json.dumps({"runs": []}))
+            return []
+        lr = float(extra[extra.index("--cont-lr") + 1])
+        return [{"arm": a, "seed": s, "accuracy": acc[a][lr], "format_rate": 1.0}
+                for a in arms for s in seeds]
+
+    monkeypatch.setattr(v5.study, "harness", fake_harness)
+    monkeypatch.setattr(v5, "RECORDS", tmp_path / "records")
+    assert v5.main(["--out", str(tmp_path / "out"), "--jobs", "1"]) == 0
+    state = json.loads((tmp_path / "out" / "study.json").read_text())
+    assert state["lr"]["chosen"] == {"cont_ce": 1e-4, "op_k1_same": 1e-3}
+    edge = [c for c in calls if c[0] == "lr_0.001"]
+    assert [c[1] for c in edge] == [("op_k1_same",)]              # only the arm at the end
+    assert all(c[2] == v5.TUNE_SEEDS and "unlabeled_tune" in c[4] for c in calls[:-1])
+    name, arms, seeds, steps, extra = calls[-1]
+    assert name == "confirm" and arms == v5.CONFIRM_ARMS and steps == v5.WARM_STEPS
+    assert "unlabeled_test" in extra and extra[extra.index("--cont-lr") + 1] == "0.0001"
+    assert extra[extra.index("--arm-lr") + 1] == \
+        "op_k1_same=0.001,op_k1=0.001,op_k1_byte=0.001"
+    used = {0, 1, 2, 3, 4, 10, 11, 12, 13, 14, 20, 21, 22, 23, 24, 40, 41, 42, 43, 44,
+            50, 51, 52, 53, 54}                                   # every earlier protocol's seeds
+    assert len(seeds) >= 10 and not set(seeds) & used
+    assert json.loads((tmp_path / "records" / "lr.json").read_text())["0.001"]

@@ -2,8 +2,8 @@
 same-tokenizer control teacher, Welch and paired t with Holm's correction, the penalty.
 
 Arms: ``op_<kind>`` (cross-tokenizer teacher) and ``op_<kind>_same`` (the control teacher over
-the student's tokenizer; :func:`control_arm`), against ``cont_ce``, over the seeds each pair finished. For every
-(kind, teacher): the gain in mean accuracy, Welch's t and the paired t with two-sided p, each
+the student's tokenizer; :func:`control_arm`), against ``cont_ce``, over the seeds each pair
+finished. For every (kind, teacher), a control shared by two kinds counted once: the gain in mean accuracy, Welch's t and the paired t with two-sided p, each
 family of p-values Holm-adjusted over all comparisons in the table; a comparison *passes* when
 both adjusted p are below alpha (0.05) and the gain is positive. Per kind, the cross-tokenizer
 penalty ``1 - cross gain / same gain``; per arm, the lowest final format rate over seeds (a
@@ -41,9 +41,12 @@ def comparisons(runs: list[dict], base: str = "cont_ce") -> list[dict]:
         return []
     kinds = sorted(a for a in arms if a.startswith("op_") and not a.endswith("_same")
                    and control_arm(a) in arms)
-    rows = [(kind, teacher, arm) for kind in kinds
-            for teacher, arm in (("cross", kind), ("same", control_arm(kind)))
-            if len(set(arms[arm]) & set(arms[base])) >= 2]
+    rows, seen = [], set()
+    for kind in kinds:     # a control shared by two kinds (k1 and k1_byte) is tested once
+        for teacher, arm in (("cross", kind), ("same", control_arm(kind))):
+            if arm not in seen and len(set(arms[arm]) & set(arms[base])) >= 2:
+                rows.append((kind, teacher, arm))
+                seen.add(arm)
     per_seed = {a: {s: r["accuracy"] for s, r in by_seed.items()} for a, by_seed in arms.items()}
     tests = compare(per_seed, [(arm, base) for _, _, arm in rows], higher_is_better=True,
                     shared_seeds=True)
@@ -78,10 +81,10 @@ def confirmation_lines(runs: list[dict], base: str = "cont_ce") -> list[str]:
                      f"{p[0]:+.2f} ({p[2]:.3f}, {c['paired_holm']:.3f}) | {fmt} | "
                      f"{'yes' if c['passes'] else 'no'} |")
     lines.append("")
-    gains = {(c["kind"], c["teacher"]): c["gain"] for c in comps}
+    gains = {c["arm"]: c["gain"] for c in comps}
     for kind in sorted({c["kind"] for c in comps}):
-        if (kind, "cross") in gains and (kind, "same") in gains:
-            pen = penalty(gains[kind, "cross"], gains[kind, "same"])
+        if kind in gains and control_arm(kind) in gains:
+            pen = penalty(gains[kind], gains[control_arm(kind)])
             text = "undefined (the same-tokenizer gain is not positive)" if pen != pen \
                 else f"{pen:.2f} (goal <= 0.2)"
             lines.append(f"- cross-tokenizer penalty of {kind}: {text}")

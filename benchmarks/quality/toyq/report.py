@@ -238,7 +238,7 @@ def render(result: dict, meta: dict) -> str:
     summary = result["summary"]
     base, protocol = _protocol_lines(summary)
     splits = {r.get("split", "heldout") for r in result.get("runs", [])}
-    split = "valid" if splits == {"valid"} else "heldout"
+    split = splits.pop() if len(splits) == 1 else "heldout"
     lines = ["## Table (generated)", "", format_table(summary, split), "",
              "Mean accuracy over training = the mean held-out accuracy of the checkpoints saved "
              "every `eval_every` steps (area under the accuracy curve / steps): higher = learns "

@@ -29,6 +29,7 @@ from pathlib import Path
 from toyq.arms import ARMS, ArmSettings
 from toyq.prepare import PROMPT_POOLS, PrepConfig
 from toyq.runner import Watch
+from toyq.task import UNLABELED_HALVES
 
 
 def markers(tag: str = "") -> tuple[str, str]:
@@ -76,10 +77,12 @@ def parse(argv=None):
     p.add_argument("--prompt-pool", choices=PROMPT_POOLS, default=ArmSettings.prompt_pool,
                    help="on-policy prompts: the student's labeled problems, or every training "
                         "problem (also the unlabeled ones the teachers trained on)")
-    p.add_argument("--eval-split", choices=("heldout", "valid", "unlabeled"), default="heldout",
+    p.add_argument("--eval-split", choices=("heldout", "valid", "unlabeled", *UNLABELED_HALVES),
+                   default="heldout",
                    help="score accuracy on the test (held-out) split, the validation split, or "
                         "the training problems without a label in the student's corpus (what only "
-                        "a teacher can teach; needs --student-pairs)")
+                        "a teacher can teach; needs --student-pairs), or one of its two halves "
+                        "(unlabeled_tune to choose rates on, unlabeled_test to confirm on)")
     p.add_argument("--cont-steps", type=int, default=ArmSettings.cont_steps,
                    help="continuation protocol (cont_* / op_* arms): steps after the CE "
                         "checkpoint of each seed")
@@ -228,18 +231,20 @@ def _run(args, shown: list[str]) -> int:
                                 twin_free=args.twin_free, n_valid=args.n_valid,
                                 student_pairs=args.student_pairs))
     unlabeled = None
-    if args.eval_split == "unlabeled":    # the training prompts without a label (fourth protocol)
-        from toyq.task import unlabeled_pairs
+    if args.eval_split.startswith("unlabeled"):    # training prompts without a label (4th, 5th)
+        from toyq.task import unlabeled_halves, unlabeled_pairs
 
-        unlabeled = unlabeled_pairs(prep.task).tolist()
+        pool = (unlabeled_pairs(prep.task) if args.eval_split == "unlabeled"
+                else unlabeled_halves(prep.task)[args.eval_split])
+        unlabeled = pool.tolist()
         if not unlabeled:
-            print("error: --eval-split unlabeled needs --student-pairs below the training "
-                  "problems (every training problem is labeled)", file=sys.stderr)
+            print(f"error: --eval-split {args.eval_split} needs --student-pairs below the "
+                  "training problems (every training problem is labeled)", file=sys.stderr)
             return 2
     assets = prepare_all(args.cache or out / "prepared", prep, teachers=need, watch=watch)
     assets = {**assets, "eval_split": args.eval_split}
     if unlabeled is not None:
-        assets["corpus"] = {**assets["corpus"], "unlabeled": unlabeled}
+        assets["corpus"] = {**assets["corpus"], args.eval_split: unlabeled}
     settings = replace(ArmSettings(), steps=args.steps, eval_every=args.eval_every,
                        threads=args.threads, temperature=args.temperature,
                        cont_steps=args.cont_steps, cont_lr=args.cont_lr,

@@ -63,11 +63,18 @@ def _pm(mean, std) -> str:
     return f"{mean:.3f} ± {std:.3f}"
 
 
+# the accuracy column's name per scored split (``run.py --eval-split``)
+SPLIT_COLUMNS = {"heldout": "held-out accuracy", "valid": "validation accuracy",
+                 "unlabeled": "accuracy on the unlabeled prompts",
+                 "unlabeled_tune": "accuracy on the unlabeled prompts' tuning half",
+                 "unlabeled_test": "accuracy on the unlabeled prompts' test half"}
+
+
 def format_table(summary: dict, split: str = "heldout") -> str:
-    """Markdown table: final accuracy (on the held-out test split, or ``split="valid"``: the
-    validation split), format rate (well-formed answers; ``-`` for runs scored before it existed),
+    """Markdown table: final accuracy (on the held-out test split, or the split named by
+    ``split``: see :data:`SPLIT_COLUMNS`), format rate (well-formed answers; ``-`` for runs scored before it existed),
     mean accuracy over training (``acc_auc``), bits per byte, mean ± std over seeds."""
-    name = "validation accuracy" if split == "valid" else "held-out accuracy"
+    name = SPLIT_COLUMNS.get(split, "held-out accuracy")
     lines = [f"| arm | {name} | format rate | mean accuracy over training | bits per "
              "byte | seeds | train s/run |", "|---|---|---|---|---|---|---|"]
     for arm, s in summary.items():

@@ -160,6 +160,25 @@ def unlabeled_pairs(cfg: TaskConfig) -> np.ndarray:
     return train[len(student_side(train, cfg)):]
 
 
+UNLABELED_HALVES = ("unlabeled_tune", "unlabeled_test")
+
+
+def unlabeled_halves(cfg: TaskConfig) -> dict[str, np.ndarray]:
+    """:func:`unlabeled_pairs` cut in two for the fifth protocol: ``unlabeled_tune`` (rates are
+    chosen on it) and ``unlabeled_test`` (scored once, in the confirmation). In the pool's
+    order, each unordered pair {a, b} (a problem with its swapped twin, or a lone problem) goes
+    whole to the half with fewer problems so far (ties: the tuning half), so twins share a half
+    and the halves differ by at most 2; both halves stay in the on-policy prompt pool."""
+    groups: dict[frozenset, list] = {}
+    for a, b in unlabeled_pairs(cfg).tolist():
+        groups.setdefault(frozenset((a, b)), []).append((a, b))
+    halves: tuple[list, list] = ([], [])
+    for group in groups.values():
+        halves[int(len(halves[1]) < len(halves[0]))].extend(group)
+    return {name: np.asarray(h, dtype=np.int64).reshape(-1, 2)
+            for name, h in zip(UNLABELED_HALVES, halves)}
+
+
 def documents(pairs: np.ndarray, texts: list[str], cfg: TaskConfig, salt: int,
               noisy: bool = False) -> list[str]:
     """Problem documents (``per_doc`` problems each, ``passes`` shuffled passes) + text docs;
