@@ -3,9 +3,10 @@ same-tokenizer control teacher, Welch and paired t with Holm's correction, the p
 
 Arms: ``op_<kind>`` (cross-tokenizer teacher) and ``op_<kind>_same`` (the control teacher over
 the student's tokenizer; :func:`control_arm`), against ``cont_ce``, over the seeds each pair
-finished. For every (kind, teacher), a control shared by two kinds counted once: the gain in mean accuracy, Welch's t and the paired t with two-sided p, each
-family of p-values Holm-adjusted over all comparisons in the table; a comparison *passes* when
-both adjusted p are below alpha (0.05) and the gain is positive. Per kind, the cross-tokenizer
+finished. For every (kind, teacher), a control shared by two kinds counted once: the gain in
+mean accuracy, Welch's t and the paired t with two-sided p, each family of p-values
+Holm-adjusted over all comparisons in the table; a comparison *passes* when both adjusted p are
+below alpha (0.05) and the gain is positive. Per kind, the cross-tokenizer
 penalty ``1 - cross gain / same gain``; per arm, the lowest final format rate over seeds (a
 kind *collapses* when it is below 0.9 on any seed).
 """

@@ -29,7 +29,7 @@ from pathlib import Path
 from toyq.arms import ARMS, ArmSettings
 from toyq.prepare import PROMPT_POOLS, PrepConfig
 from toyq.runner import Watch
-from toyq.task import UNLABELED_HALVES
+from toyq.task import UNLABELED_HALVES, unlabeled_halves, unlabeled_pairs
 
 
 def markers(tag: str = "") -> tuple[str, str]:
@@ -232,8 +232,6 @@ def _run(args, shown: list[str]) -> int:
                                 student_pairs=args.student_pairs))
     unlabeled = None
     if args.eval_split.startswith("unlabeled"):    # training prompts without a label (4th, 5th)
-        from toyq.task import unlabeled_halves, unlabeled_pairs
-
         pool = (unlabeled_pairs(prep.task) if args.eval_split == "unlabeled"
                 else unlabeled_halves(prep.task)[args.eval_split])
         unlabeled = pool.tolist()

@@ -72,8 +72,9 @@ SPLIT_COLUMNS = {"heldout": "held-out accuracy", "valid": "validation accuracy",
 
 def format_table(summary: dict, split: str = "heldout") -> str:
     """Markdown table: final accuracy (on the held-out test split, or the split named by
-    ``split``: see :data:`SPLIT_COLUMNS`), format rate (well-formed answers; ``-`` for runs scored before it existed),
-    mean accuracy over training (``acc_auc``), bits per byte, mean ± std over seeds."""
+    ``split``: see :data:`SPLIT_COLUMNS`), format rate (well-formed answers; ``-`` for runs
+    scored before it existed), mean accuracy over training (``acc_auc``), bits per byte,
+    mean ± std over seeds."""
     name = SPLIT_COLUMNS.get(split, "held-out accuracy")
     lines = [f"| arm | {name} | format rate | mean accuracy over training | bits per "
              "byte | seeds | train s/run |", "|---|---|---|---|---|---|---|"]
