@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from quality_helpers import TINY_ARMS
 
-from toyq.continued import (CONT_ARMS, ONPOLICY_KIND, SAME_ARMS, ce_checkpoint,
+from toyq.continued import (BYTE_CLIP, CONT_ARMS, ONPOLICY_KIND, SAME_ARMS, ce_checkpoint,
                                         cont_config)
 
 
@@ -37,8 +37,10 @@ def test_every_continuation_arm_config_is_valid(assets, tmp_path):
         if arm_command(arm) == "onpolicy":
             cfg = validate_onpolicy(load_config(OnPolicyConfig, str(path)))
             assert cfg.teachers[0].loss.kind == ONPOLICY_KIND[arm]
-            assert cfg.loss.advantage_baseline == ("mean" if arm.endswith("_mean") else "none")
-            assert cfg.loss.credit == ("byte" if arm.endswith("_byte") else "token")
+            flags = arm.split("_")[2:]
+            assert cfg.loss.advantage_baseline == ("mean" if "mean" in flags else "none")
+            assert cfg.loss.credit == ("byte" if "byte" in flags else "token")
+            assert cfg.loss.loss_max == (BYTE_CLIP if "clip" in flags else 10.0)
             assert cfg.loss.logp_min is None       # no log-prob floor (issue 24)
             same = arm in SAME_ARMS
             assert (cfg.teachers[0].tokenizer == assets["tok_student"]) == same

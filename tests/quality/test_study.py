@@ -43,6 +43,8 @@ def test_rank_orders_by_accuracy_and_marks_collapse():
 def test_byte_credit_arms_share_their_kinds_control():
     assert study.control_arm("op_k1") == "op_k1_same"
     assert study.control_arm("op_dpca_byte") == "op_dpca_same"
+    assert study.control_arm("op_k1_byte_mean_clip") == "op_k1_same"
+    assert study.control_arm("op_k1_mean") == "op_k1_mean_same"   # not a byte variant: its own
 
 
 def test_a_stage_needs_the_stages_before_it(tmp_path, capsys):
@@ -125,3 +127,52 @@ def test_fifth_protocol_rates_extend_past_a_grid_end_and_confirm_uses_them(monke
             50, 51, 52, 53, 54}                                   # every earlier protocol's seeds
     assert len(seeds) >= 10 and not set(seeds) & used
     assert json.loads((tmp_path / "records" / "lr.json").read_text())["0.001"]
+
+
+@pytest.mark.parametrize("variant_acc, carried", [(0.30, "op_k1_byte_clip"), (0.20, None)])
+def test_sixth_protocol_screen_carries_the_best_variant_only_if_it_beats_byte_credit(
+        monkeypatch, tmp_path, variant_acc, carried):
+    """study_v6's fixed rules, the harness replaced by a table: the screen runs byte-credit k1
+    and its three variants on seeds 0-2 of the tuning half at the fifth protocol's k1 rate; the
+    best variant is carried only if it beats op_k1_byte, and then the confirmation runs it with
+    continued CE, the same-tokenizer control and op_k1_byte on fresh seeds, the test half, and
+    tests it against op_k1_byte (paired and Welch); with none carried, no confirmation runs."""
+    v6 = _load_script(monkeypatch, "study_v6.py")
+    base = {"op_k1_byte": 0.25, "op_k1_byte_mean": 0.24, "op_k1_byte_mean_clip": 0.22,
+            "op_k1_byte_clip": variant_acc, "cont_ce": 0.18, "op_k1_same": 0.29}
+    calls = []
+
+    def fake_harness(out, args, arms, seeds, steps, extra=()):
+        calls.append((out.name, tuple(arms), tuple(seeds), tuple(extra)))
+        runs = [{"arm": a, "seed": s, "accuracy": base[a] + 0.01 * (s % 3) + 0.002 * (s % 2)
+                 * (a == "op_k1_byte_clip"), "format_rate": 1.0} for a in arms for s in seeds]
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps({"runs": runs}))
+        return runs
+
+    monkeypatch.setattr(v6.study, "harness", fake_harness)
+    monkeypatch.setattr(v6, "RECORDS", tmp_path / "records")
+    assert v6.main(["--out", str(tmp_path / "out")]) == 0
+    state = json.loads((tmp_path / "out" / "study.json").read_text())
+    assert state["screen"]["carried"] == carried
+    name, arms, seeds, extra = calls[0]
+    assert name == "screen" and arms == v6.SCREEN_ARMS and seeds == (0, 1, 2)
+    assert "unlabeled_tune" in extra
+    rates = v6.fifth_rates()                         # the fifth protocol's committed choices
+    assert extra[extra.index("--cont-lr") + 1] == f"{rates['cont_ce']:g}"
+    assert all(f"{a}={rates['op_k1_same']:g}" in extra[extra.index("--arm-lr") + 1]
+               for a in v6.SCREEN_ARMS)
+    if carried is None:
+        assert len(calls) == 1 and state["confirm"] == {"skipped": "no variant carried"}
+        return
+    name, arms, seeds, extra = calls[1]
+    assert name == "confirm" and arms == ("cont_ce", "op_k1_same", "op_k1_byte", carried)
+    assert "unlabeled_test" in extra and seeds == tuple(range(70, 80))
+    used = {0, 1, 2, 3, 4, 10, 11, 12, 13, 14, 20, 21, 22, 23, 24, 40, 41, 42, 43, 44,
+            50, 51, 52, 53, 54, *range(60, 70)}          # every earlier protocol's seeds
+    assert not set(seeds) & used
+    test = state["confirm"]["primary"]
+    assert test["variant"] == carried and test["gain"] == pytest.approx(0.05 + 0.001)
+    assert test["seeds_better"] == 10 and test["paired"] < 0.05 and test["welch"] < 0.05
+    assert test["passed"]
+    assert json.loads((tmp_path / "records" / "confirm.json").read_text())["runs"]

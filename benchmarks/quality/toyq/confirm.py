@@ -21,9 +21,12 @@ MIN_FORMAT_RATE = 0.9
 
 def control_arm(arm: str) -> str:
     """The same-tokenizer control of an on-policy arm: ``op_k1`` -> ``op_k1_same``; a byte-credit
-    arm shares its kind's control (``op_k1_byte`` -> ``op_k1_same``: over one tokenizer byte
-    credit and token credit coincide)."""
-    return arm.removesuffix("_byte") + "_same"
+    arm, and every variant of one, shares its kind's control (``op_k1_byte``,
+    ``op_k1_byte_mean_clip`` -> ``op_k1_same``: over one tokenizer byte credit and token credit
+    coincide, and the control is the standard estimator a same-tokenizer user would run)."""
+    if "byte" in arm.split("_")[2:]:
+        return f"op_{arm.split('_')[1]}_same"
+    return arm + "_same"
 
 
 def _by_arm(runs: list[dict]) -> dict:

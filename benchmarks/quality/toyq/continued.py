@@ -35,6 +35,11 @@ arm                 what continues training the CE checkpoint
 ``op_k3_byte``      ``op_k3`` with byte-level credit
 ``op_dpca_byte``    ``op_dpca`` with byte-level credit
 ``op_simple_byte``  ``op_simple`` with byte-level credit
+``op_k1_byte_mean`` ``op_k1_byte`` with the mean baseline (a control variate: each unit's
+                    advantage minus the micro-batch's mean advantage)
+``op_k1_byte_clip`` ``op_k1_byte`` with the advantage clamped to ``[-BYTE_CLIP, BYTE_CLIP]``
+                    (``loss.loss_max``; the default clamp is 10)
+``op_k1_byte_mean_clip``  both
 ``op_<k>_same``     ``op_<k>`` (k1, k3, rkl, strict, dpca, simple, bpm, escd) scored by the
                     same-tokenizer control teacher ``teacher_same_big`` (the student's tokenizer,
                     the cross teacher's size and training; issue-24 confirmation)
@@ -51,7 +56,8 @@ from pathlib import Path
 
 CONT_ARMS = ("cont_ce", "cont_ce_oracle", "cont_pkl_cont", "op_k1", "op_k3", "op_rkl",
              "op_strict", "op_dpca", "op_simple", "op_bpm", "op_escd", "op_k1_mean", "op_dpca_mean", "op_simple_mean",
-             "op_k1_byte", "op_k3_byte", "op_dpca_byte", "op_simple_byte")
+             "op_k1_byte", "op_k3_byte", "op_dpca_byte", "op_simple_byte", "op_k1_byte_mean",
+             "op_k1_byte_clip", "op_k1_byte_mean_clip")
 SAME_ARMS = tuple(f"op_{k}_same" for k in ("k1", "k3", "rkl", "strict", "dpca", "simple", "bpm",
                                            "escd"))
 CONT_ARMS = CONT_ARMS + SAME_ARMS
@@ -59,12 +65,24 @@ ONPOLICY_KIND = {"op_k1": "k1", "op_k3": "k3", "op_rkl": "reverse_kl", "op_stric
                  "op_dpca": "dpca", "op_simple": "simple_opd", "op_bpm": "bpm", "op_escd": "escd",
                  "op_k1_mean": "k1", "op_dpca_mean": "dpca", "op_simple_mean": "simple_opd",
                  "op_k1_byte": "k1", "op_k3_byte": "k3", "op_dpca_byte": "dpca",
-                 "op_simple_byte": "simple_opd"}
+                 "op_simple_byte": "simple_opd", "op_k1_byte_mean": "k1", "op_k1_byte_clip": "k1",
+                 "op_k1_byte_mean_clip": "k1"}
 for _arm in SAME_ARMS:                       # op_k1_same -> the kind of op_k1
     ONPOLICY_KIND[_arm] = ONPOLICY_KIND[_arm[:-len("_same")]]
 # student forward tokens of one prompt + response here: "Q: 12+7=? A:" is ~8 tokens, the answer,
 # "." and what follows up to cont_new_tokens: ~4 (measured and reported per run)
 TOKENS_PER_ROLLOUT = 12
+# the advantage clamp of the ``_clip`` variants (nats per unit; the trainer's default is 10)
+BYTE_CLIP = 2.0
+
+
+def loss_options(arm: str) -> dict:
+    """The ``loss`` keys an on-policy arm's name asks for beyond its kind: ``_byte`` byte-level
+    credit, ``_mean`` the mean advantage baseline, ``_clip`` the advantage clamp ``BYTE_CLIP``."""
+    flags = arm.split("_")[2:]             # op_<kind>_<flag>_...
+    return {**({"advantage_baseline": "mean"} if "mean" in flags else {}),
+            **({"credit": "byte"} if "byte" in flags else {}),
+            **({"loss_max": BYTE_CLIP} if "clip" in flags else {})}
 
 
 def ce_checkpoint(out_dir: str, seed: int) -> Path:
@@ -115,8 +133,7 @@ def cont_config(arm: str, seed: int, assets: dict, s, out_dir: str) -> dict:
                     "max_new_tokens": s.cont_new_tokens, "max_prompt_len": 32, "seed": seed},
         "loss": {"chunk_size": s.seq_len,
                  "stop_advantage": "zero" if kind == "simple_opd" else "teacher",
-                 **({"advantage_baseline": "mean"} if arm.endswith("_mean") else {}),
-                 **({"credit": "byte"} if arm.endswith("_byte") else {})},
+                 **loss_options(arm)},
         "optim": base["optim"], "scheduler": base["scheduler"],
         "train": {k: v for k, v in base["train"].items() if k != "global_batch_size"},
         "checkpoint": base["checkpoint"],
