@@ -238,7 +238,7 @@ def main(argv: list[str]) -> int:
         out = Path(path).with_name("result.json")
     elif kind == "adapt":
         res = adapt(job)
-        out = Path(path).with_name("adapted.json")
+        out = Path(path).with_name(job.get("result", "adapted.json"))
     else:
         raise SystemExit(f"unknown child kind {kind!r}: start, arm or adapt")
     out.write_text(json.dumps(dict(res, digest=digest)))

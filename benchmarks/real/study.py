@@ -6,7 +6,10 @@
     .venv/bin/python benchmarks/real/study.py --out /tmp/rs --smoke          # 2-step plumbing check
 
 Stages (each one's choices go to ``<out>/study.json`` and ``evidence/study.json``; every run is
-cached by its configuration, so the study can span several sessions). The texts follow
+cached by its configuration, so the study can span several sessions; ``all`` runs the stages not
+recorded yet). On a new machine (an empty ``--out``) the recorded stages come from the records,
+each finished run's result is restored from ``<records>/runs/`` (committed), and the chosen
+teacher is rebuilt (the same adaptation up to its step, checked against its recorded score). The texts follow
 ``--scheme`` (``splits.py``): ``blocks`` (amendment 2, the default; records in ``evidence/a2/``)
 holds out blocks of the four domain plays for validation and test; ``plays`` (as first written;
 records in ``evidence/``) validates on *The Tempest* and tests on *Twelfth Night*.
@@ -53,6 +56,7 @@ LS_GRID = (0.05, 0.1, 0.2)
 ADAPT_CHECKS = (60, 120, 240, 480)
 ADAPT_CHECKPOINT_EVERY = 30   # adaptation steps between checkpoints (~4 min each here)
 LEAD = 0.15
+TEACHER_TOL = 2e-3       # bits/byte: a rebuilt teacher must score its recorded validation figure
 AMENDMENT = "a2"         # the blocks scheme's records: evidence/a2/, runs/real_a2
 TUNE_SEEDS = (0, 1)
 CONFIRM_SEEDS = (100, 101, 102, 103, 104)
@@ -115,13 +119,30 @@ def base_assets(args, data: dict) -> dict:
             "teacher": str(model_dir("gemma3-270m")), "teacher_preds": None}
 
 
+def run(arm: str, seed: int, args, a: dict, root: Path) -> dict:
+    """:func:`distill.run_arm`, with each finished run's ``result.json`` also kept in the
+    records (``<records>/runs/<stage>/<arm>_seed<k>.json``, committed), and restored from there
+    when the run folder was lost (a new machine): ``run_arm`` still checks its digest, so a
+    restored result counts only for the identical job."""
+    rel = root.relative_to(args.out) if root.is_relative_to(args.out) else Path(root.name)
+    kept = args.records / "runs" / rel / f"{arm}_seed{seed}.json"
+    result = root / "runs" / arm / f"seed{seed}" / "result.json"
+    if kept.exists() and not result.exists():
+        result.parent.mkdir(parents=True, exist_ok=True)
+        result.write_text(kept.read_text())
+    res = distill.run_arm(arm, seed, args, a, root)
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    kept.write_text(result.read_text())
+    return res
+
+
 def grid(args, a: dict, arm: str, values, key: str, seeds, ev: dict, stage: str) -> dict:
     """``arm`` at each value of ``key`` (``lr`` or ``label_smoothing``), validation bits per byte
     per seed; raw runs kept under ``<out>/<stage>/<key><value>``."""
     table = {}
     for v in values:
         root = args.out / stage / f"{key}{v:g}"
-        runs = {s: distill.run_arm(arm, s, args, {**a, key: v, "eval": ev}, root) for s in seeds}
+        runs = {s: run(arm, s, args, {**a, key: v, "eval": ev}, root) for s in seeds}
         bpbs = [r["curve"][-1]["bpb"] for r in runs.values()]
         table[f"{v:g}"] = {"bpb": bpbs, "mean": statistics.fmean(bpbs), "runs": runs}
     return table
@@ -155,27 +176,37 @@ def stage_ce_lr(args, state, a, ev) -> None:
     tune(args, state, "ce_lr", "ce", a, args.lr_grid, "lr", ev)
 
 
-def stage_teacher(args, state, a, ev, data) -> None:
+def adapt_teacher(args, ev, data, checks, stop_bpb=None, name: str = "adapted") -> list[dict]:
+    """Gemma-3-270M adapted by CE on the domain (constant rate), scored on validation and
+    exported at each of ``checks`` under ``<out>/teacher_v2`` (resumable; cached by its job in
+    ``<name>.json``); its checks."""
     out = args.out / "teacher_v2"
     cfg = distill.teacher_config(args, {"domain": data["domain"]}, out)
     cfg["scheduler"] = {"kind": "constant", "warmup_steps": max(1, args.checks[0] // 6)}
-    cfg["train"]["steps"] = max(args.checks)
+    cfg["train"]["steps"] = max(checks)
     # resumable (distill_eval.adapt): a killed adaptation restarts from its last checkpoint
     cfg["checkpoint"] = {"every": ADAPT_CHECKPOINT_EVERY, "keep_last": 1, "resume": "auto",
                          "export_hf": False}
-    target = state["ce_lr"]["valid_bpb"] - LEAD
-    job = {"cfg": cfg, "checks": list(args.checks), "eval": ev["valid"], "out": str(out)}
-    if args.scheme != "plays":      # amendment 2: stop at the rule's pick
-        job["stop_bpb"] = target
-    res_path = out / "adapted.json"
+    job = {"cfg": cfg, "checks": list(checks), "eval": ev["valid"], "out": str(out)}
+    if name != "adapted":                      # (the stage's own job keeps its digest)
+        job["result"] = f"{name}.json"
+    if stop_bpb is not None:
+        job["stop_bpb"] = stop_bpb
+    res_path = out / f"{name}.json"
     if not (res_path.exists() and json.loads(res_path.read_text()).get("digest")
             == distill._digest(job)):
         out.mkdir(parents=True, exist_ok=True)
         (out / "job.json").write_text(json.dumps(job))
-        say(f"[teacher] adapting Gemma-3-270M on the domain, checks at {list(args.checks)}")
+        say(f"[teacher] adapting Gemma-3-270M on the domain, checks at {list(checks)}")
         distill.stream([sys.executable, str(HERE / "distill_eval.py"), "adapt",
-                        str(out / "job.json")], out / "adapt.log", "teacher", max(args.checks))
-    checks = json.loads(res_path.read_text())["checks"]
+                        str(out / "job.json")], out / "adapt.log", "teacher", max(checks))
+    return json.loads(res_path.read_text())["checks"]
+
+
+def stage_teacher(args, state, a, ev, data) -> None:
+    target = state["ce_lr"]["valid_bpb"] - LEAD
+    checks = adapt_teacher(args, ev, data, args.checks,
+                           None if args.scheme == "plays" else target)   # amendment 2: stop
     hit = [c for c in checks if c["bpb"] <= target]
     fallback = checks[-1] if args.scheme == "plays" else min(checks, key=lambda c: c["bpb"])
     pick = hit[0] if hit else fallback
@@ -184,6 +215,28 @@ def stage_teacher(args, state, a, ev, data) -> None:
     save(args, state, "teacher", checks)
     say(f"[study] teacher: {pick['step']} adaptation steps, validation bpb {pick['bpb']:.4f}, "
         f"lead {state['teacher']['lead']:.4f} over CE-only ({'met' if hit else 'NOT met'})")
+
+
+def ensure_teacher(args, state, ev, data) -> None:
+    """The chosen teacher's weights, rebuilt when its folder was lost (a new machine): the same
+    adaptation up to the chosen step (a constant rate: the steps after it do not change it),
+    which must score the recorded validation bits per byte again (``TEACHER_TOL``)."""
+    pick = state["teacher"]["chosen"]
+    if Path(pick["model"]).is_dir():
+        return
+    if Path(pick["model"]).parent != args.out / "teacher_v2":
+        raise SystemExit(f"[study] the records' teacher {pick['model']} is not under --out "
+                         f"{args.out}: run the study with the --out it was recorded with")
+    say(f"[study] the chosen teacher {pick['model']} is missing: rebuilding it")
+    checks = adapt_teacher(args, ev, data, [c for c in args.checks if c <= pick["step"]],
+                           name="rebuilt")
+    again = next(c for c in checks if c["step"] == pick["step"])
+    if abs(again["bpb"] - pick["bpb"]) > TEACHER_TOL or again["model"] != pick["model"]:
+        raise SystemExit(f"[study] the rebuilt teacher scores {again['bpb']:.6f} bits/byte on "
+                         f"validation at step {pick['step']}, the records say "
+                         f"{pick['bpb']:.6f} (tolerance {TEACHER_TOL}): not the same teacher")
+    say(f"[study] teacher rebuilt: validation bpb {again['bpb']:.6f} (recorded "
+        f"{pick['bpb']:.6f})")
 
 
 def stage_pkl_lr(args, state, a, ev) -> None:
@@ -227,8 +280,8 @@ def stage_confirm(args, state, a, ev, data) -> None:
     results = {arm: {} for arm in CONFIRM_ARMS}
     for seed in args.confirm_seeds:
         for arm in CONFIRM_ARMS:
-            results[arm][seed] = distill.run_arm(arm, seed, args, {**a, "lr": rates[arm]},
-                                                 args.out / "confirm")
+            results[arm][seed] = run(arm, seed, args, {**a, "lr": rates[arm]},
+                                     args.out / "confirm")
     meta = {"command": "python benchmarks/real/study.py --stage confirm", "rates": rates,
             "hardware": hardware(), "protocol": "benchmarks/real/PROTOCOL.md",
             "data": {k: v for k, v in data.items() if k.endswith(("_kb", "_sha256"))},
@@ -270,19 +323,37 @@ def data_text(args, data: dict) -> str:
             f"{args.seq_len} tokens, cosine.")
 
 
+def load_state(args) -> dict:
+    """The stages done so far: ``<out>/study.json``, or, in a new run folder (a new machine),
+    the committed records' ``study.json``."""
+    path, kept = args.out / "study.json", args.records / "study.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    if not kept.exists():
+        return {}
+    state = json.loads(kept.read_text())
+    say(f"[study] {path} is new: the recorded stages come from {kept} ({', '.join(state)})")
+    return state
+
+
 def main(argv=None) -> int:
     args = parse(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "study.json"
-    state = json.loads(path.read_text()) if path.exists() else {}
+    state = load_state(args)
     t0 = time.perf_counter()
     data = splits.prepare_splits(args.out, args.slice_kb, args.scheme)
     say("[data] " + ", ".join(f"{k} {data[f'{k}_kb']:.0f} KB" for k in splits.SPLITS[args.scheme]))
     ev, a = evals(args, data), base_assets(args, data)
-    for name in (STAGES if args.stage == "all" else (args.stage,)):
+    names = [n for n in STAGES if n not in state] if args.stage == "all" else [args.stage]
+    if args.stage == "all" and len(names) < len(STAGES):
+        say(f"[study] recorded already: {', '.join(n for n in STAGES if n in state)} "
+            f"(--stage NAME runs one again, from its cached runs)")
+    for name in names:
         missing = [s for s in NEEDS[name] if s not in state]
         if missing:
             raise SystemExit(f"[study] stage {name!r} needs {', '.join(missing)} first")
+        if name in ("pkl_lr", "op_lr", "confirm"):
+            ensure_teacher(args, state, ev, data)
         extra = (data,) if name in ("teacher", "op_lr", "confirm") else ()
         globals()[f"stage_{name}"](args, state, a, ev, *extra)
     say(f"[study] done in {(time.perf_counter() - t0) / 60:.1f} min")
