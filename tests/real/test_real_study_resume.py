@@ -6,18 +6,19 @@ trainer is replaced by stand-ins here; ``test_real_study.py`` (slow) runs the re
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from real_helpers import REAL_SCRIPTS, load_real_script
 
-sys.path.insert(0, str(REAL_SCRIPTS))    # the script imports its siblings, as when it runs
-try:
-    study = load_real_script("study")
-finally:
-    sys.path.remove(str(REAL_SCRIPTS))
+
+@pytest.fixture(scope="module")
+def study():
+    """The script, its siblings importable as when it runs (its folder first on the path)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(REAL_SCRIPTS))
+        yield load_real_script("study")
 
 
 def _args(tmp_path: Path) -> SimpleNamespace:
@@ -25,7 +26,7 @@ def _args(tmp_path: Path) -> SimpleNamespace:
                            checks=(60, 120, 240, 480), scheme="blocks")
 
 
-def test_state_comes_from_the_records_in_a_new_run_folder(tmp_path):
+def test_state_comes_from_the_records_in_a_new_run_folder(study, tmp_path):
     args = _args(tmp_path)
     assert study.load_state(args) == {}
     args.records.mkdir()
@@ -36,7 +37,7 @@ def test_state_comes_from_the_records_in_a_new_run_folder(tmp_path):
     assert study.load_state(args) == {"ce_lr": {"chosen": 3e-4}}   # the run folder's own first
 
 
-def test_finished_runs_are_kept_in_the_records_and_restored(tmp_path, monkeypatch):
+def test_finished_runs_are_kept_in_the_records_and_restored(study, tmp_path, monkeypatch):
     args, trained = _args(tmp_path), []
 
     def fake_run_arm(arm, seed, args_, a, root):
@@ -67,8 +68,8 @@ def test_finished_runs_are_kept_in_the_records_and_restored(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("bpb, ok", [(1.5618355 + 1e-4, True), (1.60, False)])
-def test_a_lost_teacher_is_rebuilt_and_checked_against_its_record(tmp_path, monkeypatch, bpb,
-                                                                   ok):
+def test_a_lost_teacher_is_rebuilt_and_checked_against_its_record(study, tmp_path, monkeypatch,
+                                                                   bpb, ok):
     args = _args(tmp_path)
     model = str(args.out / "teacher_v2" / "step240")
     state = {"teacher": {"chosen": {"step": 240, "bpb": 1.5618355, "model": model}}}
@@ -92,7 +93,7 @@ def test_a_lost_teacher_is_rebuilt_and_checked_against_its_record(tmp_path, monk
     assert len(calls) == 1
 
 
-def test_a_teacher_recorded_under_another_out_is_a_clear_error(tmp_path):
+def test_a_teacher_recorded_under_another_out_is_a_clear_error(study, tmp_path):
     args = _args(tmp_path)
     state = {"teacher": {"chosen": {"step": 240, "bpb": 1.56,
                                     "model": "/elsewhere/teacher_v2/step240"}}}
