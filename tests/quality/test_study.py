@@ -43,7 +43,7 @@ def test_rank_orders_by_accuracy_and_marks_collapse():
 def test_byte_credit_arms_share_their_kinds_control():
     assert study.control_arm("op_k1") == "op_k1_same"
     assert study.control_arm("op_dpca_byte") == "op_dpca_same"
-    assert study.control_arm("op_k1_byte_mean_clip") == "op_k1_same"
+    assert study.control_arm("op_k1_byte_mean_clip") == "op_k1_same_mean_clip"  # same estimator
     assert study.control_arm("op_k1_mean") == "op_k1_mean_same"   # not a byte variant: its own
 
 
@@ -176,3 +176,37 @@ def test_sixth_protocol_screen_carries_the_best_variant_only_if_it_beats_byte_cr
     assert test["seeds_better"] == 10 and test["paired"] < 0.05 and test["welch"] < 0.05
     assert test["passed"]
     assert json.loads((tmp_path / "records" / "confirm.json").read_text())["runs"]
+
+
+def test_seventh_protocol_tests_the_variant_against_its_fair_control(monkeypatch, tmp_path):
+    """study_v7's fixed rules, the harness replaced by a table: continued CE, the same-tokenizer
+    control with the same estimator changes and the byte-credit variant, on fresh seeds 80-89 of
+    the test half at the fifth protocol's rates; the penalty is read against that control."""
+    v7 = _load_script(monkeypatch, "study_v7.py")
+    assert v7.ARMS == ("cont_ce", "op_k1_same_mean_clip", "op_k1_byte_mean_clip")
+    base = {"cont_ce": 0.15, "op_k1_same_mean_clip": 0.35, "op_k1_byte_mean_clip": 0.30}
+    calls = []
+
+    def fake_harness(out, args, arms, seeds, steps, extra=()):
+        calls.append((tuple(arms), tuple(seeds), tuple(extra)))
+        runs = [{"arm": a, "seed": s, "accuracy": base[a] + 0.1 * (s % 3) + 0.003 * (s % 2),
+                 "format_rate": 1.0} for a in arms for s in seeds]
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps({"runs": runs}))
+        return runs
+
+    monkeypatch.setattr(v7.study, "harness", fake_harness)
+    monkeypatch.setattr(v7, "RECORDS", tmp_path / "records")
+    assert v7.main(["--out", str(tmp_path / "out")]) == 0
+    (arms, seeds, extra), = calls
+    used = {0, 1, 2, 3, 4, 10, 11, 12, 13, 14, 20, 21, 22, 23, 24, 40, 41, 42, 43, 44,
+            50, 51, 52, 53, 54, *range(60, 80)}          # every earlier protocol's seeds
+    assert seeds == tuple(range(80, 90)) and not set(seeds) & used
+    rates = v7.v6.fifth_rates()
+    assert "unlabeled_test" in extra and extra[extra.index("--cont-lr") + 1] == \
+        f"{rates['cont_ce']:g}"
+    assert extra[extra.index("--arm-lr") + 1] == (f"op_k1_same_mean_clip={rates['op_k1_same']:g},"
+                                                  f"op_k1_byte_mean_clip={rates['op_k1_same']:g}")
+    state = json.loads((tmp_path / "out" / "study.json").read_text())["confirm"]
+    assert state["penalty"] == pytest.approx(1 - 0.15 / 0.20)
+    assert state["tests"]["op_k1_same_mean_clip"]["passes"] is True  # gain 0.2 >> spread 0.08

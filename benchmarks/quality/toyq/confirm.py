@@ -21,11 +21,12 @@ MIN_FORMAT_RATE = 0.9
 
 def control_arm(arm: str) -> str:
     """The same-tokenizer control of an on-policy arm: ``op_k1`` -> ``op_k1_same``; a byte-credit
-    arm, and every variant of one, shares its kind's control (``op_k1_byte``,
-    ``op_k1_byte_mean_clip`` -> ``op_k1_same``: over one tokenizer byte credit and token credit
-    coincide, and the control is the standard estimator a same-tokenizer user would run)."""
-    if "byte" in arm.split("_")[2:]:
-        return f"op_{arm.split('_')[1]}_same"
+    arm shares its kind's control, with the same estimator changes (``op_k1_byte`` ->
+    ``op_k1_same``, ``op_k1_byte_mean_clip`` -> ``op_k1_same_mean_clip``: over one tokenizer
+    byte credit and token credit coincide)."""
+    kind, *flags = arm.split("_")[1:]
+    if "byte" in flags:
+        return "_".join(["op", kind, "same", *(f for f in flags if f != "byte")])
     return arm + "_same"
 
 

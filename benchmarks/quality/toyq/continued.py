@@ -43,6 +43,8 @@ arm                 what continues training the CE checkpoint
 ``op_<k>_same``     ``op_<k>`` (k1, k3, rkl, strict, dpca, simple, bpm, escd) scored by the
                     same-tokenizer control teacher ``teacher_same_big`` (the student's tokenizer,
                     the cross teacher's size and training; issue-24 confirmation)
+``op_k1_same_mean_clip``  ``op_k1_same`` with the mean baseline and the advantage clamp: the
+                    same-tokenizer control of ``op_k1_byte_mean_clip`` (same estimator)
 ==================  =============================================================================
 
 On-policy arms sample ``cont_new_tokens`` tokens per prompt at temperature 1 from the current
@@ -59,7 +61,7 @@ CONT_ARMS = ("cont_ce", "cont_ce_oracle", "cont_pkl_cont", "op_k1", "op_k3", "op
              "op_k1_byte", "op_k3_byte", "op_dpca_byte", "op_simple_byte", "op_k1_byte_mean",
              "op_k1_byte_clip", "op_k1_byte_mean_clip")
 SAME_ARMS = tuple(f"op_{k}_same" for k in ("k1", "k3", "rkl", "strict", "dpca", "simple", "bpm",
-                                           "escd"))
+                                           "escd")) + ("op_k1_same_mean_clip",)
 CONT_ARMS = CONT_ARMS + SAME_ARMS
 ONPOLICY_KIND = {"op_k1": "k1", "op_k3": "k3", "op_rkl": "reverse_kl", "op_strict": "strict_topk",
                  "op_dpca": "dpca", "op_simple": "simple_opd", "op_bpm": "bpm", "op_escd": "escd",
@@ -67,8 +69,8 @@ ONPOLICY_KIND = {"op_k1": "k1", "op_k3": "k3", "op_rkl": "reverse_kl", "op_stric
                  "op_k1_byte": "k1", "op_k3_byte": "k3", "op_dpca_byte": "dpca",
                  "op_simple_byte": "simple_opd", "op_k1_byte_mean": "k1", "op_k1_byte_clip": "k1",
                  "op_k1_byte_mean_clip": "k1"}
-for _arm in SAME_ARMS:                       # op_k1_same -> the kind of op_k1
-    ONPOLICY_KIND[_arm] = ONPOLICY_KIND[_arm[:-len("_same")]]
+for _arm in SAME_ARMS:                       # op_k1_same(_mean_clip) -> the kind of op_k1
+    ONPOLICY_KIND[_arm] = ONPOLICY_KIND["op_" + _arm.split("_")[1]]
 # student forward tokens of one prompt + response here: "Q: 12+7=? A:" is ~8 tokens, the answer,
 # "." and what follows up to cont_new_tokens: ~4 (measured and reported per run)
 TOKENS_PER_ROLLOUT = 12
