@@ -208,8 +208,11 @@ def test_auto_adamw_is_fused_on_plain_tensors_and_matches_foreach():
 
     auto, foreach = run("auto"), run("foreach")
     assert auto["opt"].defaults["fused"] and not foreach["opt"].defaults["fused"]
+    # Adam divides by sqrt(v): a few ulps between the kernels grow over 5 steps at lr 1e-2 (on an
+    # AMD EPYC: fused vs foreach 2.2e-5 at most, each 2.4e-3 from a float64 run), so the bound is
+    # 1% of one step; a wrong bias correction or decay would differ by a whole step (1e-2)
     for k, w in foreach["weights"].items():
-        torch.testing.assert_close(auto["weights"][k], w, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(auto["weights"][k], w, rtol=1e-4, atol=1e-4)
     meta = [{"params": [nn.Parameter(torch.empty(3, device="meta"))]}]
     assert auto_implementation(meta) == "foreach"          # no fused kernel there
     half_cpu = [{"params": [nn.Parameter(torch.zeros(3)), nn.Parameter(torch.zeros(2))]}]
