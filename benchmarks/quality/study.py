@@ -233,6 +233,15 @@ def run_stages(args, stages, funcs: dict, records: Path = RECORDS) -> int:
     return 0
 
 
+def protocol_main(argv, default_out: str, stages, funcs: dict, records: Path, task,
+                  doc: str) -> int:
+    """A later protocol's driver: the shared options (``--out`` defaulting to ``default_out``),
+    its task flags, its stages in order."""
+    args = base_parser(default_out, stages, doc).parse_args(argv)
+    args.task = task
+    return run_stages(args, stages, funcs, records)
+
+
 def main(argv=None) -> int:
     return run_stages(parse(argv), STAGES, STAGE_FUNCS)
 

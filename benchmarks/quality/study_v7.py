@@ -62,9 +62,7 @@ STAGE_FUNCS = {"confirm": stage_confirm}
 
 
 def main(argv=None) -> int:
-    args = study.base_parser("runs/q24v7", STAGES, __doc__).parse_args(argv)
-    args.task = v5.TASK
-    return study.run_stages(args, STAGES, STAGE_FUNCS, RECORDS)
+    return study.protocol_main(argv, "runs/q24v7", STAGES, STAGE_FUNCS, RECORDS, v5.TASK, __doc__)
 
 
 if __name__ == "__main__":

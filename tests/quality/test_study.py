@@ -129,6 +129,23 @@ def test_fifth_protocol_rates_extend_past_a_grid_end_and_confirm_uses_them(monke
     assert json.loads((tmp_path / "records" / "lr.json").read_text())["0.001"]
 
 
+def _table_harness(monkeypatch, driver, accuracy) -> list:
+    """``driver.study.harness`` replaced by a table: ``accuracy(arm, seed)`` for every run, the
+    runs written to ``<out>/results.json`` as the harness does; the calls, in order."""
+    calls = []
+
+    def fake_harness(out, args, arms, seeds, steps, extra=()):
+        calls.append((out.name, tuple(arms), tuple(seeds), tuple(extra)))
+        runs = [{"arm": a, "seed": s, "accuracy": accuracy(a, s), "format_rate": 1.0}
+                for a in arms for s in seeds]
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps({"runs": runs}))
+        return runs
+
+    monkeypatch.setattr(driver.study, "harness", fake_harness)
+    return calls
+
+
 @pytest.mark.parametrize("variant_acc, carried", [(0.30, "op_k1_byte_clip"), (0.20, None)])
 def test_sixth_protocol_screen_carries_the_best_variant_only_if_it_beats_byte_credit(
         monkeypatch, tmp_path, variant_acc, carried):
@@ -140,17 +157,8 @@ def test_sixth_protocol_screen_carries_the_best_variant_only_if_it_beats_byte_cr
     v6 = _load_script(monkeypatch, "study_v6.py")
     base = {"op_k1_byte": 0.25, "op_k1_byte_mean": 0.24, "op_k1_byte_mean_clip": 0.22,
             "op_k1_byte_clip": variant_acc, "cont_ce": 0.18, "op_k1_same": 0.29}
-    calls = []
-
-    def fake_harness(out, args, arms, seeds, steps, extra=()):
-        calls.append((out.name, tuple(arms), tuple(seeds), tuple(extra)))
-        runs = [{"arm": a, "seed": s, "accuracy": base[a] + 0.01 * (s % 3) + 0.002 * (s % 2)
-                 * (a == "op_k1_byte_clip"), "format_rate": 1.0} for a in arms for s in seeds]
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps({"runs": runs}))
-        return runs
-
-    monkeypatch.setattr(v6.study, "harness", fake_harness)
+    calls = _table_harness(monkeypatch, v6, lambda a, s: base[a] + 0.01 * (s % 3)
+                           + 0.002 * (s % 2) * (a == "op_k1_byte_clip"))
     monkeypatch.setattr(v6, "RECORDS", tmp_path / "records")
     assert v6.main(["--out", str(tmp_path / "out")]) == 0
     state = json.loads((tmp_path / "out" / "study.json").read_text())
@@ -185,20 +193,10 @@ def test_seventh_protocol_tests_the_variant_against_its_fair_control(monkeypatch
     v7 = _load_script(monkeypatch, "study_v7.py")
     assert v7.ARMS == ("cont_ce", "op_k1_same_mean_clip", "op_k1_byte_mean_clip")
     base = {"cont_ce": 0.15, "op_k1_same_mean_clip": 0.35, "op_k1_byte_mean_clip": 0.30}
-    calls = []
-
-    def fake_harness(out, args, arms, seeds, steps, extra=()):
-        calls.append((tuple(arms), tuple(seeds), tuple(extra)))
-        runs = [{"arm": a, "seed": s, "accuracy": base[a] + 0.1 * (s % 3) + 0.003 * (s % 2),
-                 "format_rate": 1.0} for a in arms for s in seeds]
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps({"runs": runs}))
-        return runs
-
-    monkeypatch.setattr(v7.study, "harness", fake_harness)
+    calls = _table_harness(monkeypatch, v7, lambda a, s: base[a] + 0.1 * (s % 3) + 0.003 * (s % 2))
     monkeypatch.setattr(v7, "RECORDS", tmp_path / "records")
     assert v7.main(["--out", str(tmp_path / "out")]) == 0
-    (arms, seeds, extra), = calls
+    ((_, arms, seeds, extra),) = calls
     used = {0, 1, 2, 3, 4, 10, 11, 12, 13, 14, 20, 21, 22, 23, 24, 40, 41, 42, 43, 44,
             50, 51, 52, 53, 54, *range(60, 80)}          # every earlier protocol's seeds
     assert seeds == tuple(range(80, 90)) and not set(seeds) & used
