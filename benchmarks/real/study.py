@@ -9,10 +9,11 @@ Stages (each one's choices go to ``<out>/study.json`` and ``evidence/study.json`
 cached by its configuration, so the study can span several sessions; ``all`` runs the stages not
 recorded yet). On a new machine (an empty ``--out``) the recorded stages come from the records,
 each finished run's result is restored from ``<records>/runs/`` (committed), and the chosen
-teacher is rebuilt (the same adaptation up to its step, checked against its recorded score). The texts follow
-``--scheme`` (``splits.py``): ``blocks`` (amendment 2, the default; records in ``evidence/a2/``)
-holds out blocks of the four domain plays for validation and test; ``plays`` (as first written;
-records in ``evidence/``) validates on *The Tempest* and tests on *Twelfth Night*.
+teacher is rebuilt (the same adaptation up to its step, checked against its recorded score).
+The texts follow ``--scheme`` (``splits.py``): ``blocks`` (amendment 2, the default; records in
+``evidence/a2/``) holds out blocks of the four domain plays for validation and test; ``plays``
+(as first written; records in ``evidence/``) validates on *The Tempest* and tests on *Twelfth
+Night*.
 
 1. ``ce_lr``     CE-only at each rate of ``LR_GRID``, seeds 0-1, scored on validation; the best
                  mean validation bits per byte picks CE's rate.
@@ -131,8 +132,10 @@ def run(arm: str, seed: int, args, a: dict, root: Path) -> dict:
         result.parent.mkdir(parents=True, exist_ok=True)
         result.write_text(kept.read_text())
     res = distill.run_arm(arm, seed, args, a, root)
-    kept.parent.mkdir(parents=True, exist_ok=True)
-    kept.write_text(result.read_text())
+    text = result.read_text()
+    if not kept.exists() or kept.read_text() != text:        # a new or retrained run only
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text(text)
     return res
 
 

@@ -64,13 +64,10 @@ SAME_ARMS = tuple(f"op_{k}_same" for k in ("k1", "k3", "rkl", "strict", "dpca", 
                                            "escd")) + ("op_k1_same_mean_clip",)
 CONT_ARMS = CONT_ARMS + SAME_ARMS
 ONPOLICY_KIND = {"op_k1": "k1", "op_k3": "k3", "op_rkl": "reverse_kl", "op_strict": "strict_topk",
-                 "op_dpca": "dpca", "op_simple": "simple_opd", "op_bpm": "bpm", "op_escd": "escd",
-                 "op_k1_mean": "k1", "op_dpca_mean": "dpca", "op_simple_mean": "simple_opd",
-                 "op_k1_byte": "k1", "op_k3_byte": "k3", "op_dpca_byte": "dpca",
-                 "op_simple_byte": "simple_opd", "op_k1_byte_mean": "k1", "op_k1_byte_clip": "k1",
-                 "op_k1_byte_mean_clip": "k1"}
-for _arm in SAME_ARMS:                       # op_k1_same(_mean_clip) -> the kind of op_k1
-    ONPOLICY_KIND[_arm] = ONPOLICY_KIND["op_" + _arm.split("_")[1]]
+                 "op_dpca": "dpca", "op_simple": "simple_opd", "op_bpm": "bpm", "op_escd": "escd"}
+for _arm in CONT_ARMS:                       # op_k1_byte_mean_clip, op_k1_same -> op_k1's kind
+    if _arm.startswith("op_"):
+        ONPOLICY_KIND.setdefault(_arm, ONPOLICY_KIND["op_" + _arm.split("_")[1]])
 # student forward tokens of one prompt + response here: "Q: 12+7=? A:" is ~8 tokens, the answer,
 # "." and what follows up to cont_new_tokens: ~4 (measured and reported per run)
 TOKENS_PER_ROLLOUT = 12
