@@ -157,6 +157,63 @@ def test_baseline_is_validated():
         OnPolicyLossSpec("k1", baseline="median")
 
 
+def test_k1_token_mean_baseline_matches_float64_reference():
+    """baseline "token_mean" over chunks: A_u = clamp(r_u - n_u * sum_v r_v / sum_v n_v), n_u the
+    unit's student tokens; a same-tokenizer teacher (one token per unit) gives "mean" exactly."""
+    al = _chunked_alignment()
+    g = torch.Generator().manual_seed(11)
+    s_logp = -torch.rand(2, 7, generator=g, dtype=torch.float64) * 9
+    t_logp = -torch.rand(2, 9, generator=g, dtype=torch.float64) * 9
+    mask = torch.ones(2, 7, dtype=torch.bool)
+    clamps = Clamps(None, 2.0, None)
+    out = sampled_loss("k1", s_logp, t_logp, mask, align=al, clamps=clamps, num_valid=7,
+                       baseline="token_mean")
+    units = [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2)]
+    s_u = [sum(float(s_logp[b, i]) for i in range(7) if al.s_chunk_BTs[b, i] == c) for b, c in units]
+    t_u = [sum(float(t_logp[b, j]) for j in range(9) if al.t_chunk_BTt[b, j] == c) for b, c in units]
+    n_u = [sum(1 for i in range(7) if al.s_chunk_BTs[b, i] == c) for b, c in units]
+    assert sorted(set(n_u)) == [1, 2]           # units of one and of two student tokens
+    r = [t - s for s, t in zip(s_u, t_u)]
+    per_tok = sum(r) / sum(n_u)
+    adv = [min(max(x - n * per_tok, -2.0), 2.0) for x, n in zip(r, n_u)]
+    ref = sum(-a * s for a, s in zip(adv, s_u)) / 7
+    assert float(out.loss) == pytest.approx(ref, rel=1e-9, abs=1e-12)
+    assert out.counters["loss_clamp"] == sum(abs(x - n * per_tok) > 2.0 for x, n in zip(r, n_u))
+    # one token per unit: token_mean is mean
+    zs, zt, ids, m = _inputs(5)
+    a, b = (sampled_loss("k1", input_token_logprobs(zs, ids, m), input_token_logprobs(zt, ids), m,
+                         clamps=clamps, baseline=bl).loss for bl in ("mean", "token_mean"))
+    assert float(a) == float(b)
+
+
+def test_token_mean_baseline_does_not_depend_on_how_units_group_tokens():
+    """Merging two student tokens into one unit (a teacher chunk spanning both) leaves the
+    baseline's per-token value unchanged under "token_mean" and moves it under "mean"; a
+    self-teacher (r = 0 everywhere) gives zero loss and zero gradient."""
+    s_logp = torch.tensor([[0.0, -1.0, -3.0, -0.5, -6.0]], dtype=torch.float64)
+    t_logp = torch.tensor([[0.0, -2.0, -3.5, -0.7, -14.0]], dtype=torch.float64)
+    mask = torch.ones(1, 5, dtype=torch.bool)
+    split = ChunkAlignment(torch.tensor([[-1, 0, 1, 2, 3]]), torch.tensor([[-1, 0, 1, 2, 3]]),
+                           torch.ones(1, 4, dtype=torch.bool), torch.ones(1, 4, dtype=torch.bool))
+    merged = ChunkAlignment(torch.tensor([[-1, 0, 1, 1, 2]]), torch.tensor([[-1, 0, 1, 1, 2]]),
+                            torch.ones(1, 3, dtype=torch.bool), torch.ones(1, 3, dtype=torch.bool))
+    r = (t_logp - s_logp)[0, 1:]
+    for baseline, same in (("token_mean", True), ("mean", False)):
+        grads = []
+        for al in (split, merged):
+            s = s_logp.clone().requires_grad_(True)
+            sampled_loss("k1", s, t_logp, mask, align=al, clamps=Clamps(None, None, None),
+                         num_valid=1, baseline=baseline).loss.backward()
+            grads.append(s.grad[0, 1:])
+        # the first unit (one token, untouched by the merge): its advantage is -grad
+        assert (float(grads[0][0]) == pytest.approx(float(grads[1][0]), abs=1e-12)) == same
+    assert float(-grads[0][0]) == pytest.approx(float(r[0] - r.mean()), abs=1e-12)
+    s = s_logp.clone().requires_grad_(True)
+    out = sampled_loss("k1", s, s.detach(), mask, align=merged, baseline="token_mean")
+    out.loss.backward()
+    assert float(out.loss) == 0.0 and float(s.grad.abs().max()) == 0.0
+
+
 def _chunked_alignment():
     """Two rows; student chunks of 1-2 tokens, teacher chunks of 1-3 tokens; some unaligned."""
     s_chunk = torch.tensor([[-1, 0, 1, 1, 2, -1, 3], [-1, -1, 0, 1, 2, 2, -1]])

@@ -38,7 +38,8 @@ def test_every_continuation_arm_config_is_valid(assets, tmp_path):
             cfg = validate_onpolicy(load_config(OnPolicyConfig, str(path)))
             assert cfg.teachers[0].loss.kind == ONPOLICY_KIND[arm]
             flags = arm.split("_")[2:]
-            assert cfg.loss.advantage_baseline == ("mean" if "mean" in flags else "none")
+            assert cfg.loss.advantage_baseline == ("token_mean" if "tmean" in flags else
+                                                   "mean" if "mean" in flags else "none")
             assert cfg.loss.credit == ("byte" if "byte" in flags else "token")
             assert cfg.loss.loss_max == (BYTE_CLIP if "clip" in flags else 10.0)
             assert cfg.loss.logp_min is None       # no log-prob floor (issue 24)

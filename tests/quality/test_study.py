@@ -44,6 +44,8 @@ def test_byte_credit_arms_share_their_kinds_control():
     assert study.control_arm("op_k1") == "op_k1_same"
     assert study.control_arm("op_dpca_byte") == "op_dpca_same"
     assert study.control_arm("op_k1_byte_mean_clip") == "op_k1_same_mean_clip"  # same estimator
+    # per-token and per-unit baselines coincide over one tokenizer
+    assert study.control_arm("op_k1_byte_tmean_clip") == "op_k1_same_mean_clip"
     assert study.control_arm("op_k1_mean") == "op_k1_mean_same"   # not a byte variant: its own
 
 
@@ -208,3 +210,34 @@ def test_seventh_protocol_tests_the_variant_against_its_fair_control(monkeypatch
     state = json.loads((tmp_path / "out" / "study.json").read_text())["confirm"]
     assert state["penalty"] == pytest.approx(1 - 0.15 / 0.20)
     assert state["tests"]["op_k1_same_mean_clip"]["passes"] is True  # gain 0.2 >> spread 0.08
+
+
+def test_eighth_protocol_reads_both_byte_arms_against_the_same_control(monkeypatch, tmp_path):
+    """study_v8's fixed rules, the harness replaced by a table: continued CE, the same-tokenizer
+    control, byte credit with the per-unit and with the per-token baseline, on fresh seeds 90-99
+    of the test half at the fifth protocol's rates; each byte arm's penalty against the control,
+    and the per-token baseline tested directly against the per-unit one."""
+    v8 = _load_script(monkeypatch, "study_v8.py")
+    assert v8.ARMS == ("cont_ce", "op_k1_same_mean_clip", "op_k1_byte_mean_clip",
+                       "op_k1_byte_tmean_clip")
+    base = {"cont_ce": 0.15, "op_k1_same_mean_clip": 0.35, "op_k1_byte_mean_clip": 0.30,
+            "op_k1_byte_tmean_clip": 0.33}
+    calls = _table_harness(monkeypatch, v8, lambda a, s: base[a] + 0.1 * (s % 3)
+                           + 0.003 * (s % 2) * (a == "op_k1_byte_tmean_clip"))
+    monkeypatch.setattr(v8, "RECORDS", tmp_path / "records")
+    assert v8.main(["--out", str(tmp_path / "out")]) == 0
+    ((_, arms, seeds, extra),) = calls
+    assert seeds == tuple(range(90, 100)) and not set(seeds) & {*range(0, 90)}
+    rates = v8.v6.fifth_rates()
+    assert "unlabeled_test" in extra
+    assert extra[extra.index("--arm-lr") + 1] == ",".join(
+        f"{a}={rates['op_k1_same']:g}" for a in v8.ARMS[1:])
+    state = json.loads((tmp_path / "out" / "study.json").read_text())["confirm"]
+    assert state["penalty"]["op_k1_byte_tmean_clip"] == pytest.approx(1 - (0.18 + 0.0015) / 0.20)
+    assert state["penalty"]["op_k1_byte_mean_clip"] == pytest.approx(1 - 0.15 / 0.20)
+    direct = state["tmean_vs_mean"]
+    assert direct["gain"] == pytest.approx(0.03 + 0.0015)
+    # every seed better, but the seeds spread 0.2: the paired test passes, Welch's does not
+    assert direct["paired_p"] < 0.05 < direct["welch_p"] and direct["passes"] is False
+    assert set(state["tests"]) == {"op_k1_same_mean_clip", "op_k1_byte_mean_clip",
+                                   "op_k1_byte_tmean_clip"}

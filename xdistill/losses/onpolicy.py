@@ -63,7 +63,10 @@ view of where to stop cannot drive the length; ``"teacher"`` (default) treats th
 other unit (the scorer pairs them with the teacher's own end token).
 
 Advantage baseline (``baseline = "mean"``; dpca / simple_opd: ``params.baseline``): the
-sampled-token advantages minus their mean over the micro-batch's units, before the clamp. A
+sampled-token advantages minus their mean over the micro-batch's units, before the clamp
+(``"token_mean"``: minus the unit's student-token count times the mean advantage per student
+token, so that the baseline does not depend on how the teacher's tokenization groups the
+student's tokens into units; :func:`xdistill.losses.policy.center_advantages`). A
 constant baseline leaves the expected gradient unchanged (``E_p[grad log p] = 0``) and cuts its
 variance when a teacher rates nearly every sample below the student's own likelihood (uncentred,
 every advantage is negative and each update pushes down whatever was sampled). In the quality
@@ -136,8 +139,8 @@ class OnPolicyLossSpec:
     stop_advantage: str = "teacher"
     # knobs of the 2026 kinds (strict_topk, dpca, simple_opd, bpm, escd)
     params: KindParams = field(default_factory=KindParams)
-    # k1: advantage baseline, "none" or "mean" over the micro-batch's units (dpca / simple_opd
-    # take theirs from params.baseline)
+    # k1: advantage baseline, "none", "mean" over the micro-batch's units or "token_mean" (per
+    # student token; policy.center_advantages); dpca / simple_opd take theirs from params.baseline
     baseline: str = "none"
     # credit of k1/k3/dpca/simple_opd units from a cross-tokenizer teacher: "token" (summed
     # token log-probs of each side) or "byte" (each side's probability of the unit's bytes and
@@ -304,16 +307,30 @@ def unit_logprobs(s_logp_BTs: torch.Tensor, t_logp_BTt: torch.Tensor, s_loss_mas
     return b_N, s_sum_BC[b_N, c_N], t_sum_BC[b_N, c_N], counts
 
 
+def unit_token_counts(s_loss_mask_BTs, align: ChunkAlignment | None = None,
+                      t_loss_mask_BTt=None) -> torch.Tensor:
+    """[N] student tokens of each loss unit, in the unit order of :func:`unit_logprobs` (ones
+    for a same-tokenizer teacher: its units are the student's tokens)."""
+    if align is None:
+        sel = s_loss_mask_BTs.bool().clone()
+        sel[:, 0] = False
+        return torch.ones(int(sel.sum()), dtype=torch.int64, device=sel.device)
+    ok_BC = loss_chunks(align, s_loss_mask_BTs, t_loss_mask_BTt)
+    ones = torch.ones(align.s_chunk_BTs.shape, dtype=torch.int64, device=ok_BC.device)
+    return chunk_sum(ones, align.s_chunk_BTs, align.num_chunks)[ok_BC]
+
+
 def sampled_unit_losses(kind: str, s_unit_N: torch.Tensor, t_unit_N: torch.Tensor,
-                        clamps: Clamps, baseline: str = "none"
+                        clamps: Clamps, baseline: str = "none", tokens_N=None
                         ) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """(per-unit loss [N], log-ratio r [N] (detached), counters) of ``k1`` (PG) or ``k3``.
-    ``baseline = "mean"`` centres k1's advantages on their mean before the clamp."""
+    ``baseline`` centres k1's advantages before the clamp (:func:`center_advantages`;
+    ``tokens_N``: each unit's student tokens, for ``"token_mean"``)."""
     r_N = t_unit_N - s_unit_N
     counts = {"exp_clip": 0, "loss_clamp": 0}
     hi = clamps.loss_max
     if kind == "k1":
-        adv_N = center_advantages(r_N.detach(), baseline)
+        adv_N = center_advantages(r_N.detach(), baseline, tokens_N=tokens_N)
         if hi is not None:
             counts["loss_clamp"] = int((adv_N.abs() > hi).sum())
             adv_N = adv_N.clamp(-hi, hi)
@@ -358,7 +375,9 @@ def sampled_loss(kind: str, s_logp_BTs, t_logp_BTt, s_loss_mask_BTs, *, align=No
     """
     b_N, s_N, t_N, counts = unit_logprobs(s_logp_BTs, t_logp_BTt, s_loss_mask_BTs, align,
                                           t_loss_mask_BTt, clamps.logp_min, t_chunk_logp_BC)
-    loss_N, r_N, more = sampled_unit_losses(kind, s_N, t_N, clamps, baseline)
+    tokens_N = (unit_token_counts(s_loss_mask_BTs, align, t_loss_mask_BTt)
+                if baseline == "token_mean" else None)
+    loss_N, r_N, more = sampled_unit_losses(kind, s_N, t_N, clamps, baseline, tokens_N)
     if zero_BTs is not None:
         zero_N = unit_flags(zero_BTs, s_loss_mask_BTs, align, t_loss_mask_BTt)
         loss_N = torch.where(zero_N, torch.zeros_like(loss_N), loss_N)

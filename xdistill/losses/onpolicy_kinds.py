@@ -65,7 +65,8 @@ class KindParams:
     # bpm / escd: the rule for student tokens longer than the teacher's root token (the
     # covering mass of the on-path token's continuation, byteprefix_long); needs its tables
     long_tokens: bool = True
-    # dpca / simple_opd: advantage baseline, "none" or "mean" (policy.center_advantages)
+    # dpca / simple_opd: advantage baseline, "none", "mean" or "token_mean" (the same here: the
+    # units are student tokens; policy.center_advantages)
     baseline: str = "none"
 
 

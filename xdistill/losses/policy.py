@@ -123,25 +123,34 @@ def ppo_token_losses(logp_N: torch.Tensor, behaviour_N: torch.Tensor, adv_N: tor
     return loss, rho.detach(), counts
 
 
-BASELINES = ("none", "mean")
+BASELINES = ("none", "mean", "token_mean")
 
 
-def center_advantages(adv_N: torch.Tensor, baseline: str, scored_N: torch.Tensor | None = None
-                      ) -> torch.Tensor:
-    """``adv_N`` minus its mean over the (``scored_N``) units of this micro-batch when
-    ``baseline == "mean"`` (a constant baseline: the gradient's expectation is unchanged, its
+def center_advantages(adv_N: torch.Tensor, baseline: str, scored_N: torch.Tensor | None = None,
+                      tokens_N: torch.Tensor | None = None) -> torch.Tensor:
+    """``adv_N`` minus a baseline computed over the (``scored_N``) units of this micro-batch.
+
+    ``"mean"``: their mean (a constant baseline: the gradient's expectation is unchanged, its
     variance falls; with a teacher that rates nearly every sample below the student's own
     likelihood, all advantages are negative and, uncentred, push down whatever was sampled).
-    Units outside ``scored_N`` keep their advantage (zero)."""
+    ``"token_mean"``: ``tokens_N[u] * b`` with ``b = sum(adv) / sum(tokens)`` the mean advantage
+    per *student token* (``tokens_N``: the student tokens of each unit, ones when None). A unit of
+    several student tokens (a cross-tokenizer chunk) gets the baseline of that many tokens, so the
+    baseline does not depend on how a teacher's tokenization groups the student's tokens into
+    units; with one token per unit it equals ``"mean"``. Units outside ``scored_N`` keep their
+    advantage (zero)."""
     if baseline == "none":
         return adv_N
-    if baseline != "mean":
+    if baseline not in BASELINES:
         raise ValueError(f"unknown advantage baseline {baseline!r}; allowed: {BASELINES}")
     sel = torch.ones_like(adv_N, dtype=torch.bool) if scored_N is None else scored_N
     if not bool(sel.any()):
         return adv_N
-    mean = adv_N.detach()[sel].mean()
-    return torch.where(sel, adv_N - mean, adv_N)
+    if baseline == "mean" or tokens_N is None:
+        return torch.where(sel, adv_N - adv_N.detach()[sel].mean(), adv_N)
+    tok_N = tokens_N.to(adv_N.dtype)
+    per_token = adv_N.detach()[sel].sum() / tok_N[sel].sum().clamp_min(1.0)
+    return torch.where(sel, adv_N - tok_N * per_token, adv_N)
 
 
 def _clamp_adv(adv_N: torch.Tensor, adv_clamp: float | None) -> tuple[torch.Tensor, int]:

@@ -144,10 +144,13 @@ class OnPolicyLossConfig:
     # own end token like any unit) or zero (zero advantage, SimpleOPD's guard against length
     # blow-up)
     stop_advantage: Literal["teacher", "zero"] = "teacher"
-    # sampled-token kinds (k1, dpca, simple_opd): advantage baseline, none or mean (advantages
+    # sampled-token kinds (k1, dpca, simple_opd): advantage baseline, none, mean (advantages
     # minus their mean over the micro-batch's units: same expected gradient, less variance when
-    # the teacher rates every sample below the student's own likelihood)
-    advantage_baseline: Literal["none", "mean"] = "none"
+    # the teacher rates every sample below the student's own likelihood) or token_mean (a unit's
+    # baseline = its student tokens x the mean advantage per student token: independent of how a
+    # cross-tokenizer teacher's chunks group the student's tokens; = mean for a same-tokenizer
+    # teacher, and for dpca / simple_opd, whose units are student tokens)
+    advantage_baseline: Literal["none", "mean", "token_mean"] = "none"
     # credit of the sampled-token kinds (k1, k3, dpca, simple_opd) from a cross-tokenizer teacher:
     # token (each side's summed token log-probs per aligned chunk) or byte (each side's
     # probability of the unit's bytes followed by the boundary the student's tokenization

@@ -23,10 +23,12 @@ def control_arm(arm: str) -> str:
     """The same-tokenizer control of an on-policy arm: ``op_k1`` -> ``op_k1_same``; a byte-credit
     arm shares its kind's control, with the same estimator changes (``op_k1_byte`` ->
     ``op_k1_same``, ``op_k1_byte_mean_clip`` -> ``op_k1_same_mean_clip``: over one tokenizer
-    byte credit and token credit coincide)."""
+    byte credit and token credit coincide; ``_tmean`` -> ``_mean``: with one student token per
+    unit the two baselines coincide)."""
     kind, *flags = arm.split("_")[1:]
     if "byte" in flags:
-        return "_".join(["op", kind, "same", *(f for f in flags if f != "byte")])
+        same = {"tmean": "mean"}
+        return "_".join(["op", kind, "same", *(same.get(f, f) for f in flags if f != "byte")])
     return arm + "_same"
 
 

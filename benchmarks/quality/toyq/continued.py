@@ -45,6 +45,10 @@ arm                 what continues training the CE checkpoint
                     the cross teacher's size and training; issue-24 confirmation)
 ``op_k1_same_mean_clip``  ``op_k1_same`` with the mean baseline and the advantage clamp: the
                     same-tokenizer control of ``op_k1_byte_mean_clip`` (same estimator)
+``op_k1_byte_tmean_clip``  ``op_k1_byte_mean_clip`` with the baseline taken per student token
+                    (``loss.advantage_baseline: token_mean``: a unit's baseline is its student
+                    tokens times the mean advantage per student token); its same-tokenizer
+                    control is ``op_k1_same_mean_clip`` (one token per unit: the same baseline)
 ==================  =============================================================================
 
 On-policy arms sample ``cont_new_tokens`` tokens per prompt at temperature 1 from the current
@@ -59,7 +63,7 @@ from pathlib import Path
 CONT_ARMS = ("cont_ce", "cont_ce_oracle", "cont_pkl_cont", "op_k1", "op_k3", "op_rkl",
              "op_strict", "op_dpca", "op_simple", "op_bpm", "op_escd", "op_k1_mean", "op_dpca_mean", "op_simple_mean",
              "op_k1_byte", "op_k3_byte", "op_dpca_byte", "op_simple_byte", "op_k1_byte_mean",
-             "op_k1_byte_clip", "op_k1_byte_mean_clip")
+             "op_k1_byte_clip", "op_k1_byte_mean_clip", "op_k1_byte_tmean_clip")
 SAME_ARMS = tuple(f"op_{k}_same" for k in ("k1", "k3", "rkl", "strict", "dpca", "simple", "bpm",
                                            "escd")) + ("op_k1_same_mean_clip",)
 CONT_ARMS = CONT_ARMS + SAME_ARMS
@@ -77,9 +81,11 @@ BYTE_CLIP = 2.0
 
 def loss_options(arm: str) -> dict:
     """The ``loss`` keys an on-policy arm's name asks for beyond its kind: ``_byte`` byte-level
-    credit, ``_mean`` the mean advantage baseline, ``_clip`` the advantage clamp ``BYTE_CLIP``."""
+    credit, ``_mean`` the mean advantage baseline (``_tmean``: per student token), ``_clip`` the
+    advantage clamp ``BYTE_CLIP``."""
     flags = arm.split("_")[2:]             # op_<kind>_<flag>_...
-    return {**({"advantage_baseline": "mean"} if "mean" in flags else {}),
+    baseline = "token_mean" if "tmean" in flags else "mean" if "mean" in flags else None
+    return {**({"advantage_baseline": baseline} if baseline else {}),
             **({"credit": "byte"} if "byte" in flags else {}),
             **({"loss_max": BYTE_CLIP} if "clip" in flags else {})}
 
