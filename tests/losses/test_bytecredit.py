@@ -420,3 +420,27 @@ def test_extensions_are_minimal_and_prefix_free():
     v2 = Vocab(["a", "abc", "abd"])
     E2, R2 = VocabIndex(v2.table).extensions(v2.id("a"))
     assert sorted(E2) == [b"bc", b"bd"] and R2 == (b"b",)
+
+
+TV_DUP = Vocab(["a", "b", "aa", "ab", "bab", "abb", "a", "b"])   # ids 8, 9 re-spell "a", "b"
+
+
+@pytest.mark.parametrize("text,stop,seed", [("bba", False, 5), ("babaab", True, 6)])
+def test_respelling_terms_are_reported_apart(text, stop, seed):
+    """A second id with the bytes of a path token (a byte-fallback id) stays in the upper bound,
+    which still brackets the definition's covering probability; ``byte_bounds``' third value
+    leaves exactly those terms out: it lies between the bounds and equals ``P_ub`` when the
+    re-spelling ids get no mass."""
+    from xdistill.losses.bytecredit import byte_bounds
+    dup = [TV_DUP.V - 2, TV_DUP.V - 1]
+    for bias, loose in ((None, True), (lambda p: {d: -np.inf for d in dup}, False)):
+        s_lm, t_lm = LM(SV_MB, 30 + seed), LM(TV_DUP, 40 + seed, bias=bias)
+        c = _case(SV_MB, TV_DUP, s_lm, t_lm, text, stop)
+        assert bool(c["credit"].teacher.respell_K.any())
+        refs = [r[0] for r in _refs(c, SV_MB, TV_DUP, s_lm, t_lm)]
+        lp = input_token_logprobs(c["zt"], torch.tensor([c["t_ids"]]))
+        lb, ub, seg = (x.exp() for x in byte_bounds(c["zt"], lp, c["credit"].teacher))
+        for n, ref in enumerate(refs):
+            assert float(lb[n]) <= ref * (1 + 1e-12) and ref <= float(ub[n]) * (1 + 1e-12)
+        assert bool((lb <= seg * (1 + 1e-12)).all()) and bool((seg <= ub * (1 + 1e-12)).all())
+        assert bool((seg < ub * (1 - 1e-9)).any()) == loose

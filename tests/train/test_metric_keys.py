@@ -35,7 +35,8 @@ ONPOLICY_STEP = [
     "cross/tool_ratio", "cross/unaligned_frac", "cross/weight", "offpolicy",
     "onpolicy/unaligned_frac", "response_len", "same/coverage", "same/tool_ratio",
     "same/unaligned_frac", "same/weight", "stop_fraction", "tool_token_ratio", "units/cross",
-    "units/same", "same/mean_logratio", "cross/mean_logratio", "cross/credit_gap", "lr",
+    "units/same", "same/mean_logratio", "cross/mean_logratio", "cross/credit_gap",
+    "cross/credit_gap_seg", "lr",
     "grad_norm", "step_s", "skipped", "tok_per_s", "time/data", "time/generation", "time/score",
     "time/transport", "time/teacher", "time/student", "time/loss", "time/optim"]
 ONPOLICY_MIX_STEP = [

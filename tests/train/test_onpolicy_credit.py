@@ -78,6 +78,7 @@ def test_byte_credit_step(tmp_path, tiny_assets, lms, kind):
             assert units == chunks - n_stop
         assert math.isfinite(m["cross/loss"]) and "cross/clamp/credit_floor" in m
         assert m["cross/credit_gap"] >= 0.0 and "same/credit_gap" not in m
+        assert 0.0 <= m["cross/credit_gap_seg"] <= m["cross/credit_gap"] + 1e-9
         if i == 0 or kind in ("k1", "k3"):  # segment rollouts carry no behaviour log-probs:
             assert grads and float(max(grads)) > 0  # the PPO ratio of dpca/simple_opd clips
     assert int(results[1][0].stop_BTs.any(1).sum()) == 4

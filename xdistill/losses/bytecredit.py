@@ -100,6 +100,9 @@ class ByteTerms:
     sorted_V: torch.Tensor
     # number of units
     num_units: int
+    # True: a gap term whose token re-spells the path's own token at that level (another id with
+    # the same bytes: a byte-fallback id, an added duplicate); reported apart, bool [K]
+    respell_K: torch.Tensor | None = None
 
     def to(self, device) -> "ByteTerms":
         return ByteTerms(**{f.name: (getattr(self, f.name).to(device)
@@ -198,6 +201,18 @@ def byte_logprob(logits_BTV, token_logp_BT, terms: ByteTerms, *, temperature: fl
     ``token_logp_BT``: that side's log-probs of its own tokens at input positions (at the same
     temperature). ``P_lb`` is floored at ``PROB_FLOOR`` before the log.
     """
+    lb, ub, _ = byte_bounds(logits_BTV, token_logp_BT, terms, temperature=temperature,
+                            block=block)
+    return lb, ub
+
+
+def byte_bounds(logits_BTV, token_logp_BT, terms: ByteTerms, *, temperature: float = 1.0,
+                block: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`byte_logprob`'s two bounds and ``log P_ub'`` [N]: the upper bound without the
+    re-spelling terms (``respell_K``). An untrained model can give a byte-fallback id with the
+    bytes of a digit as much as a wrong digit, which makes ``P_ub`` loose although a path through
+    it is one the tokenizer never writes; ``log P_ub' - log P_lb`` is the gap left by the other
+    segmentations the one forward did not follow."""
     with torch.no_grad():
         lp_P = token_logp_BT.detach().double()[terms.path_b_P, terms.path_t_P]
         cum = torch.cat([lp_P.new_zeros(1), lp_P.cumsum(0)])
@@ -210,7 +225,12 @@ def byte_logprob(logits_BTV, token_logp_BT, terms: ByteTerms, *, temperature: fl
         lb_N.index_add_(0, terms.unit_K[~terms.gap_K], val_K[~terms.gap_K])
         gap_N.index_add_(0, terms.unit_K[terms.gap_K], val_K[terms.gap_K])
         lb_N = lb_N.clamp_min(PROB_FLOOR)
-        return torch.log(lb_N), torch.log(lb_N + gap_N.clamp_min(0.0))
+        seg_N = gap_N
+        if terms.respell_K is not None:
+            seg = terms.gap_K & ~terms.respell_K.to(terms.gap_K.device)
+            seg_N = torch.zeros_like(lb_N).index_add_(0, terms.unit_K[seg], val_K[seg])
+        return (torch.log(lb_N), torch.log(lb_N + gap_N.clamp_min(0.0)),
+                torch.log(lb_N + seg_N.clamp_min(0.0)))
 
 
 @dataclass(frozen=True)
@@ -224,6 +244,8 @@ class CreditStats:
     # mean measured error log P_ub - log P_lb over the units, teacher / student side
     teacher_gap: float
     student_gap: float
+    # the teacher's mean gap without the re-spelling terms (byte_bounds)
+    teacher_gap_seg: float = math.nan
 
 
 def chunk_teacher_logp(credit: ByteCredit, align: ChunkAlignment, s_loss_mask_BTs,
@@ -239,8 +261,8 @@ def chunk_teacher_logp(credit: ByteCredit, align: ChunkAlignment, s_loss_mask_BT
             raise ValueError(f"byte-credit terms for {side.num_units} units, the alignment has "
                              f"{N} loss units (build them from the same view, stop and masks)")
     tau = float(temperature)
-    t_lb, t_ub = byte_logprob(teacher_logits_BTtV, teacher_token_logp_BTt, credit.teacher,
-                              temperature=tau)
+    t_lb, t_ub, t_seg = byte_bounds(teacher_logits_BTtV, teacher_token_logp_BTt,
+                                    credit.teacher, temperature=tau)
     s_lb, s_ub = byte_logprob(student_logits_BTsV, student_token_logp_BTs, credit.student,
                               temperature=tau)
     s_tok_BC = chunk_sum(student_token_logp_BTs.detach().double(), align.s_chunk_BTs,
@@ -249,7 +271,7 @@ def chunk_teacher_logp(credit: ByteCredit, align: ChunkAlignment, s_loss_mask_BT
     out_BC[b_N, c_N] = t_lb - s_lb + s_tok_BC[b_N, c_N]
     mean = (lambda x: float(x.mean()) if x.numel() else math.nan)  # noqa: E731
     stats = CreditStats(N, int((t_lb <= math.log(PROB_FLOOR) + 1e-9).sum()),
-                        mean(t_ub - t_lb), mean(s_ub - s_lb))
+                        mean(t_ub - t_lb), mean(s_ub - s_lb), mean(t_seg - t_lb))
     return out_BC, stats
 
 
@@ -287,5 +309,5 @@ def evaluate_byte_credit(kind: str, stop_advantage: str, credit: ByteCredit | No
 
 
 __all__ = ["BYTE_CREDIT_KINDS", "CREDITS", "ByteCredit", "ByteTerms", "CreditStats", "MASS_ID", "MASS_ONE", "MASS_RANGE",
-           "PROB_FLOOR", "byte_logprob", "evaluate_byte_credit", "chunk_teacher_logp", "credit_alignment", "credit_units",
+           "PROB_FLOOR", "byte_bounds", "byte_logprob", "evaluate_byte_credit", "chunk_teacher_logp", "credit_alignment", "credit_units",
            "merge_stop_chunks", "uses_byte_credit"]

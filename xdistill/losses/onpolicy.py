@@ -178,8 +178,9 @@ class OnPolicyLossOutput:
     # mean log-ratio r over the units (sampled estimators), else nan
     mean_logratio: float = float("nan")
     # byte-level credit: summed measured error log P_ub - log P_lb of the teacher side over the
-    # units (0 when none), nan when byte credit is off
+    # units (0 when none), nan when byte credit is off; _seg: without re-spellings (byte_bounds)
     credit_gap_sum: float = float("nan")
+    credit_gap_seg_sum: float = float("nan")
 
 
 def reward_weights(rewards_B: torch.Tensor, beta: float) -> torch.Tensor:
@@ -418,14 +419,15 @@ def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, 
                                  unpaired_BTs if align is not None else None,
                                  student_ids_BTs=student_ids_BTs, tables=tables, stop_BTs=stop_BTs)
     count = resolve_count(num_valid, units)
-    t_chunk, credit_counters, gap_sum = None, {}, float("nan")
+    t_chunk, credit_counters, gaps = None, {}, (float("nan"), float("nan"))
     if _bc.uses_byte_credit(spec.credit, spec.kind, align):
         align, t_chunk, cstats = _bc.evaluate_byte_credit(
             spec.kind, spec.stop_advantage, byte_credit, align, stop_BTs, student_logits_BTsV,
             student_ids_BTs, s_loss_mask_BTs, teacher_logits_BTtV, teacher_ids_BTt,
             t_loss_mask_BTt, temperature=spec.temperature, chunk_size=chunk_size)
         credit_counters = {"credit_floor": cstats.teacher_floor}
-        gap_sum = cstats.teacher_gap * cstats.units if cstats.units else 0.0
+        gaps = ((cstats.teacher_gap * cstats.units, cstats.teacher_gap_seg * cstats.units)
+                if cstats.units else (0.0, 0.0))
     kw = dict(align=align, t_loss_mask_BTt=t_loss_mask_BTt, sample_weight_B=sample_weight_B,
               count=count, chunk_size=chunk_size)
     if spec.kind in KINDS_2026:
@@ -456,7 +458,7 @@ def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, 
                                                    teacher, **kw), 0, {})
     if align is None or count_unpaired(spec, s_loss_mask_BTs, unpaired_BTs) == 0:
         counters = {**out.counters, "unpaired": 0} if align is not None else out.counters
-        return OnPolicyLossOutput(out.loss, units, counters, out.mean_logratio, gap_sum)
+        return OnPolicyLossOutput(out.loss, units, counters, out.mean_logratio, *gaps)
     w_BTs = None
     if sample_weight_B is not None:
         w_BTs = sample_weight_B.to(student_logits_BTsV.device, torch.float32)[:, None]
@@ -464,7 +466,7 @@ def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, 
                               unpaired_BTs,
                               chunk_size=chunk_size, weight_BTs=w_BTs)
     return OnPolicyLossOutput(out.loss + pen / count, units, {**out.counters, "unpaired": n},
-                              out.mean_logratio, gap_sum)
+                              out.mean_logratio, *gaps)
 
 
 def _sampled(spec, s_logits, s_ids, s_mask, t_token_logp, t_logits, t_ids, zero_BTs, t_chunk,

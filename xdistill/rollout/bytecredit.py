@@ -92,7 +92,8 @@ class _Terms:
 
     def __init__(self, index: VocabIndex):
         self.index = index
-        self.cols = {k: [] for k in ("unit", "sign", "gap", "ps", "pl", "kind", "row", "lo", "hi")}
+        self.cols = {k: [] for k in ("unit", "sign", "gap", "ps", "pl", "kind", "row", "lo", "hi",
+                                     "respell")}
         self.rows: dict[tuple[int, int], int] = {}
         self.path_b: list[int] = []
         self.path_t: list[int] = []
@@ -100,8 +101,8 @@ class _Terms:
     def row(self, b: int, t: int) -> int:
         return self.rows.setdefault((b, t), len(self.rows))
 
-    def add(self, unit, sign, gap, ps, pl, kind, row=0, lo=0, hi=0):
-        for k, v in zip(self.cols, (unit, sign, gap, ps, pl, kind, row, lo, hi)):
+    def add(self, unit, sign, gap, ps, pl, kind, row=0, lo=0, hi=0, respell=False):
+        for k, v in zip(self.cols, (unit, sign, gap, ps, pl, kind, row, lo, hi, respell)):
             self.cols[k].append(v)
 
     def add_range(self, unit, sign, gap, ps, pl, row, prefix: bytes):
@@ -109,10 +110,11 @@ class _Terms:
         if hi > lo:
             self.add(unit, sign, gap, ps, pl, MASS_RANGE, row, lo, hi)
 
-    def add_exact(self, unit, sign, gap, ps, pl, row, data: bytes, skip: int = -1):
+    def add_exact(self, unit, sign, gap, ps, pl, row, data: bytes, skip: int = -1,
+                  respell: bool = False):
         for tid in self.index.exact(data):
             if tid != skip:
-                self.add(unit, sign, gap, ps, pl, MASS_ID, row, tid, 0)
+                self.add(unit, sign, gap, ps, pl, MASS_ID, row, tid, 0, respell)
 
     def tensors(self, num_units: int) -> ByteTerms:
         c = self.cols
@@ -123,7 +125,8 @@ class _Terms:
                          long(c["pl"]), long(c["kind"]), long(c["row"]), long(c["lo"]),
                          long(c["hi"]), long([b for (b, _), _ in rows]),
                          long([t for (_, t), _ in rows]), long(self.path_b), long(self.path_t),
-                         torch.as_tensor(self.index.sorted_ids), int(num_units))
+                         torch.as_tensor(self.index.sorted_ids), int(num_units),
+                         torch.as_tensor(np.asarray(c["respell"], dtype=bool)))
 
 
 def _side_terms(T: _Terms, unit: int, b: int, ids: list[int], pos: list[int], stop: bool,
@@ -153,10 +156,13 @@ def _side_terms(T: _Terms, unit: int, b: int, ids: list[int], pos: list[int], st
             for r in R:
                 T.add_exact(unit, -1.0, False, ps, m, row, rho + r)
                 T.add_exact(unit, 1.0, True, ps, m, row, rho + r)
-        T.add_exact(unit, 1.0, True, ps, m, row, rho, skip=content[m] if m == n - 1 else -1)
+        # another id with the bytes of the path's own token m (a byte-fallback id, an added
+        # duplicate) is a re-spelling: in the gap, and reported apart (``respell``)
+        T.add_exact(unit, 1.0, True, ps, m, row, rho, skip=content[m] if m == n - 1 else -1,
+                    respell=m == n - 1)
         for k in range(1, len(rho)):
             T.add_exact(unit, 1.0, True, ps, m, row, rho[:k],
-                        skip=content[m] if m < n - 1 else -1)
+                        skip=content[m] if m < n - 1 else -1, respell=rho[:k] == pieces[m])
     if stop:
         T.add(unit, 1.0, False, ps, n + 1, MASS_ONE)
         return

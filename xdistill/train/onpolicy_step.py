@@ -303,8 +303,9 @@ def _record_teacher(metrics: StepMetrics, name: str, spec, res, weight: float, c
         r = res.mean_logratio
         metrics.per_unit(Metric("mean_logratio", name), r * res.units if r == r else 0.0)
     if byte_credit:
-        g = res.credit_gap_sum
-        metrics.per_unit(Metric("credit_gap", name), g if g == g else 0.0)
+        for key, g in (("credit_gap", res.credit_gap_sum),
+                       ("credit_gap_seg", res.credit_gap_seg_sum)):
+            metrics.per_unit(Metric(key, name), g if g == g else 0.0)
 
 
 def sample_weights(scored, beta: float):
