@@ -102,19 +102,36 @@ def primary(runs: list[dict], variant: str) -> dict:
             "passed": bool(c.gain > 0 and c.welch.p < ALPHA and c.paired.p < ALPHA)}
 
 
+def confirm_runs(args, arms, seeds, chosen: dict, tag: str, records: Path) -> list[dict]:
+    """A confirmation stage's runs (later protocols too): ``arms`` on ``seeds``, the unlabeled
+    test half, at the ``chosen`` rates; the report block ``tag``; the raw runs to ``records``."""
+    out = args.out / "confirm"
+    runs = study.harness(out, args, list(arms), seeds, v5.WARM_STEPS,
+                         ["--eval-split", "unlabeled_test", "--cont-lr",
+                          f"{chosen['cont_ce']:g}", "--arm-lr", arm_lr(arms, chosen),
+                          "--report-dir", str(HERE), "--tag", tag])
+    study.record(out, "confirm", records)
+    return runs
+
+
+def confirm_state(arms, seeds, chosen: dict, comps: dict) -> dict:
+    """A later confirmation's record in ``study.json``: arms, seeds, rates and per arm the
+    tests against continued CE (``comps``: :func:`toyq.confirm.comparisons` by arm)."""
+    return {"arms": list(arms), "seeds": list(seeds),
+            "rates": {a: rate_of(a, chosen) for a in arms},
+            "tests": {a: {k: c[k] for k in ("gain", "welch_holm", "paired_holm", "passes",
+                                            "min_format_rate")} for a, c in comps.items()}}
+
+
 def stage_confirm(args, state: dict) -> None:
     variant = state["screen"]["carried"]
     if variant is None:
         say("no variant beat op_k1_byte in the screen: no confirmation (protocol rule)")
         state["confirm"] = {"skipped": "no variant carried"}
         return
-    out, chosen = args.out / "confirm", state["screen"]["rates"]
+    chosen = state["screen"]["rates"]
     arms = ["cont_ce", "op_k1_same", REFERENCE, variant]
-    runs = study.harness(out, args, arms, CONFIRM_SEEDS, v5.WARM_STEPS,
-                         ["--eval-split", "unlabeled_test", "--cont-lr",
-                          f"{chosen['cont_ce']:g}", "--arm-lr", arm_lr(arms, chosen),
-                          "--report-dir", str(HERE), "--tag", "credit24v6"])
-    study.record(out, "confirm", RECORDS)
+    runs = confirm_runs(args, arms, CONFIRM_SEEDS, chosen, "credit24v6", RECORDS)
     test = primary(runs, variant)
     state["confirm"] = {"arms": arms, "seeds": list(CONFIRM_SEEDS), "primary": test,
                         "rates": {a: rate_of(a, chosen) for a in arms},

@@ -39,19 +39,12 @@ say = study.say
 
 
 def stage_confirm(args, state: dict) -> None:
-    out, chosen = args.out / "confirm", v6.fifth_rates()
-    runs = study.harness(out, args, list(ARMS), CONFIRM_SEEDS, v5.WARM_STEPS,
-                         ["--eval-split", "unlabeled_test", "--cont-lr",
-                          f"{chosen['cont_ce']:g}", "--arm-lr", v6.arm_lr(ARMS, chosen),
-                          "--report-dir", str(HERE), "--tag", "credit24v7"])
-    study.record(out, "confirm", RECORDS)
+    chosen = v6.fifth_rates()
+    runs = v6.confirm_runs(args, ARMS, CONFIRM_SEEDS, chosen, "credit24v7", RECORDS)
     comps = {c["arm"]: c for c in comparisons(runs)}
     cross, same = comps[CROSS], comps[control_arm(CROSS)]
     state["confirm"] = {
-        "arms": list(ARMS), "seeds": list(CONFIRM_SEEDS),
-        "rates": {a: v6.rate_of(a, chosen) for a in ARMS},
-        "tests": {a: {k: c[k] for k in ("gain", "welch_holm", "paired_holm", "passes",
-                                        "min_format_rate")} for a, c in comps.items()},
+        **v6.confirm_state(ARMS, CONFIRM_SEEDS, chosen, comps),
         "penalty": penalty(cross["gain"], same["gain"])}
     say(f"control {same['arm']} {same['gain']:+.3f} (passes: {same['passes']}), {CROSS} "
         f"{cross['gain']:+.3f} (passes: {cross['passes']}); penalty "
