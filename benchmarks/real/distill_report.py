@@ -28,8 +28,9 @@ ARM_TEXT = {"ce": "CE only on the slice", "pkl": "P-KL to the adapted Gemma (mul
             "self_kl": "CE + forward KL to the stock student only (a soft target, nothing new)",
             "op_k1": "on-policy k1 to the adapted Gemma (the student's samples of slice prompts; "
             "as many student tokens as an off-policy arm)",
-            "op_k1_byte": "on-policy k1 with byte-level credit, otherwise as `op_k1`"}
-ONPOLICY_ARMS = ("op_k1", "op_k1_byte")
+            "op_k1_byte_mean_clip": "on-policy k1 with byte-level credit, the mean advantage "
+            "baseline and the advantage clamped to 2 nats, otherwise as `op_k1`"}
+ONPOLICY_ARMS = ("op_k1", "op_k1_byte_mean_clip")   # = onpolicy_arms.ONPOLICY_ARMS (tested)
 SAMPLE_KEYS = ("teacher_bpb_on_samples", "repetition")
 # texts scored once at the end of a run (reported, not tested), with their column titles
 FINAL_COLUMNS = (("other_play", "other-play bpb"), ("ood", "out-of-domain bpb"))

@@ -1,4 +1,4 @@
-"""On-policy arms of the real-model evidence protocol (PROTOCOL.md, amendment 1).
+"""On-policy arms of the real-model evidence protocol (PROTOCOL.md, amendments 1 and 3).
 
 The student (stock SmolLM2-135M) samples continuations of prompts cut from its own training slice;
 the adapted Gemma-3-270M scores them and the trainer's on-policy mode (``xdistill train
@@ -6,7 +6,10 @@ onpolicy``) turns the scores into the loss:
 
 * ``op_k1``       per-token reverse-KL advantage (k1: Thinking Machines' on-policy distillation,
                   Qwen3, verl), token credit across the two tokenizers;
-* ``op_k1_byte``  k1 with byte-level credit (``loss.credit: byte``).
+* ``op_k1_byte_mean_clip``  k1 with byte-level credit (``loss.credit: byte``), the mean advantage
+                  baseline and the advantage clamped to 2 nats (``LOSS_OPTIONS``): the estimator the
+                  on-policy credit study confirmed (amendment 3; it replaces amendment 1's plain
+                  ``op_k1_byte``).
 
 **Equal student tokens.** An off-policy arm trains on ``steps x batch x seq_len`` student tokens;
 an on-policy arm samples ``batch x NEW_TOKENS`` per step and takes
@@ -19,7 +22,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-ONPOLICY_ARMS = ("op_k1", "op_k1_byte")
+ONPOLICY_ARMS = ("op_k1", "op_k1_byte_mean_clip")
+# the ``loss`` keys of each on-policy arm beyond k1's defaults
+LOSS_OPTIONS = {"op_k1": {},
+                "op_k1_byte_mean_clip": {"credit": "byte", "advantage_baseline": "mean",
+                                         "loss_max": 2.0}}
 NEW_TOKENS = 32         # sampled student tokens per prompt
 PROMPT_CHARS = 160      # a prompt is a passage's first <= 160 characters, cut at a space
 MIN_PROMPT_CHARS = 40
@@ -68,7 +75,7 @@ def onpolicy_config(arm: str, seed: int, args, a: dict, out: Path) -> dict:
             "prompts": {"paths": [a["prompts"]], "batch_size": args.batch, "shuffle": True},
             "rollout": {"backend": "hf", "temperature": 1.0, "top_p": 1.0,
                         "max_new_tokens": NEW_TOKENS, "max_prompt_len": 64, "seed": seed},
-            "loss": {"chunk_size": 64, **({"credit": "byte"} if arm.endswith("_byte") else {})},
+            "loss": {"chunk_size": 64, **LOSS_OPTIONS[arm]},
             "optim": {"lr": a.get("lr", args.lr), "weight_decay": 0.0},
             "scheduler": {"kind": "cosine", "warmup_steps": max(1, steps // 10)},
             "train": {"steps": steps, "seed": seed, "out_dir": str(out),

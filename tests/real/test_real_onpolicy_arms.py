@@ -27,10 +27,12 @@ def test_equal_student_tokens_and_the_config():
     args = SimpleNamespace(steps=60, seq_len=64, batch=4, lr=1e-4, threads=2)
     assert arms.onpolicy_steps(args) * args.batch * arms.NEW_TOKENS == 60 * 4 * 64
     a = {"teacher": "T", "student": "S", "prompts": "p.jsonl", "lr": 3e-5}
-    cfg = arms.onpolicy_config("op_k1_byte", 7, args, a, Path("out"))
+    cfg = arms.onpolicy_config("op_k1_byte_mean_clip", 7, args, a, Path("out"))
     assert cfg["train"]["steps"] == 120 and cfg["rollout"]["seed"] == 7
     assert cfg["loss"]["credit"] == "byte" and cfg["teachers"][0]["loss"]["kind"] == "k1"
-    assert "credit" not in arms.onpolicy_config("op_k1", 7, args, a, Path("o"))["loss"]
+    assert cfg["loss"]["advantage_baseline"] == "mean" and cfg["loss"]["loss_max"] == 2.0
+    plain = arms.onpolicy_config("op_k1", 7, args, a, Path("o"))["loss"]
+    assert not {"credit", "advantage_baseline", "loss_max"} & set(plain)   # k1 as users get it
     from xdistill.config import from_dict
     from xdistill.train.onpolicy_config import OnPolicyConfig
 
@@ -63,3 +65,9 @@ def test_teacher_bits_cover_exactly_the_continuation_tokens():
     want = -sum(float(logp[i - 1, ids[i]]) for i in range(n_prompt, len(ids))) / math.log(2)
     assert nbytes == len(text.encode())
     assert bits == pytest.approx(want, rel=1e-4)
+
+
+def test_the_report_names_the_same_onpolicy_arms():
+    distill_report = load_real_script("distill_report")
+    assert distill_report.ONPOLICY_ARMS == arms.ONPOLICY_ARMS
+    assert set(arms.ONPOLICY_ARMS) <= set(distill_report.ARM_TEXT)

@@ -39,7 +39,7 @@ def test_smoke_study_runs_every_stage_and_generates_the_table(tmp_path):
     assert "| pkl vs ce |" in text and "| pkl vs self_kl |" in text
     assert "twelfth_night" in text and "out-of-domain bpb" in text
     # amendment 1: on-policy arms at 2 x 64 / 32 = 4 steps, the samples judged by the teacher
-    assert {"op_k1", "op_k1_byte"} <= set(raw["runs"])
+    assert {"op_k1", "op_k1_byte_mean_clip"} <= set(raw["runs"])
     op = next(iter(raw["runs"]["op_k1"].values()))
     assert op["curve"][-1]["step"] == 4
     samples = [r["samples"] for arm in raw["runs"].values() for r in arm.values()]
