@@ -241,3 +241,32 @@ def test_eighth_protocol_reads_both_byte_arms_against_the_same_control(monkeypat
     assert direct["paired_p"] < 0.05 < direct["welch_p"] and direct["passes"] is False
     assert set(state["tests"]) == {"op_k1_same_mean_clip", "op_k1_byte_mean_clip",
                                    "op_k1_byte_tmean_clip"}
+
+
+def test_pooled_penalty_from_raw_confirmations(monkeypatch, tmp_path):
+    """penalty_pool: the per-protocol and pooled penalties from raw confirmation runs (seeds
+    missing an arm left out), a bootstrap interval around the pooled value, the generated block
+    written between its markers; equal gains give a penalty of exactly 0."""
+    from toyq.stats import penalty_interval
+
+    pool = _load_script(monkeypatch, "penalty_pool.py")
+    acc = {"cont_ce": 0.1, pool.SAME: 0.3, pool.CROSS: 0.25}
+    for k, name in enumerate(("pa", "pb")):
+        runs = [{"arm": a, "seed": 10 * k + s, "accuracy": v + 0.01 * s + (0.02 * k if a == pool.CROSS else 0)}
+                for a, v in acc.items() for s in range(4)]
+        runs.append({"arm": pool.CROSS, "seed": 99, "error": "boom"})
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "confirm.json").write_text(json.dumps({"runs": runs}))
+    monkeypatch.setattr(pool, "HERE", tmp_path)
+    monkeypatch.setattr(pool, "SOURCES", ("pa", "pb"))
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# notes\n")
+    assert pool.main(["--results", str(results)]) == 0
+    text = results.read_text()
+    assert "<!-- GENERATED:penalty24:BEGIN -->" in text and text.startswith("# notes")
+    assert "| pa | 0-3 (4) | +0.200 | +0.150 | 0.25 |" in text
+    assert "| pb | 10-13 (4) | +0.200 | +0.170 | 0.15 |" in text
+    assert "penalty **0.200**" in text                   # 1 - 0.16 / 0.2
+    pen, lo, hi = penalty_interval([[(0.2, 0.15)] * 3 + [(0.3, 0.1)], [(0.1, 0.1)] * 4], draws=500)
+    assert lo <= pen <= hi and lo < hi
+    assert penalty_interval([[(0.2, 0.2), (0.3, 0.3)]], draws=50) == (0.0, 0.0, 0.0)

@@ -11,7 +11,8 @@ at n = 3 about 2% of the time, and the best of many arms far more often).
 * :func:`holm` -- Holm's step-down adjustment of a family of p-values (the comparisons a protocol
   lists, all of them, whatever came out).
 * :func:`penalty` -- the cross-tokenizer penalty ``1 - cross gain / same gain`` (gains over the
-  same baseline; nan unless the same-tokenizer gain is positive).
+  same baseline; nan unless the same-tokenizer gain is positive); :func:`penalty_interval` pools
+  several protocols' seeds and bootstraps an interval.
 * :func:`compare` -- every listed (arm vs baseline) comparison of one metric, adjusted together;
   :func:`format_comparisons` renders them as a markdown table (the harness's on-policy
   confirmation table is :mod:`toyq.confirm`).
@@ -104,6 +105,24 @@ def penalty(cross_gain: float, same_gain: float) -> float:
     if not same_gain > 0:
         return NAN
     return 1.0 - cross_gain / same_gain
+
+
+def penalty_interval(groups: list[list[tuple[float, float]]], *, draws: int = 20000,
+                     seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
+    """(penalty, low, high): the cross-tokenizer penalty of per-seed (same gain, cross gain)
+    pairs pooled over ``groups`` (one list per protocol), and a percentile bootstrap interval
+    that resamples seeds within each group (``draws`` resamples, seeded)."""
+    import random
+
+    def pen(rows):
+        return penalty(statistics.fmean(c for _, c in rows), statistics.fmean(s for s, _ in rows))
+
+    pooled = [r for g in groups for r in g]
+    rng = random.Random(seed)
+    boot = sorted(pen([g[rng.randrange(len(g))] for g in groups for _ in g])
+                  for _ in range(draws))
+    k = int(round((1 - level) / 2 * draws))
+    return pen(pooled), boot[k], boot[draws - 1 - k]
 
 
 def _or_nan(test, *args) -> TTest:
