@@ -133,7 +133,9 @@ def leave_process(code: int) -> NoReturn:
     drops the last reference to a tensor with a Python object needs the GIL, which a finalising
     interpreter refuses by ending the thread, and C++ aborts the process (``terminate called
     without an active exception``: seen once in a full test run under load, after training had
-    finished, and not in 57 repeated two-rank runs since; pytorch#179291 describes the mechanism). Everything a run writes is closed before
+    finished, and not in 57 repeated two-rank runs since; seen again, under load, in the FSDP
+    tests' torchrun helper, which now leaves the same way; pytorch#179291 describes the
+    mechanism). Everything a run writes is closed before
     this is called: checkpoints and exports are synchronous, metrics and trackers are closed by the
     trainer, teacher and loader workers are stopped by its ``close``."""
     logging.shutdown()
