@@ -1,7 +1,8 @@
 """dtype ``auto`` (xdistill/precision.py): bfloat16 where the device has fast bf16 matrix units.
 
-What the CPU offers is mocked here (``cpu_bf16_units``, ``cuda_bf16_supported``): AMX present,
-AVX512-BF16 only, neither, and a CUDA device with and without native bf16. The teacher and the
+What the CPU offers is mocked here (``cpu_bf16_units``, ``cuda_bf16_supported``,
+``bf16_matmul_speedup``): AMX present, AVX512-BF16 only (bf16 slower or faster by measurement),
+neither, and a CUDA device with and without native bf16. The teacher and the
 student resolve ``auto`` through it; an explicit dtype always wins; the environment override that
 ``tests/conftest.py`` sets is unset in these tests.
 """
@@ -33,14 +34,29 @@ def cpu_units(monkeypatch):
     return set_units
 
 
-@pytest.mark.parametrize("units, want", [("amx", torch.bfloat16), ("avx512_bf16", torch.float32),
-                                         ("none", torch.float32)])
-def test_auto_on_cpu_follows_the_reported_units(cpu_units, units, want):
+@pytest.mark.parametrize("units, speedup, want", [
+    ("amx", 0.5, torch.bfloat16), ("avx512_bf16", 0.62, torch.float32),
+    ("avx512_bf16", 4.4, torch.bfloat16), ("none", 9.0, torch.float32)])
+def test_auto_on_cpu_follows_the_reported_units(cpu_units, monkeypatch, units, speedup, want):
+    """AMX: bf16; neither unit: float32; AVX512-BF16 alone: what the matmul probe measures
+    (0.62x on a Xeon VM, 4.4x on an AMD EPYC VM); the probe is asked only in that case."""
     cpu_units(units)
+    asked = []
+    monkeypatch.setattr(precision, "bf16_matmul_speedup", lambda: asked.append(1) or speedup)
     assert precision.resolve_compute_dtype("auto", "cpu", "x") == want
     fast, reason = precision.fast_bf16("cpu")
     assert fast == (want == torch.bfloat16)
     assert ("AMX" in reason) and (units != "avx512_bf16" or "AVX512-BF16" in reason)
+    assert bool(asked) == (units == "avx512_bf16")
+    if asked:
+        assert f"{speedup:.2f}x float32" in reason
+
+
+def test_the_matmul_probe_measures_once_per_process(monkeypatch):
+    monkeypatch.setattr(precision, "_SPEEDUP", [])
+    first = precision.bf16_matmul_speedup()
+    assert 0 < first < float("inf") and precision.bf16_matmul_speedup() == first
+    assert precision._SPEEDUP == [first]
 
 
 @pytest.mark.parametrize("supported, want", [(True, torch.bfloat16), (False, torch.float32)])
@@ -106,13 +122,14 @@ def test_student_compute_dtypes(cpu_units, units, compute):
 
 
 @pytest.mark.parametrize("units, weights", [("amx", torch.bfloat16), ("avx512_bf16", torch.float32)])
-def test_teacher_auto_weights_and_float32_logits(cpu_units, tmp_path, units, weights):
+def test_teacher_auto_weights_and_float32_logits(cpu_units, monkeypatch, tmp_path, units, weights):
     """A teacher saved in float32 loads as bfloat16 under auto on a CPU with AMX (float32
     otherwise), and its full logits are float32 either way, close to the float32 model's."""
     from xdistill.student.model import build_causal_lm
     from xdistill.teacher import TeacherConfig, TeacherRequest, TeacherWorker
 
     cpu_units(units)
+    monkeypatch.setattr(precision, "bf16_matmul_speedup", lambda: 0.62)  # as on the Xeon VM
     model = build_causal_lm("llama", dict(vocab_size=200, hidden_size=16, intermediate_size=32,
                                           num_hidden_layers=1, num_attention_heads=2,
                                           num_key_value_heads=1), seed=0)

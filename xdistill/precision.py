@@ -5,12 +5,16 @@ logs the choice and its reason once per process (an explicit dtype never comes h
 
 * CUDA: bfloat16 when ``torch.cuda.is_bf16_supported()`` (Ampere and newer), else float32;
 * CPU: bfloat16 when torch reports **AMX** tiles (``torch.cpu._is_amx_tile_supported()``: Intel
-  Sapphire Rapids and newer, with the OS's permission to use them), else float32. AVX512-BF16
-  alone is *not* enough. Measured with 2 threads, one process (``benchmarks/RESULTS.md``,
-  "dtype auto"): a 1024^3 matmul in bfloat16 vs float32 ran 5.7x faster on a Xeon with AMX
-  (1,504 vs 265 GFLOP/s; Gemma-3-270M-shaped forward 2.6x), 0.62x on a Xeon VM with AVX512-BF16
-  but no AMX (oneDNN's ``avx512_core_bf16`` kernel, 167 vs 271 GFLOP/s; the real-pair step was
-  slower in bf16 there), and 0.22x with oneDNN held to AVX512 without bf16 instructions.
+  Sapphire Rapids and newer, with the OS's permission to use them); float32 without AMX and
+  without AVX512-BF16. With AVX512-BF16 but no AMX the instruction set does not decide, so a
+  probe measures it (:func:`bf16_matmul_speedup`, ~50 ms, once per process): bfloat16 when a
+  bf16 matmul runs at least ``BF16_MIN_SPEEDUP`` times as fast as float32 here. Measured
+  (``benchmarks/RESULTS.md``, "dtype auto"): a 1024^3 matmul in bfloat16 vs float32 ran 5.7x
+  faster on a Xeon with AMX (1,504 vs 265 GFLOP/s; Gemma-3-270M-shaped forward 2.6x), 0.62x on a
+  Xeon VM with AVX512-BF16 but no AMX (oneDNN's ``avx512_core_bf16`` kernel, 167 vs 271 GFLOP/s;
+  the real-pair step was slower in bf16 there), 4.4x on an AMD EPYC VM with AVX512-BF16 and no
+  AMX (1 thread, 440 vs 99 GFLOP/s; Gemma's head shape 4.1x), and 0.22x with oneDNN held to
+  AVX512 without bf16 instructions.
 
 What the CPU offers is read from torch (:func:`cpu_bf16_units`), never from a model or CPU name;
 tests replace :func:`cpu_bf16_units` / :func:`cuda_bf16_supported` to check both outcomes.
@@ -24,6 +28,7 @@ float32 tolerances mean the same on every CPU; the tests of ``auto`` itself unse
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 
@@ -51,6 +56,29 @@ def cpu_bf16_units() -> dict[str, bool]:
     return {"amx": ask("_is_amx_tile_supported"), "avx512_bf16": ask("_is_avx512_bf16_supported")}
 
 
+# a bf16 matmul at least this many times as fast as float32 makes a CPU without AMX "fast"
+BF16_MIN_SPEEDUP = 1.5
+_SPEEDUP: list[float] = []
+
+
+def bf16_matmul_speedup() -> float:
+    """float32 time / bfloat16 time of a 256x512 @ 512x1024 matmul on this CPU (the best of 5
+    interleaved runs each, after a warm-up), measured once per process (~50 ms)."""
+    if not _SPEEDUP:
+        gen = torch.Generator().manual_seed(0)
+        a, b = torch.randn(256, 512, generator=gen), torch.randn(512, 1024, generator=gen)
+        pairs = {torch.float32: (a, b), torch.bfloat16: (a.bfloat16(), b.bfloat16())}
+        best = {dt: float("inf") for dt in pairs}
+        for rep in range(6):
+            for dt, (x, y) in pairs.items():
+                t = time.perf_counter()
+                torch.mm(x, y)
+                if rep:                       # the first round warms the kernels up
+                    best[dt] = min(best[dt], time.perf_counter() - t)
+        _SPEEDUP.append(best[torch.float32] / max(best[torch.bfloat16], 1e-9))
+    return _SPEEDUP[0]
+
+
 def cuda_bf16_supported() -> bool:
     """Whether the current CUDA device computes bf16 natively (Ampere and newer)."""
     return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
@@ -69,8 +97,9 @@ def fast_bf16(device: torch.device | str) -> tuple[bool, str]:
     if units["amx"]:
         return True, "CPU with AMX-BF16 tiles (torch/oneDNN report AMX)"
     if units["avx512_bf16"]:
-        return False, ("CPU with AVX512-BF16 but no AMX: bf16 matmuls measured slower than "
-                       "float32 there")
+        speedup = bf16_matmul_speedup()
+        what = f"CPU with AVX512-BF16, no AMX: a bf16 matmul measured {speedup:.2f}x float32 here"
+        return speedup >= BF16_MIN_SPEEDUP, f"{what} (bf16 from {BF16_MIN_SPEEDUP}x)"
     return False, "CPU without bf16 matrix units (no AMX, no AVX512-BF16)"
 
 

@@ -24,6 +24,7 @@ The statistics are written from their definitions; the t distribution's tail com
 from __future__ import annotations
 
 import math
+import random
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -112,8 +113,6 @@ def penalty_interval(groups: list[list[tuple[float, float]]], *, draws: int = 20
     """(penalty, low, high): the cross-tokenizer penalty of per-seed (same gain, cross gain)
     pairs pooled over ``groups`` (one list per protocol), and a percentile bootstrap interval
     that resamples seeds within each group (``draws`` resamples, seeded)."""
-    import random
-
     def pen(rows):
         return penalty(statistics.fmean(c for _, c in rows), statistics.fmean(s for s, _ in rows))
 
