@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -339,8 +340,20 @@ def load_state(args) -> dict:
     return state
 
 
+def pin_float32() -> None:
+    """Every ``auto`` dtype of the study's runs (teachers and students) resolves to float32, in
+    this process and the runs it starts: stages 1-3 were recorded where ``auto`` meant float32,
+    and a machine whose CPU now gets bfloat16 under ``auto`` must still compute the same study
+    (the rebuilt teacher's check, comparable stages). An explicit ``XDISTILL_AUTO_DTYPE`` wins."""
+    from xdistill.precision import ENV_OVERRIDE  # deferred: the package, after the path is set
+
+    if os.environ.setdefault(ENV_OVERRIDE, "float32") != "float32":
+        say(f"[study] {ENV_OVERRIDE}={os.environ[ENV_OVERRIDE]}: not the recorded float32")
+
+
 def main(argv=None) -> int:
     args = parse(argv)
+    pin_float32()
     args.out.mkdir(parents=True, exist_ok=True)
     state = load_state(args)
     t0 = time.perf_counter()

@@ -6,10 +6,12 @@ trainer is replaced by stand-ins here; ``test_real_study.py`` (slow) runs the re
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 from real_helpers import REAL_SCRIPTS, load_real_script
 
 
@@ -100,3 +102,19 @@ def test_a_teacher_recorded_under_another_out_is_a_clear_error(study, tmp_path):
     with pytest.raises(SystemExit, match="not under --out"):
         study.ensure_teacher(args, state, {}, {})
     assert (REAL_SCRIPTS / "evidence" / "a2" / "study.json").exists()
+
+
+def test_the_study_pins_auto_to_float32(study, monkeypatch):
+    """Stages 1-3 were recorded where dtype auto meant float32; a CPU that now gets bfloat16 under
+    auto still runs the study in float32 (the runs it starts inherit the pin); an explicit
+    override is kept."""
+    from xdistill import precision
+
+    monkeypatch.delenv(precision.ENV_OVERRIDE, raising=False)
+    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: {"amx": True, "avx512_bf16": True})
+    assert precision.resolve_compute_dtype("auto", "cpu", "x") == torch.bfloat16
+    study.pin_float32()
+    assert precision.resolve_compute_dtype("auto", "cpu", "x") == torch.float32
+    monkeypatch.setenv(precision.ENV_OVERRIDE, "bfloat16")
+    study.pin_float32()
+    assert os.environ[precision.ENV_OVERRIDE] == "bfloat16"
