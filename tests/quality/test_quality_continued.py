@@ -60,7 +60,8 @@ def test_continuation_protocol_end_to_end(assets, tmp_path):
     from toyq.runner import Watch
 
     s = replace(TINY_ARMS, cont_steps=2, eval_every=0)
-    arms = ["cont_ce", "op_dpca", "op_escd", "op_k1_byte", "op_k1_same"]
+    arms = ["cont_ce", "op_dpca", "op_escd", "op_k1_byte", "op_k1_same",
+            "op_k1_same_byte_mean_clip"]
     # the control teacher stands in as the prepared weak one (any model over the student's
     # tokenizer; prepare_all trains the real one when an arm asks for it)
     assets = {**assets, "teacher_same_big": assets["teacher_weak"]}

@@ -243,6 +243,41 @@ def test_eighth_protocol_reads_both_byte_arms_against_the_same_control(monkeypat
                                    "op_k1_byte_tmean_clip"}
 
 
+def test_ninth_protocol_splits_the_penalty_into_credit_and_model(monkeypatch, tmp_path):
+    """study_v9's fixed rules, the harness replaced by a table: continued CE and the three k1
+    arms (A same teacher + token credit, B same teacher + byte credit, C cross teacher + byte
+    credit) on fresh seeds 100-119 of the test half at the fifth protocol's rates; B - A and
+    C - B tested (Holm over two), their shares of A's gain add up to C's penalty."""
+    v9 = _load_script(monkeypatch, "study_v9.py")
+    A, B, C = v9.SAME, v9.SAME_BYTE, v9.CROSS
+    assert v9.ARMS == ("cont_ce", "op_k1_same_mean_clip", "op_k1_same_byte_mean_clip",
+                       "op_k1_byte_mean_clip")
+    base = {"cont_ce": 0.15, A: 0.35, B: 0.34, C: 0.31}
+    # B - A: -0.01 on every seed but one (a clear paired difference); C - B alternates
+    calls = _table_harness(monkeypatch, v9, lambda a, s: base[a] + 0.1 * (s % 3)
+                           + (0.01 if a == B and s == 100 else 0)
+                           + (0.04 * (s % 2) if a == C else 0))
+    monkeypatch.setattr(v9, "RECORDS", tmp_path / "records")
+    assert v9.main(["--out", str(tmp_path / "out")]) == 0
+    ((_, arms, seeds, extra),) = calls
+    assert arms == v9.ARMS and seeds == tuple(range(100, 120))
+    assert not set(seeds) & {*range(0, 100)}                # no seed of an earlier protocol
+    assert "unlabeled_test" in extra
+    state = json.loads((tmp_path / "out" / "study.json").read_text())["confirm"]
+    assert set(state["tests"]) == {A, B, C}
+    d = state["decomposition"]
+    gA, gB, gC = (d["gains"][a] for a in (A, B, C))
+    assert gA == pytest.approx(0.20) and gB == pytest.approx(0.19 + 0.01 / 20)
+    assert gC == pytest.approx(0.16 + 0.02)
+    assert d["credit"]["difference"] == pytest.approx(gB - gA)
+    assert d["model"]["difference"] == pytest.approx(gC - gB)
+    shares = d["credit"]["share_of_penalty_points"] + d["model"]["share_of_penalty_points"]
+    assert shares == pytest.approx(d["penalty"]) and d["penalty"] == pytest.approx(1 - gC / gA)
+    assert d["penalty_interval"][0] <= d["penalty"] <= d["penalty_interval"][1]
+    assert d["credit"]["paired_holm"] < 0.05 and d["credit"]["passes"] is False  # a loss
+    assert state["penalty_point"] == pytest.approx(d["penalty"])
+
+
 def test_pooled_penalty_from_raw_confirmations(monkeypatch, tmp_path):
     """penalty_pool: the per-protocol and pooled penalties from raw confirmation runs (seeds
     missing an arm left out), a bootstrap interval around the pooled value, the generated block

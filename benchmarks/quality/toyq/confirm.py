@@ -19,6 +19,11 @@ ALPHA = 0.05
 MIN_FORMAT_RATE = 0.9
 
 
+def is_same(arm: str) -> bool:
+    """Whether an on-policy arm is scored by the same-tokenizer teacher (a ``same`` flag)."""
+    return "same" in arm.split("_")[2:]
+
+
 def control_arm(arm: str) -> str:
     """The same-tokenizer control of an on-policy arm: ``op_k1`` -> ``op_k1_same``; a byte-credit
     arm shares its kind's control, with the same estimator changes (``op_k1_byte`` ->
@@ -46,14 +51,17 @@ def comparisons(runs: list[dict], base: str = "cont_ce") -> list[dict]:
     arms = _by_arm(runs)
     if base not in arms:
         return []
-    kinds = sorted(a for a in arms if a.startswith("op_") and not a.endswith("_same")
+    kinds = sorted(a for a in arms if a.startswith("op_") and not is_same(a)
                    and control_arm(a) in arms)
+    pairs = [(kind, teacher, arm) for kind in kinds
+             for teacher, arm in (("cross", kind), ("same", control_arm(kind)))]
+    # a same-tokenizer arm that is no kind's control (op_k1_same_byte_mean_clip) is its own kind
+    pairs += [(a, "same", a) for a in sorted(arms) if a.startswith("op_") and is_same(a)]
     rows, seen = [], set()
-    for kind in kinds:     # a control shared by two kinds (k1 and k1_byte) is tested once
-        for teacher, arm in (("cross", kind), ("same", control_arm(kind))):
-            if arm not in seen and len(set(arms[arm]) & set(arms[base])) >= 2:
-                rows.append((kind, teacher, arm))
-                seen.add(arm)
+    for kind, teacher, arm in pairs:  # a control shared by two kinds (k1, k1_byte): tested once
+        if arm not in seen and len(set(arms[arm]) & set(arms[base])) >= 2:
+            rows.append((kind, teacher, arm))
+            seen.add(arm)
     per_seed = {a: {s: r["accuracy"] for s, r in by_seed.items()} for a, by_seed in arms.items()}
     tests = compare(per_seed, [(arm, base) for _, _, arm in rows], higher_is_better=True,
                     shared_seeds=True)
@@ -90,7 +98,7 @@ def confirmation_lines(runs: list[dict], base: str = "cont_ce") -> list[str]:
     lines.append("")
     gains = {c["arm"]: c["gain"] for c in comps}
     for kind in sorted({c["kind"] for c in comps}):
-        if kind in gains and control_arm(kind) in gains:
+        if not is_same(kind) and kind in gains and control_arm(kind) in gains:
             pen = penalty(gains[kind], gains[control_arm(kind)])
             text = "undefined (the same-tokenizer gain is not positive)" if pen != pen \
                 else f"{pen:.2f} (goal <= 0.2)"
@@ -106,4 +114,4 @@ def confirmation_lines(runs: list[dict], base: str = "cont_ce") -> list[str]:
     return lines
 
 
-__all__ = ["comparisons", "confirmation_lines", "control_arm"]
+__all__ = ["comparisons", "confirmation_lines", "control_arm", "is_same"]

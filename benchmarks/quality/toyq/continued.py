@@ -49,6 +49,11 @@ arm                 what continues training the CE checkpoint
                     (``loss.advantage_baseline: token_mean``: a unit's baseline is its student
                     tokens times the mean advantage per student token); its same-tokenizer
                     control is ``op_k1_same_mean_clip`` (one token per unit: the same baseline)
+``op_k1_same_byte_mean_clip``  ``op_k1_byte_mean_clip``'s whole estimator (byte credit, its
+                    units, mean baseline, clamp) scored by the same-tokenizer teacher: one model
+                    two ways. Against ``op_k1_same_mean_clip`` it measures what the byte credit
+                    costs with the model held fixed; against ``op_k1_byte_mean_clip``, what the
+                    other model and its tokenization's units cost with the credit held fixed
 ==================  =============================================================================
 
 On-policy arms sample ``cont_new_tokens`` tokens per prompt at temperature 1 from the current
@@ -65,7 +70,8 @@ CONT_ARMS = ("cont_ce", "cont_ce_oracle", "cont_pkl_cont", "op_k1", "op_k3", "op
              "op_k1_byte", "op_k3_byte", "op_dpca_byte", "op_simple_byte", "op_k1_byte_mean",
              "op_k1_byte_clip", "op_k1_byte_mean_clip", "op_k1_byte_tmean_clip")
 SAME_ARMS = tuple(f"op_{k}_same" for k in ("k1", "k3", "rkl", "strict", "dpca", "simple", "bpm",
-                                           "escd")) + ("op_k1_same_mean_clip",)
+                                           "escd")) + ("op_k1_same_mean_clip",
+                                                       "op_k1_same_byte_mean_clip")
 CONT_ARMS = CONT_ARMS + SAME_ARMS
 ONPOLICY_KIND = {"op_k1": "k1", "op_k3": "k3", "op_rkl": "reverse_kl", "op_strict": "strict_topk",
                  "op_dpca": "dpca", "op_simple": "simple_opd", "op_bpm": "bpm", "op_escd": "escd"}
