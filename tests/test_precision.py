@@ -59,6 +59,22 @@ def test_the_matmul_probe_measures_once_per_process(monkeypatch):
     assert precision._SPEEDUP == [first]
 
 
+def test_the_matmul_probe_runs_on_one_thread_and_restores_the_count(monkeypatch):
+    """Busy cores made a 2-thread probe read 1.5x on a 4x CPU (auto flipped to float32): the
+    probe times single-threaded matmuls, then gives the process its thread count back."""
+    monkeypatch.setattr(precision, "_SPEEDUP", [])
+    seen, real_mm = [], torch.mm
+    monkeypatch.setattr(torch, "mm", lambda x, y: seen.append(torch.get_num_threads())
+                        or real_mm(x, y))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        precision.bf16_matmul_speedup()
+        assert seen and set(seen) == {1} and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("supported, want", [(True, torch.bfloat16), (False, torch.float32)])
 def test_auto_on_cuda(cpu_units, monkeypatch, supported, want):
     cpu_units("none")

@@ -7,8 +7,9 @@ logs the choice and its reason once per process (an explicit dtype never comes h
 * CPU: bfloat16 when torch reports **AMX** tiles (``torch.cpu._is_amx_tile_supported()``: Intel
   Sapphire Rapids and newer, with the OS's permission to use them); float32 without AMX and
   without AVX512-BF16. With AVX512-BF16 but no AMX the instruction set does not decide, so a
-  probe measures it (:func:`bf16_matmul_speedup`, ~50 ms, once per process): bfloat16 when a
-  bf16 matmul runs at least ``BF16_MIN_SPEEDUP`` times as fast as float32 here. Measured
+  probe measures it (:func:`bf16_matmul_speedup`, ~50 ms, once per process, one thread so that
+  busy cores do not move it): bfloat16 when a bf16 matmul runs at least ``BF16_MIN_SPEEDUP``
+  times as fast as float32 here. Measured
   (``benchmarks/RESULTS.md``, "dtype auto"): a 1024^3 matmul in bfloat16 vs float32 ran 5.7x
   faster on a Xeon with AMX (1,504 vs 265 GFLOP/s; Gemma-3-270M-shaped forward 2.6x), 0.62x on a
   Xeon VM with AVX512-BF16 but no AMX (oneDNN's ``avx512_core_bf16`` kernel, 167 vs 271 GFLOP/s;
@@ -62,19 +63,27 @@ _SPEEDUP: list[float] = []
 
 
 def bf16_matmul_speedup() -> float:
-    """float32 time / bfloat16 time of a 256x512 @ 512x1024 matmul on this CPU (the best of 5
-    interleaved runs each, after a warm-up), measured once per process (~50 ms)."""
+    """float32 time / bfloat16 time of a 256x512 @ 512x1024 matmul on this CPU (the best of 9
+    interleaved runs each, after a warm-up), measured once per process (~50 ms) on **one
+    thread**: the ratio is the instruction set's, and a multi-threaded matmul on cores shared
+    with other work waits for its slowest thread (2 threads beside two busy processes measured
+    1.5-3.8x on a CPU whose single-thread ratio is 3.6-4.0x, so a run once chose float32)."""
     if not _SPEEDUP:
         gen = torch.Generator().manual_seed(0)
         a, b = torch.randn(256, 512, generator=gen), torch.randn(512, 1024, generator=gen)
         pairs = {torch.float32: (a, b), torch.bfloat16: (a.bfloat16(), b.bfloat16())}
         best = {dt: float("inf") for dt in pairs}
-        for rep in range(6):
-            for dt, (x, y) in pairs.items():
-                t = time.perf_counter()
-                torch.mm(x, y)
-                if rep:                       # the first round warms the kernels up
-                    best[dt] = min(best[dt], time.perf_counter() - t)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            for rep in range(10):
+                for dt, (x, y) in pairs.items():
+                    t = time.perf_counter()
+                    torch.mm(x, y)
+                    if rep:                   # the first round warms the kernels up
+                        best[dt] = min(best[dt], time.perf_counter() - t)
+        finally:
+            torch.set_num_threads(threads)
         _SPEEDUP.append(best[torch.float32] / max(best[torch.bfloat16], 1e-9))
     return _SPEEDUP[0]
 

@@ -172,7 +172,8 @@ def child(variant: str, cfg_path: str) -> dict:
     run.mode.start(run)
     engine = getattr(run.mode.pool.clients["gemma"], "engine", None)
     try:
-        ms = [core.train_step(run, s) for s in range(1, cfg.train.steps + 1)][1:]
+        every = [core.train_step(run, s) for s in range(1, cfg.train.steps + 1)]
+        ms = every[1:]
         cache = getattr(engine, "cache", None)
         note = "" if cache is None else cache.summary()
         if variant in ("float32", "bf16", "bf16_sdpa", "auto", "system", "support",
@@ -187,7 +188,7 @@ def child(variant: str, cfg_path: str) -> dict:
         run.mode.close()
     mean = lambda k: sum(m.get(k, 0.0) for m in ms) / len(ms)  # noqa: E731
     return {"step": mean("step_s"), "split": {k: mean(f"time/{k}") for k in PHASES},
-            "tokens": mean("tokens"), "loss": ms[-1]["loss"],
+            "tokens": mean("tokens"), "loss": ms[-1]["loss"], "first_loss": every[0]["loss"],
             "peak_mb": peak_rss_mb(), "note": note}
 
 
@@ -240,14 +241,14 @@ def report(res: dict, args, seconds: float, load: str) -> str:
              f"{args.seq_len} student tokens; mean over steps 2..{args.steps}; every variant a fresh "
              f"process; {args.repeats} round(s), median run shown; total {seconds:.0f} s.", "",
              "| variant | s/step | min-max | x ref | x ref paired | student tok/s | "
-             "peak RSS (MB) | " + " | ".join(PHASES) + " | last loss |",
-             "|---|---|---|---|---|---|---|" + "---|" * (len(PHASES) + 1)]
+             "peak RSS (MB) | " + " | ".join(PHASES) + " | first loss | last loss |",
+             "|---|---|---|---|---|---|---|" + "---|" * (len(PHASES) + 2)]
     for name, r in res.items():
         split = " | ".join(f"{r['split'][k]:.2f}" for k in PHASES)
         lines.append(f"| {name} | {r['step']:.2f} | {r['lo']:.2f}-{r['hi']:.2f} | "
                      f"{r['step'] / ref:.2f} | {r['paired']:.2f} | "
                      f"{r['tokens'] / r['step']:.0f} | {r['peak_mb']:.0f} | {split} | "
-                     f"{r['loss']:.6f} |")
+                     f"{r.get('first_loss', float('nan')):.6f} | {r['loss']:.6f} |")
     notes = [f"* {name}: {r['note']}" for name, r in res.items() if r.get("note")]
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
@@ -285,7 +286,8 @@ def main(argv=None) -> int:
             el = time.perf_counter() - t0
             split = ", ".join(f"{k} {r['split'][k]:.2f}" for k in PHASES)
             print(f"[real step] {name}: {r['step']:.2f} s/step ({split}), peak "
-                  f"{r['peak_mb']:.0f} MB, last loss {r['loss']:.6f} ({i + 1}/{total}, {el:.0f} s,"
+                  f"{r['peak_mb']:.0f} MB, loss {r['first_loss']:.6f} -> {r['loss']:.6f} "
+                  f"({i + 1}/{total}, {el:.0f} s,"
                   f" ETA {el / (i + 1) * (total - i - 1):.0f} s)", flush=True)
             if i + 1 < total:  # a kill (a time limit) keeps the table of the runs so far
                 Path(args.out).write_text(_table(runs, args, t0, f" (partial: {i + 1} of "
