@@ -11,7 +11,9 @@ The fifth protocol's task and rates (read from ``credit24v5/study.json``), one s
 ``confirm``  continued CE and three k1 arms with the seventh protocol's estimator (mean
              baseline, 2-nat clamp) on fresh seeds 100-119, the unlabeled test half, scored once:
              ``op_k1_same_mean_clip`` (A: same-tokenizer teacher, token credit),
-             ``op_k1_same_byte_mean_clip`` (B: the same teacher, byte credit and its units) and
+             ``op_k1_twin_byte_mean_clip`` (B: the same teacher under a twin of the student's
+             tokenizer, so through the cross-tokenizer pipeline: units, byte credit; amendment 1)
+             and
              ``op_k1_byte_mean_clip`` (C: the cross-tokenizer teacher, byte credit). The
              generated block ``GENERATED:credit24v9`` holds the three arms against continued CE
              (Holm over three); ``study.json`` adds the decomposition (B - A: the credit with the
@@ -35,8 +37,8 @@ from toyq.stats import compare, penalty, penalty_interval
 
 HERE = Path(__file__).resolve().parent
 RECORDS = HERE / "credit24v9"
-SAME, SAME_BYTE, CROSS = "op_k1_same_mean_clip", "op_k1_same_byte_mean_clip", "op_k1_byte_mean_clip"
-ARMS = ("cont_ce", SAME, SAME_BYTE, CROSS)
+SAME, TWIN, CROSS = "op_k1_same_mean_clip", "op_k1_twin_byte_mean_clip", "op_k1_byte_mean_clip"
+ARMS = ("cont_ce", SAME, TWIN, CROSS)
 CONFIRM_SEEDS = tuple(range(100, 120))
 STAGES = ("confirm",)
 say = study.say
@@ -54,11 +56,11 @@ def decomposition(runs: list[dict]) -> dict:
     """B - A and C - B on their shared seeds (Welch and paired t, Holm over the two), each as a
     share of A's gain over continued CE, and C's penalty against A with its bootstrap interval."""
     acc = per_seed_accuracy(runs)
-    steps = compare(acc, [(SAME_BYTE, SAME), (CROSS, SAME_BYTE)], higher_is_better=True,
+    steps = compare(acc, [(TWIN, SAME), (CROSS, TWIN)], higher_is_better=True,
                     shared_seeds=True)
-    seeds = sorted(set(acc["cont_ce"]) & set(acc[SAME]) & set(acc[SAME_BYTE]) & set(acc[CROSS]))
+    seeds = sorted(set(acc["cont_ce"]) & set(acc[SAME]) & set(acc[TWIN]) & set(acc[CROSS]))
     gain = {a: sum(acc[a][s] - acc["cont_ce"][s] for s in seeds) / len(seeds)
-            for a in (SAME, SAME_BYTE, CROSS)}
+            for a in (SAME, TWIN, CROSS)}
     pen, lo, hi = penalty_interval([[(acc[SAME][s] - acc["cont_ce"][s],
                                       acc[CROSS][s] - acc["cont_ce"][s]) for s in seeds]])
     out = {"seeds": seeds, "gains": gain, "penalty": pen, "penalty_interval": [lo, hi]}
@@ -79,7 +81,7 @@ def stage_confirm(args, state: dict) -> None:
                         "decomposition": parts,
                         "penalty_point": penalty(comps[CROSS]["gain"], comps[SAME]["gain"])}
     cr, mo = parts["credit"], parts["model"]
-    say(f"gains A {parts['gains'][SAME]:+.3f}, B {parts['gains'][SAME_BYTE]:+.3f}, "
+    say(f"gains A {parts['gains'][SAME]:+.3f}, B {parts['gains'][TWIN]:+.3f}, "
         f"C {parts['gains'][CROSS]:+.3f}; penalty {parts['penalty']:.2f} "
         f"[{parts['penalty_interval'][0]:.2f}, {parts['penalty_interval'][1]:.2f}]; "
         f"B - A {cr['difference']:+.3f} (paired Holm p {cr['paired_holm']:.3g}); "

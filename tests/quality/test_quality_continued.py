@@ -11,8 +11,8 @@ from dataclasses import replace
 
 from quality_helpers import TINY_ARMS
 
-from toyq.continued import (BYTE_CLIP, CONT_ARMS, ONPOLICY_KIND, SAME_ARMS, ce_checkpoint,
-                                        cont_config)
+from toyq.continued import (BYTE_CLIP, CONT_ARMS, ONPOLICY_KIND, SAME_ARMS, TWIN_ARMS,
+                            ce_checkpoint, cont_config, twin_path)
 
 
 pytestmark = pytest.mark.integration  # starts processes
@@ -45,7 +45,10 @@ def test_every_continuation_arm_config_is_valid(assets, tmp_path):
             assert cfg.loss.logp_min is None       # no log-prob floor (issue 24)
             same = arm in SAME_ARMS
             assert (cfg.teachers[0].tokenizer == assets["tok_student"]) == same
-            assert (cfg.teachers[0].worker.model == assets["teacher_same_big"]["model"]) == same
+            assert (cfg.teachers[0].worker.model == assets["teacher_same_big"]["model"]) == \
+                (same or arm in TWIN_ARMS)
+            if arm in TWIN_ARMS:
+                assert cfg.teachers[0].tokenizer == twin_path(assets)
         else:
             cfg = validate_offpolicy(load_config(OffPolicyConfig, str(path)))
             # the headroom check reads every training answer: the teachers' corpus
@@ -61,7 +64,7 @@ def test_continuation_protocol_end_to_end(assets, tmp_path):
 
     s = replace(TINY_ARMS, cont_steps=2, eval_every=0)
     arms = ["cont_ce", "op_dpca", "op_escd", "op_k1_byte", "op_k1_same",
-            "op_k1_same_byte_mean_clip"]
+            "op_k1_twin_byte_mean_clip"]
     # the control teacher stands in as the prepared weak one (any model over the student's
     # tokenizer; prepare_all trains the real one when an arm asks for it)
     assets = {**assets, "teacher_same_big": assets["teacher_weak"]}
@@ -74,5 +77,41 @@ def test_continuation_protocol_end_to_end(assets, tmp_path):
         lines = (tmp_path / "runs" / arm / "seed0" / "metrics.jsonl").read_text().splitlines()
         last = [json.loads(x) for x in lines if '"loss"' in x][-1]
         assert last["step"] == 2 and last["forward_tokens"] > 0
+        # byte credit ran where asked across tokenizers (the twin included), never otherwise
+        assert ("credit_gap" in " ".join(last)) == (arm in ("op_k1_byte",
+                                                             "op_k1_twin_byte_mean_clip")), arm
     text = render(result, {})
     assert "On-policy kinds by held-out accuracy" in text and "vs cont_ce" in text
+
+
+def test_the_twin_tokenizer_tokenizes_alike_and_is_another_tokenizer(assets, tmp_path):
+    """The ninth protocol's twin: every task text and more encode to the same ids and byte spans
+    as with the student's tokenizer, decoding agrees, the fingerprint differs, so a teacher
+    presented with it is planned as a cross-tokenizer teacher (the byte credit applies)."""
+    from pathlib import Path
+
+    from toyq import task
+    from toyq.toks import twin_tokenizer
+    from xdistill.tokenization import load_tokenizer
+    from xdistill.train.teacher_plan import plan_teacher
+
+    src = Path(assets["tok_student"])
+    twin = twin_tokenizer(src, tmp_path / "twin")
+    assert twin_tokenizer(src, tmp_path / "twin") == twin           # written once
+    a, b = load_tokenizer(str(src)), load_tokenizer(str(twin))
+    assert a.fingerprint != b.fingerprint and a.vocab_size == b.vocab_size
+    texts = [task.problem(x, y) + f" {x + y}.\n" for x, y in [(1, 2), (12, 7), (99, 1), (5, 500)]]
+    texts += [" hello  world\n\n", "ünïcode ☃ 42", "Q: 3+4=? A: 7.<|eos|>", ""]
+    for text in texts:
+        ea, eb = a.encode(text), b.encode(text)
+        assert (ea.ids == eb.ids).all() and (ea.starts == eb.starts).all()
+        assert (ea.ends == eb.ends).all() and a.decode(ea.ids) == b.decode(eb.ids)
+
+    class T:   # the fields plan_teacher reads of a teacher config
+        name, tokenizer, max_len, add_bos = "twin", str(twin), 0, False
+
+        class worker:
+            model = assets["teacher_weak"]["model"]
+
+    assert plan_teacher(T, 0, a).same_tokenizer is False
+

@@ -162,35 +162,36 @@ def test_confirmation_table_from_hand_made_runs():
 
 
 def test_a_same_tokenizer_arm_that_is_no_control_is_its_own_row():
-    """Ninth protocol: ``op_k1_same_byte_mean_clip`` (the byte estimator with the same-tokenizer
-    teacher) is tested against continued CE in the same Holm family, labelled ``same``, and gets
-    no cross-tokenizer penalty line of its own."""
-    from toyq.confirm import comparisons, confirmation_lines, control_arm, is_same
+    """Ninth protocol: ``op_k1_twin_byte_mean_clip`` (the byte estimator with the same-tokenizer
+    teacher under a twin tokenizer) is tested against continued CE in the same Holm family,
+    labelled ``twin``, and gets no cross-tokenizer penalty line of its own."""
+    from toyq.confirm import comparisons, confirmation_lines, control_arm, is_same, teacher_label
     from toyq.stats import holm
     from scipy import stats as sps
 
     seeds = [100, 101, 102, 103]
     acc = {"cont_ce": [0.20, 0.22, 0.19, 0.21],
            "op_k1_same_mean_clip": [0.40, 0.41, 0.37, 0.42],
-           "op_k1_same_byte_mean_clip": [0.38, 0.40, 0.36, 0.41],
+           "op_k1_twin_byte_mean_clip": [0.38, 0.40, 0.36, 0.41],
            "op_k1_byte_mean_clip": [0.35, 0.39, 0.33, 0.38]}
     runs = [{"arm": a, "seed": s, "accuracy": x, "format_rate": 1.0}
             for a, xs in acc.items() for s, x in zip(seeds, xs)]
-    assert is_same("op_k1_same_byte_mean_clip") and is_same("op_k1_mean_same")
+    assert is_same("op_k1_twin_byte_mean_clip") and is_same("op_k1_mean_same")
     assert not is_same("op_k1_byte_mean_clip")
+    assert [teacher_label(a) for a in acc if a != "cont_ce"] == ["same", "twin", "cross"]
     assert control_arm("op_k1_byte_mean_clip") == "op_k1_same_mean_clip"
     comps = comparisons(runs)
     assert [(c["kind"], c["teacher"], c["arm"]) for c in comps] == [
         ("op_k1_byte_mean_clip", "cross", "op_k1_byte_mean_clip"),
         ("op_k1_byte_mean_clip", "same", "op_k1_same_mean_clip"),
-        ("op_k1_same_byte_mean_clip", "same", "op_k1_same_byte_mean_clip")]
+        ("op_k1_twin_byte_mean_clip", "twin", "op_k1_twin_byte_mean_clip")]
     pw = {c["arm"]: sps.ttest_ind(acc[c["arm"]], acc["cont_ce"], equal_var=False).pvalue
           for c in comps}
     adj = holm(pw)                                          # one family of three
     assert all(abs(c["welch_holm"] - adj[c["arm"]]) < 1e-12 for c in comps)
     text = "\n".join(confirmation_lines(runs))
     assert "penalty of op_k1_byte_mean_clip" in text
-    assert "penalty of op_k1_same_byte_mean_clip" not in text
+    assert "penalty of op_k1_twin_byte_mean_clip" not in text
 
 
 def test_student_side_labels_a_prefix_and_keeps_twins_together():

@@ -249,8 +249,8 @@ def test_ninth_protocol_splits_the_penalty_into_credit_and_model(monkeypatch, tm
     credit) on fresh seeds 100-119 of the test half at the fifth protocol's rates; B - A and
     C - B tested (Holm over two), their shares of A's gain add up to C's penalty."""
     v9 = _load_script(monkeypatch, "study_v9.py")
-    A, B, C = v9.SAME, v9.SAME_BYTE, v9.CROSS
-    assert v9.ARMS == ("cont_ce", "op_k1_same_mean_clip", "op_k1_same_byte_mean_clip",
+    A, B, C = v9.SAME, v9.TWIN, v9.CROSS
+    assert v9.ARMS == ("cont_ce", "op_k1_same_mean_clip", "op_k1_twin_byte_mean_clip",
                        "op_k1_byte_mean_clip")
     base = {"cont_ce": 0.15, A: 0.35, B: 0.34, C: 0.31}
     # B - A: -0.01 on every seed but one (a clear paired difference); C - B alternates

@@ -20,8 +20,15 @@ MIN_FORMAT_RATE = 0.9
 
 
 def is_same(arm: str) -> bool:
-    """Whether an on-policy arm is scored by the same-tokenizer teacher (a ``same`` flag)."""
-    return "same" in arm.split("_")[2:]
+    """Whether an on-policy arm is scored by the same-tokenizer teacher's model: over the
+    student's tokenizer (a ``same`` flag) or under its twin (``twin``: the cross pipeline)."""
+    return bool({"same", "twin"} & set(arm.split("_")[2:]))
+
+
+def teacher_label(arm: str) -> str:
+    """``same``, ``twin`` or ``cross``: the teacher column of a comparison row."""
+    flags = arm.split("_")[2:]
+    return "same" if "same" in flags else "twin" if "twin" in flags else "cross"
 
 
 def control_arm(arm: str) -> str:
@@ -55,8 +62,9 @@ def comparisons(runs: list[dict], base: str = "cont_ce") -> list[dict]:
                    and control_arm(a) in arms)
     pairs = [(kind, teacher, arm) for kind in kinds
              for teacher, arm in (("cross", kind), ("same", control_arm(kind)))]
-    # a same-tokenizer arm that is no kind's control (op_k1_same_byte_mean_clip) is its own kind
-    pairs += [(a, "same", a) for a in sorted(arms) if a.startswith("op_") and is_same(a)]
+    # an arm of the same-tokenizer teacher's model that is no kind's control (the twin) is its
+    # own kind
+    pairs += [(a, teacher_label(a), a) for a in sorted(arms) if a.startswith("op_") and is_same(a)]
     rows, seen = [], set()
     for kind, teacher, arm in pairs:  # a control shared by two kinds (k1, k1_byte): tested once
         if arm not in seen and len(set(arms[arm]) & set(arms[base])) >= 2:
@@ -114,4 +122,4 @@ def confirmation_lines(runs: list[dict], base: str = "cont_ce") -> list[str]:
     return lines
 
 
-__all__ = ["comparisons", "confirmation_lines", "control_arm", "is_same"]
+__all__ = ["comparisons", "confirmation_lines", "control_arm", "is_same", "teacher_label"]

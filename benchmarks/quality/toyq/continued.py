@@ -49,11 +49,16 @@ arm                 what continues training the CE checkpoint
                     (``loss.advantage_baseline: token_mean``: a unit's baseline is its student
                     tokens times the mean advantage per student token); its same-tokenizer
                     control is ``op_k1_same_mean_clip`` (one token per unit: the same baseline)
-``op_k1_same_byte_mean_clip``  ``op_k1_byte_mean_clip``'s whole estimator (byte credit, its
-                    units, mean baseline, clamp) scored by the same-tokenizer teacher: one model
-                    two ways. Against ``op_k1_same_mean_clip`` it measures what the byte credit
-                    costs with the model held fixed; against ``op_k1_byte_mean_clip``, what the
-                    other model and its tokenization's units cost with the credit held fixed
+``op_k1_twin_byte_mean_clip``  ``op_k1_byte_mean_clip``'s whole estimator with the
+                    same-tokenizer teacher ``teacher_same_big`` presented under a twin of the
+                    student's tokenizer (identical tokenization, another fingerprint:
+                    :func:`toyq.toks.twin_tokenizer`), so that the cross-tokenizer pipeline
+                    (alignment, units with the stop merged, byte credit) scores it: one model
+                    two ways. (``credit: byte`` alone does not do it: the trainer gives a
+                    same-tokenizer teacher token credit, which is exact there.) Against
+                    ``op_k1_same_mean_clip`` it measures the pipeline with the model held
+                    fixed; against ``op_k1_byte_mean_clip``, the other model and its
+                    tokenization's units with the pipeline held fixed
 ==================  =============================================================================
 
 On-policy arms sample ``cont_new_tokens`` tokens per prompt at temperature 1 from the current
@@ -70,9 +75,10 @@ CONT_ARMS = ("cont_ce", "cont_ce_oracle", "cont_pkl_cont", "op_k1", "op_k3", "op
              "op_k1_byte", "op_k3_byte", "op_dpca_byte", "op_simple_byte", "op_k1_byte_mean",
              "op_k1_byte_clip", "op_k1_byte_mean_clip", "op_k1_byte_tmean_clip")
 SAME_ARMS = tuple(f"op_{k}_same" for k in ("k1", "k3", "rkl", "strict", "dpca", "simple", "bpm",
-                                           "escd")) + ("op_k1_same_mean_clip",
-                                                       "op_k1_same_byte_mean_clip")
-CONT_ARMS = CONT_ARMS + SAME_ARMS
+                                           "escd")) + ("op_k1_same_mean_clip",)
+# the same-tokenizer teacher through the cross-tokenizer pipeline (its tokenizer's twin)
+TWIN_ARMS = ("op_k1_twin_byte_mean_clip",)
+CONT_ARMS = CONT_ARMS + SAME_ARMS + TWIN_ARMS
 ONPOLICY_KIND = {"op_k1": "k1", "op_k3": "k3", "op_rkl": "reverse_kl", "op_strict": "strict_topk",
                  "op_dpca": "dpca", "op_simple": "simple_opd", "op_bpm": "bpm", "op_escd": "escd"}
 for _arm in CONT_ARMS:                       # op_k1_byte_mean_clip, op_k1_same -> op_k1's kind
@@ -94,6 +100,14 @@ def loss_options(arm: str) -> dict:
     return {**({"advantage_baseline": baseline} if baseline else {}),
             **({"credit": "byte"} if "byte" in flags else {}),
             **({"loss_max": BYTE_CLIP} if "clip" in flags else {})}
+
+
+def twin_path(assets: dict) -> str:
+    """The twin of the student's tokenizer (``<root>/tok_student_twin``), written on first use."""
+    from toyq.toks import twin_tokenizer
+
+    root = Path(assets["root"])
+    return str(twin_tokenizer(Path(assets["tok_student"]), root / "tok_student_twin"))
 
 
 def ce_checkpoint(out_dir: str, seed: int) -> Path:
@@ -129,6 +143,8 @@ def cont_config(arm: str, seed: int, assets: dict, s, out_dir: str) -> dict:
     if arm in SAME_ARMS:      # the same-tokenizer control teacher: no projection, identity view
         cross = _teacher("same", assets["teacher_same_big"]["model"], assets["tok_student"], kind,
                          s)
+    elif arm in TWIN_ARMS:    # the same model under a twin tokenizer: the cross pipeline
+        cross = _teacher("twin", assets["teacher_same_big"]["model"], twin_path(assets), kind, s)
     else:
         if kind == "reverse_kl":
             loss["projection"] = assets["projections"]["multitoken"]

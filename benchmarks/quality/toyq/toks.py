@@ -110,3 +110,30 @@ def check_split_digits(tok) -> list[str]:
         if len(digits) != len(str(n)):
             bad.append(str(n))
     return bad
+
+
+def twin_tokenizer(src: Path, out: Path) -> Path:
+    """A copy of the tokenizer folder ``src`` that tokenizes exactly as it does but is *another
+    tokenizer* to the trainer: its ``ByteLevel`` decoder's ``use_regex`` flag (read by the
+    pre-tokenizer, never by decoding) is flipped, which changes the fingerprint and nothing
+    else. A teacher over the student's tokenizer presented with its twin goes through the
+    cross-tokenizer pipeline (alignment, units, byte credit) with its own model: one model
+    scored both ways (issue-24 ninth protocol). Written once; raises if ``src`` has no
+    ``ByteLevel`` decoder."""
+    import json
+
+    if (out / "tokenizer.json").exists():
+        return out
+    spec = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))
+    decoder = spec.get("decoder") or {}
+    if decoder.get("type") != "ByteLevel":
+        raise ValueError(f"{src}: a twin needs a ByteLevel decoder, found {decoder.get('type')!r}")
+    decoder["use_regex"] = not decoder.get("use_regex", True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file() and f.name != "tokenizer.json":
+            (tmp / f.name).write_bytes(f.read_bytes())
+    (tmp / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    tmp.rename(out)
+    return out
