@@ -98,6 +98,14 @@ def test_the_twin_tokenizer_tokenizes_alike_and_is_another_tokenizer(assets, tmp
     src = Path(assets["tok_student"])
     twin = twin_tokenizer(src, tmp_path / "twin")
     assert twin_tokenizer(src, tmp_path / "twin") == twin           # written once
+    # runs started together write it at the same time (the harness runs two jobs at once)
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(4) as pool:
+        made = list(pool.map(lambda _: twin_tokenizer(src, tmp_path / "race"), range(8)))
+    assert set(made) == {tmp_path / "race"} and sorted(p.name for p in tmp_path.iterdir()) == [
+        "race", "twin"]
+    assert (tmp_path / "race" / "tokenizer.json").read_bytes() == \
+        (twin / "tokenizer.json").read_bytes()
     a, b = load_tokenizer(str(src)), load_tokenizer(str(twin))
     assert a.fingerprint != b.fingerprint and a.vocab_size == b.vocab_size
     texts = [task.problem(x, y) + f" {x + y}.\n" for x, y in [(1, 2), (12, 7), (99, 1), (5, 500)]]

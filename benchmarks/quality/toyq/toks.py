@@ -118,9 +118,11 @@ def twin_tokenizer(src: Path, out: Path) -> Path:
     pre-tokenizer, never by decoding) is flipped, which changes the fingerprint and nothing
     else. A teacher over the student's tokenizer presented with its twin goes through the
     cross-tokenizer pipeline (alignment, units, byte credit) with its own model: one model
-    scored both ways (issue-24 ninth protocol). Written once; raises if ``src`` has no
-    ``ByteLevel`` decoder."""
+    scored both ways (issue-24 ninth protocol). Written once, safely when runs in parallel
+    ask for it at the same time; raises if ``src`` has no ``ByteLevel`` decoder."""
     import json
+    import shutil
+    import tempfile
 
     if (out / "tokenizer.json").exists():
         return out
@@ -129,11 +131,16 @@ def twin_tokenizer(src: Path, out: Path) -> Path:
     if decoder.get("type") != "ByteLevel":
         raise ValueError(f"{src}: a twin needs a ByteLevel decoder, found {decoder.get('type')!r}")
     decoder["use_regex"] = not decoder.get("use_regex", True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))  # one per writer
     for f in src.iterdir():
         if f.is_file() and f.name != "tokenizer.json":
             (tmp / f.name).write_bytes(f.read_bytes())
     (tmp / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
-    tmp.rename(out)
+    try:
+        tmp.rename(out)
+    except OSError:               # another run's writer got there first: theirs is the same
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (out / "tokenizer.json").exists():
+            raise
     return out
