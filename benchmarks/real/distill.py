@@ -230,7 +230,8 @@ def run_arm(arm: str, seed: int, args, a: dict, root: Path) -> dict:
     job = {"cfg": cfg, "eval": a["eval"], "eval_every": every,
            "teacher_preds": a["teacher_preds"],
            **({"final_evals": a["final_evals"]} if a.get("final_evals") else {}),
-           **({"samples": a["samples"]} if a.get("samples") else {})}
+           **({"samples": a["samples"]} if a.get("samples") else {}),
+           **({"score_masters": True} if a.get("score_masters") else {})}
     result = out / "result.json"
     if result.exists() and json.loads(result.read_text()).get("digest") == _digest(job):
         say(f"[{arm} seed {seed}] cached")

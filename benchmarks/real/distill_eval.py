@@ -150,6 +150,7 @@ def run_arm(job: dict) -> dict:
                  for name, e in job.get("final_evals", {}).items()}   # e.g. out-of-domain text
         for name, bpb in final.items():
             say(f"final {name} bpb {bpb:.4f}")
+        masters = score_masters(run.model, tok, job, add_bos) if job.get("score_masters") else {}
     finally:
         run.mode.close()
     samples = None
@@ -160,7 +161,22 @@ def run_arm(job: dict) -> dict:
         say(f"samples | teacher bpb {samples['teacher_bpb_on_samples']:.4f} | repetition "
             f"{samples['repetition']:.3f}")
     return {"curve": curve, "losses": losses, "seconds": seconds,
-            **({"final": final} if final else {}), **({"samples": samples} if samples else {})}
+            **({"final": final} if final else {}), **({"samples": samples} if samples else {}),
+            **masters}
+
+
+def score_masters(model, tok, job: dict, add_bos: bool) -> dict:
+    """The run's compute dtype, and the held-out bits per byte of its float32 master weights
+    (what an export holds) on the job's evaluation text and its final texts: under bf16
+    compute the run's own figures are the bf16 forward's."""
+    from xdistill.student.mixed import compute_dtype_of, master_weights
+
+    evals = {"eval": job["eval"], **job.get("final_evals", {})}
+    with master_weights(model):
+        masters = {name: held_out_bpb(model, tok, e, add_bos) for name, e in evals.items()}
+    say("masters (float32) bpb | " + " | ".join(f"{k} {v:.4f}" for k, v in masters.items()))
+    return {"compute_dtype": str(compute_dtype_of(model)).removeprefix("torch."),
+            "masters_bpb": masters}
 
 
 def adapt(job: dict) -> dict:

@@ -7,7 +7,9 @@
 * a tiny AdamW run (tests/distributed_helpers.py, the loop the FSDP2 tests use) keeps float32
   master weights, gradients and optimizer state, and its losses match float32 within 1e-3
   relative (measured 0.9-3.3e-5 on 6 steps), its weights within 1e-2 (measured 4.0e-3);
-* resume is bitwise under ``param_dtype: auto`` on a CPU that reports AMX (mocked).
+* resume is bitwise under ``param_dtype: auto`` on a CPU that reports AMX (mocked);
+* ``master_weights`` scores the float32 masters (the float32 model's logits, bit for bit) and
+  puts the bf16 compute back on exit, also after an exception.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 from distributed_helpers import build_tiny, train
 from xdistill import precision
 from xdistill.student.config import StudentConfig
-from xdistill.student.mixed import apply_shadow_mixed_precision, compute_dtype_of
+from xdistill.student.mixed import apply_shadow_mixed_precision, compute_dtype_of, master_weights
 from xdistill.student.model import build_causal_lm
 from xdistill.student.parallelize import parallelize_student
 
@@ -172,3 +174,31 @@ def test_a_plain_embedding_table_is_never_cast_whole(kind, monkeypatch):
     assert cast.count(id(emb.weight)) == (1 if tied else 0)
     assert seen == [torch.float32]  # the rows before the cast
     assert emb.weight.grad.dtype == torch.float32
+
+
+def test_master_weights_scores_the_float32_masters_then_restores_bf16():
+    model, ref = _pair("llama")
+    plain = build_causal_lm("llama", dict(SMALL["llama"], vocab_size=120), seed=0).eval()
+    ids = torch.randint(0, 120, (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+        with master_weights(model) as m:
+            assert m is model and compute_dtype_of(model) == torch.bfloat16  # the setting stays
+            masters = model(input_ids=ids).logits
+        after = model(input_ids=ids).logits
+        with pytest.raises(KeyError), master_weights(model):
+            raise KeyError("inside")
+        again = model(input_ids=ids).logits
+        assert masters.dtype == torch.float32
+        assert torch.equal(masters, plain(input_ids=ids).logits)
+        assert before.dtype == after.dtype == again.dtype == torch.bfloat16
+        assert torch.equal(before, after) and torch.equal(before, again)
+        assert torch.equal(before, ref(input_ids=ids).logits)
+        assert not torch.equal(masters, before.float())
+
+
+def test_master_weights_leaves_a_float32_model_alone():
+    model = build_causal_lm("llama", dict(SMALL["llama"], vocab_size=120), seed=0).eval()
+    with master_weights(model) as m:
+        assert m is model
+        assert {p.dtype for p in model.parameters()} == {torch.float32}

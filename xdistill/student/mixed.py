@@ -28,6 +28,9 @@ Buffers are not cast (rotary frequencies stay float32), as in FSDP2.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 
@@ -39,9 +42,13 @@ class ShadowCast:
 
     def __init__(self, model: nn.Module, compute_dtype: torch.dtype):
         self.compute_dtype = compute_dtype
+        self._model = model
         self._cache: dict[int, tuple[tuple, torch.Tensor]] = {}
         self._handles = []
-        for module in model.modules():
+        self._install()
+
+    def _install(self) -> None:
+        for module in self._model.modules():
             if type(module).forward is nn.Embedding.forward:  # float32 rows, then cast
                 self._handles.append(module.register_forward_hook(self._cast_output))
                 continue
@@ -88,6 +95,18 @@ class ShadowCast:
         self._handles.clear()
         self._cache.clear()
 
+    @contextlib.contextmanager
+    def suspended(self) -> Iterator[None]:
+        """Inside the block the model computes with its float32 master weights (no hooks, no
+        copies); on exit the hooks come back."""
+        if not self._handles:
+            raise RuntimeError("these mixed-precision hooks were removed; nothing to suspend")
+        self.remove()
+        try:
+            yield
+        finally:
+            self._install()
+
 
 def apply_shadow_mixed_precision(model: nn.Module, compute_dtype: torch.dtype) -> ShadowCast:
     """Make ``model`` (float32 master weights, not sharded) compute in ``compute_dtype``."""
@@ -113,3 +132,21 @@ def compute_dtype_of(model: nn.Module) -> torch.dtype:
                 return dtype
             break
     return next(model.parameters()).dtype
+
+
+@contextlib.contextmanager
+def master_weights(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` computing with its float32 master weights inside the block: scores what a
+    checkpoint or an export of a mixed-precision run holds (a bf16 forward cannot show updates
+    below bf16's resolution until they add up). A model that computes in its parameters' own
+    dtype is unchanged; FSDP2's compute copies are not this module's to suspend (an error)."""
+    shadow = getattr(model, _ATTR, None)
+    if shadow is not None:
+        with shadow.suspended():
+            yield model
+        return
+    if compute_dtype_of(model) != next(model.parameters()).dtype:
+        raise ValueError(f"{type(model).__name__} computes in {compute_dtype_of(model)} through "
+                         "FSDP2's MixedPrecisionPolicy: score its float32 weights from a "
+                         "checkpoint or an export instead")
+    yield model
