@@ -18,6 +18,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from toyq.confirm import accuracy_by_arm
 from toyq.run import update_results_md
 from toyq.stats import paired, penalty, penalty_interval
 
@@ -29,10 +30,7 @@ SOURCES = ("credit24v7", "credit24v8", "credit24v9")  # the protocols that ran C
 
 def gains(confirm: Path) -> list[tuple[int, float, float]]:
     """(seed, same gain, cross gain) of every seed that finished all three arms."""
-    acc: dict = {}
-    for r in json.loads(confirm.read_text())["runs"]:
-        if "error" not in r:
-            acc.setdefault(r["arm"], {})[r["seed"]] = r["accuracy"]
+    acc = accuracy_by_arm(json.loads(confirm.read_text())["runs"])
     seeds = sorted(set(acc[BASE]) & set(acc[SAME]) & set(acc[CROSS]))
     return [(s, acc[SAME][s] - acc[BASE][s], acc[CROSS][s] - acc[BASE][s]) for s in seeds]
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import study  # the first protocol's helpers (this script's folder is on the path when it runs)
 import study_v5 as v5
-from toyq.confirm import MIN_FORMAT_RATE
+from toyq.confirm import MIN_FORMAT_RATE, accuracy_by_arm
 from toyq.stats import compare
 
 HERE = Path(__file__).resolve().parent
@@ -90,10 +90,7 @@ def stage_screen(args, state: dict) -> None:
 
 def primary(runs: list[dict], variant: str) -> dict:
     """The variant against ``op_k1_byte`` on the shared seeds (paired and Welch)."""
-    per_seed: dict = {}
-    for r in runs:
-        if "error" not in r and r["arm"] in (variant, REFERENCE):
-            per_seed.setdefault(r["arm"], {})[r["seed"]] = r["accuracy"]
+    per_seed = accuracy_by_arm(runs, (variant, REFERENCE))
     c = compare(per_seed, [(variant, REFERENCE)], higher_is_better=True, shared_seeds=True)[0]
     seeds = sorted(set(per_seed[variant]) & set(per_seed[REFERENCE]))
     better = sum(per_seed[variant][s] > per_seed[REFERENCE][s] for s in seeds)

@@ -28,7 +28,7 @@ from pathlib import Path
 import study  # the first protocol's helpers (this script's folder is on the path when it runs)
 import study_v5 as v5
 import study_v6 as v6
-from toyq.confirm import comparisons, control_arm
+from toyq.confirm import accuracy_by_arm, comparisons, control_arm
 from toyq.stats import compare, penalty
 
 HERE = Path(__file__).resolve().parent
@@ -42,10 +42,7 @@ say = study.say
 
 def direct(runs: list[dict]) -> dict:
     """``NEW`` vs ``OLD`` on their shared seeds (Welch and paired t; one comparison)."""
-    per_seed: dict = {}
-    for r in runs:
-        if "error" not in r and r["arm"] in (NEW, OLD):
-            per_seed.setdefault(r["arm"], {})[r["seed"]] = r["accuracy"]
+    per_seed = accuracy_by_arm(runs, (NEW, OLD))
     (c,) = compare(per_seed, [(NEW, OLD)], higher_is_better=True, shared_seeds=True)
     return {"gain": c.gain, "welch_p": c.welch.p, "paired_p": c.paired.p,
             "passes": c.passes(0.05)}

@@ -32,7 +32,7 @@ from pathlib import Path
 import study  # the first protocol's helpers (this script's folder is on the path when it runs)
 import study_v5 as v5
 import study_v6 as v6
-from toyq.confirm import comparisons
+from toyq.confirm import accuracy_by_arm, comparisons
 from toyq.stats import compare, penalty, penalty_interval
 
 HERE = Path(__file__).resolve().parent
@@ -44,18 +44,10 @@ STAGES = ("confirm",)
 say = study.say
 
 
-def per_seed_accuracy(runs: list[dict]) -> dict[str, dict[int, float]]:
-    out: dict = {}
-    for r in runs:
-        if "error" not in r:
-            out.setdefault(r["arm"], {})[r["seed"]] = r["accuracy"]
-    return out
-
-
 def decomposition(runs: list[dict]) -> dict:
     """B - A and C - B on their shared seeds (Welch and paired t, Holm over the two), each as a
     share of A's gain over continued CE, and C's penalty against A with its bootstrap interval."""
-    acc = per_seed_accuracy(runs)
+    acc = accuracy_by_arm(runs)
     steps = compare(acc, [(TWIN, SAME), (CROSS, TWIN)], higher_is_better=True,
                     shared_seeds=True)
     seeds = sorted(set(acc["cont_ce"]) & set(acc[SAME]) & set(acc[TWIN]) & set(acc[CROSS]))

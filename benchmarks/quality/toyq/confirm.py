@@ -52,6 +52,12 @@ def _by_arm(runs: list[dict]) -> dict:
     return out
 
 
+def accuracy_by_arm(runs: list[dict], arms=None) -> dict[str, dict[int, float]]:
+    """``{arm: {seed: accuracy}}`` of the finished runs (of ``arms`` only, when given)."""
+    return {arm: {s: r["accuracy"] for s, r in by_seed.items()}
+            for arm, by_seed in _by_arm(runs).items() if arms is None or arm in arms}
+
+
 def comparisons(runs: list[dict], base: str = "cont_ce") -> list[dict]:
     """One record per (kind, teacher) with both arms and the base finished on >= 2 shared seeds;
     the tests are :func:`toyq.stats.compare`'s over those seeds."""
