@@ -54,6 +54,11 @@ above it, except the last four):
 * ``support_auto`` ``support`` with ``dtype: auto`` / ``param_dtype: auto``: compare it with
                 ``support`` for the bf16 ratio of a step that uses it.
 
+Any variant takes an OpenMP wait-policy suffix (``support_auto@spin1000``): ``@passive``
+(``OMP_WAIT_POLICY=PASSIVE``, what every variant but ``before`` and ``split`` runs with when it has
+no suffix), ``@active`` (spinning until the next parallel region) or ``@spin<N>``
+(``GOMP_SPINCOUNT=N``: spin N iterations, then sleep). Wait policies change timings, never numbers.
+
 Top-k teacher outputs are not a variant: cross-tokenizer P-KL needs the teacher's full
 distribution (logits or projected); ``output: topk`` serves same-tokenizer ``topk_kl``.
 """
@@ -192,13 +197,30 @@ def child(variant: str, cfg_path: str) -> dict:
             "peak_mb": peak_rss_mb(), "note": note}
 
 
+def wait_env(variant: str) -> dict[str, str]:
+    """The OpenMP wait-policy variables of ``variant`` (``base@policy``; module doc)."""
+    base, _, policy = variant.partition("@")
+    policy = policy or ("active" if base in ("before", "split") else "passive")
+    if policy in ("active", "passive"):
+        return {"OMP_WAIT_POLICY": policy.upper()}
+    if policy.startswith("spin") and policy[4:].isdigit():
+        return {"GOMP_SPINCOUNT": policy[4:]}
+    raise SystemExit(f"variant {variant!r}: wait policy {policy!r} is not active, passive or "
+                     "spin<N>")
+
+
 def run_variant(variant: str, a: dict, args, root: Path) -> dict:
+    base = variant.partition("@")[0]
+    if base not in VARIANTS:
+        raise SystemExit(f"unknown variant {base!r}; choose from {', '.join(VARIANTS)}")
     path = root / f"{variant}.json"
-    path.write_text(json.dumps(config(variant, a, args, root / variant)))
+    path.write_text(json.dumps(config(base, a, args, root / variant)))
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     env.pop("XDISTILL_AUTO_DTYPE", None)  # auto means this CPU's detection
-    env["OMP_WAIT_POLICY"] = "ACTIVE" if variant in ("before", "split") else "PASSIVE"
-    proc = subprocess.run([sys.executable, __file__, "--child", variant, str(path)], env=env,
+    for key in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        env.pop(key, None)
+    env.update(wait_env(variant))
+    proc = subprocess.run([sys.executable, __file__, "--child", base, str(path)], env=env,
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"variant {variant} failed:\n{proc.stderr[-4000:]}")
