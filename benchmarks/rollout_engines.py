@@ -24,8 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-import xdistill  # noqa: F401 - before torch: OMP_WAIT_POLICY=PASSIVE, as in the trainer (else HF's
-# two OpenMP threads spin while other processes hold the cores: one round took 134 s instead of 10)
+import xdistill  # noqa: F401 - before torch: xdistill's OpenMP wait default, as in the trainer (else
+# HF's two OpenMP threads spin while other processes hold the cores: one round took 134 s, not 10)
 
 PROMPTS = ("Name three colours and say one thing about each.",
            "Explain what a tokenizer does, in two sentences.",

@@ -3,12 +3,17 @@
 Heavy dependencies (torch, transformers, numba, ray) are imported lazily by the modules that need
 them, so ``import xdistill`` stays cheap.
 
-Threads on shared cores: unless the environment says otherwise, importing xdistill before torch
-sets ``OMP_WAIT_POLICY=PASSIVE``. GNU OpenMP's default lets idle worker threads spin; when another
-process holds a core, every parallel region then waits for a descheduled spinner. Measured here
-(2 cores, one of them busy): a tiny model's 24-token generation took 5.8 s with 2 torch threads
-against 0.25 s with 1 thread; with the passive policy, 0.26 s with 2 threads. Set the variable
-yourself (e.g. ``OMP_WAIT_POLICY=ACTIVE``) to keep OpenMP's default.
+Threads: unless the environment sets ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``, importing
+xdistill before torch sets ``GOMP_SPINCOUNT=1000``: an idle OpenMP worker spins ~1000 iterations
+for the next parallel region, then sleeps. GNU OpenMP's own default spins ~300,000; when another
+process holds a core, every parallel region then waits for a descheduled spinner, and a step
+collapses (two identical SmolLM2-135M training jobs on 2 cores: 2.2 s/step instead of 0.94 in
+bf16, over 20 s instead of 2.5 in float32). Never spinning (``OMP_WAIT_POLICY=PASSIVE``, the earlier default) is safest on shared
+cores but pays a wake-up per region on cores that are yours: the real-pair step 1.10x (float32)
+and 1.30x (bf16) slower than 1000 spins, which is within 3% of spinning without limit there
+and 1.08-1.27x from passive when the cores are shared (``benchmarks/real/step_wait.md``). Set
+either variable yourself to choose (``OMP_WAIT_POLICY=PASSIVE`` on busy shared machines,
+``ACTIVE`` for OpenMP's own default).
 
 The Python API (``docs/python_api.md``), imported on first use::
 
@@ -27,8 +32,10 @@ import importlib as _importlib
 import os as _os
 import sys as _sys
 
-if "torch" not in _sys.modules and "numba" not in _sys.modules:
-    _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# set before torch (its GNU OpenMP reads them once, when it loads); see the module doc
+if ("torch" not in _sys.modules and "numba" not in _sys.modules
+        and not any(k in _os.environ for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"))):
+    _os.environ["GOMP_SPINCOUNT"] = "1000"
 
 __version__ = "0.1.0"
 

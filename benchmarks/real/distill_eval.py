@@ -18,7 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+import xdistill  # noqa: F401 - before torch: xdistill's OpenMP wait default (else the real study's
+import torch  # runs spin at full GNU OpenMP default and collapse when another job shares the cores)
 
 
 def say(msg: str) -> None:

@@ -25,7 +25,8 @@ above it, except the last four):
 * ``before``    the trainer as it was: in-process teacher computing its full logits through the
                 model's own forward (logits + soft-cap temporaries), OpenMP's spinning wait policy;
 * ``split``     teacher outputs written block by block from hidden states (one logits buffer);
-* ``threads``   + OMP_WAIT_POLICY=PASSIVE (the default now; matters when cores are shared);
+* ``threads``   + xdistill's OpenMP wait default (``OMP_WAIT_POLICY=PASSIVE`` when this variant
+                was added, ``GOMP_SPINCOUNT=1000`` since: ``xdistill/__init__.py``);
 * ``projected`` + the teacher returns log-probs already projected into the student vocabulary
                 (49k instead of 262k floats per position);
 * ``pipelined`` full logits, the teacher in a subprocess with one thread, scoring the next
@@ -55,9 +56,10 @@ above it, except the last four):
                 ``support`` for the bf16 ratio of a step that uses it.
 
 Any variant takes an OpenMP wait-policy suffix (``support_auto@spin1000``): ``@passive``
-(``OMP_WAIT_POLICY=PASSIVE``, what every variant but ``before`` and ``split`` runs with when it has
-no suffix), ``@active`` (spinning until the next parallel region) or ``@spin<N>``
-(``GOMP_SPINCOUNT=N``: spin N iterations, then sleep). Wait policies change timings, never numbers.
+(``OMP_WAIT_POLICY=PASSIVE``), ``@active`` (spinning until the next parallel region) or
+``@spin<N>`` (``GOMP_SPINCOUNT=N``: spin N iterations, then sleep). Without one, a variant runs
+with xdistill's default (``before`` and ``split``: ``ACTIVE``, as the trainer then was). Wait
+policies change timings, never numbers.
 
 Top-k teacher outputs are not a variant: cross-tokenizer P-KL needs the teacher's full
 distribution (logits or projected); ``output: topk`` serves same-tokenizer ``topk_kl``.
@@ -200,7 +202,9 @@ def child(variant: str, cfg_path: str) -> dict:
 def wait_env(variant: str) -> dict[str, str]:
     """The OpenMP wait-policy variables of ``variant`` (``base@policy``; module doc)."""
     base, _, policy = variant.partition("@")
-    policy = policy or ("active" if base in ("before", "split") else "passive")
+    policy = policy or ("active" if base in ("before", "split") else "")
+    if not policy:
+        return {}                       # xdistill's default (set when the child imports it)
     if policy in ("active", "passive"):
         return {"OMP_WAIT_POLICY": policy.upper()}
     if policy.startswith("spin") and policy[4:].isdigit():
