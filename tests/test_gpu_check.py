@@ -97,13 +97,15 @@ def test_bundle_missing_is_a_clear_error(tmp_path):
 @pytest.mark.slow
 def test_cpu_part_dry_run_times_float32_and_auto(tmp_path):
     """``--parts cpu,profile``: the real-pair step on the host CPU with random-init real shapes
-    (tiny batch in a dry run), float32, auto and glibc's allocator side by side; then the
-    profile of float32 and auto."""
+    (tiny batch in a dry run), float32 and auto with the teacher's support output, under the
+    default OpenMP wait and never spinning, side by side; then the profile of float32 and
+    auto."""
     out = tmp_path / "out"
     proc = _run(["--dry-run", "--parts", "env,cpu,profile", "--out", str(out)], timeout=900)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     md = (out / "cpu_step.md").read_text()
-    assert "| float32 |" in md and "| auto |" in md and "| system |" in md
+    for variant in ("support", "support_auto", "support@passive", "support_auto@passive"):
+        assert f"| {variant} |" in md
     assert "random-initialised" in md
     prof = (out / "profile_step.md").read_text()
     assert "## float32:" in prof and "## auto:" in prof and "| aten::" in prof

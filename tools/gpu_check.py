@@ -21,10 +21,11 @@ heartbeat every 10 s; results are written after every part, so a kill keeps what
              full logits / projected / top-k teacher outputs and over CUDA IPC;
 4. ``cpu``   (only when asked: ``--parts cpu``) ``benchmarks/real/step.py --random-init`` on the
              host CPU, GPU hidden, 2 cores (``taskset``): the real-pair step (Gemma-3-270M ->
-             SmolLM2-135M shapes) float32 vs ``dtype: auto`` vs bf16 with the student's old
-             bf16 attention (``bf16_sdpa``) vs float32 with glibc's default allocator
-             (``--cpu-variants``), 2 rounds (``--cpu-repeats``); on a CPU with AMX-BF16
-             this is the bf16 speed-up the 2-core development machines (no AMX) cannot show.
+             SmolLM2-135M shapes) with the real config's teacher ``output: support``,
+             float32 vs ``dtype: auto``, under xdistill's OpenMP wait default and never
+             spinning (``@passive``, how the earlier leases measured) (``--cpu-variants``), 2
+             rounds (``--cpu-repeats``); on a CPU with AMX-BF16 this is the bf16 speed-up the
+             2-core development machines (no AMX) cannot show.
 5. ``profile`` (only when asked: ``--parts profile``) ``benchmarks/real/profile_step.py
              --random-init``: the same step's ops under torch.profiler, float32 and auto, on the
              same 2 cores: which ops the bf16 step still spends its time in.
@@ -422,7 +423,8 @@ def main(argv=None) -> int:
                     help=f"comma-separated, from {', '.join(PARTS)}")
     ap.add_argument("--variants", default="",
                     help="step benchmark variants, in order (default: all; dry run: logits,topk)")
-    ap.add_argument("--cpu-variants", default="float32,auto,bf16_sdpa,system",
+    ap.add_argument("--cpu-variants",
+                    default="support,support_auto,support@passive,support_auto@passive",
                     help="benchmarks/real/step.py variants of the cpu part")
     ap.add_argument("--cpu-repeats", type=int, default=2, help="rounds of the cpu part")
     ap.add_argument("--tests-k", default="",
