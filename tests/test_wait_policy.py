@@ -15,9 +15,14 @@ PROBE = ("import os, sys{pre}; import xdistill; "
          "print(os.environ.get('GOMP_SPINCOUNT'), os.environ.get('OMP_WAIT_POLICY'))")
 
 
-def _run(env_extra: dict[str, str], pre: str = "") -> str:
+def _env(**extra: str) -> dict[str, str]:
+    """This environment without a wait policy (the test session's is fixed), plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    env.update(env_extra)
+    return {**env, **extra}
+
+
+def _run(env_extra: dict[str, str], pre: str = "") -> str:
+    env = _env(**env_extra)
     out = subprocess.run([sys.executable, "-c", PROBE.format(pre=pre)], env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -44,8 +49,7 @@ def test_a_cli_child_process_inherits_the_default():
     child = "import os; print(os.environ.get('GOMP_SPINCOUNT'))"
     code = ("import subprocess, sys, xdistill; print(subprocess.run([sys.executable, '-c', "
             f"{child!r}], capture_output=True, text=True).stdout.strip())")
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "1000"
