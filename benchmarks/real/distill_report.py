@@ -19,6 +19,7 @@ BEGIN, END = "<!-- GENERATED -->", "<!-- /GENERATED -->"
 # Welch / paired t / Holm: the quality harness's helpers (self-contained), loaded by file path: this
 # script's folder and benchmarks/quality are separate script folders, and nothing edits sys.path
 STATS_PY = Path(__file__).resolve().parents[1] / "quality" / "toyq" / "stats.py"
+ARMS_PY = Path(__file__).resolve().parent / "onpolicy_arms.py"   # the on-policy arms, loaded alike
 ARM_TEXT = {"ce": "CE only on the slice", "pkl": "P-KL to the adapted Gemma (multitoken "
             "projection, top-4) + CE, weight 1 each", "alm": "ALM to the adapted Gemma, no CE "
             "(tokenkit's weighting)", "multi": "P-KL to the adapted Gemma + forward KL to stock "
@@ -30,7 +31,6 @@ ARM_TEXT = {"ce": "CE only on the slice", "pkl": "P-KL to the adapted Gemma (mul
             "as many student tokens as an off-policy arm)",
             "op_k1_byte_mean_clip": "on-policy k1 with byte-level credit, the mean advantage "
             "baseline and the advantage clamped to 2 nats, otherwise as `op_k1`"}
-ONPOLICY_ARMS = ("op_k1", "op_k1_byte_mean_clip")   # = onpolicy_arms.ONPOLICY_ARMS (tested)
 SAMPLE_KEYS = ("teacher_bpb_on_samples", "repetition")
 # texts scored once at the end of a run (reported, not tested), with their column titles
 FINAL_COLUMNS = (("other_play", "other-play bpb"), ("ood", "out-of-domain bpb"))
@@ -38,13 +38,23 @@ TEACHER_FIGURE = "bpb gemma3-270m adapted (teacher)"
 
 
 @functools.cache
-def _stats():
-    """``benchmarks/quality/toyq/stats.py`` as a module (loaded once)."""
-    spec = importlib.util.spec_from_file_location("toyq_stats", STATS_PY)
+def _module(name: str, path: Path):
+    """The script module at ``path`` as ``name`` (loaded once)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module   # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+def _stats():
+    """``benchmarks/quality/toyq/stats.py`` as a module."""
+    return _module("toyq_stats", STATS_PY)
+
+
+def _onpolicy_arms() -> tuple[str, ...]:
+    """The on-policy arms of ``onpolicy_arms.py``, the protocol's single list of them."""
+    return _module("real_onpolicy_arms", ARMS_PY).ONPOLICY_ARMS
 
 
 def _ms(values: list[float]) -> tuple[float, float]:
@@ -75,7 +85,7 @@ def gain_lines(summary: dict) -> list[str]:
     compare, format_comparisons = _stats().compare, _stats().format_comparisons
     if "ce" not in summary:
         return []
-    arms = [arm for arm in summary if arm != "ce" and arm not in ONPOLICY_ARMS]  # family C
+    arms = [arm for arm in summary if arm != "ce" and arm not in _onpolicy_arms()]  # family C
     if not arms:
         return []
     per_seed = {arm: s["per_seed"] for arm, s in summary.items()}
@@ -97,7 +107,7 @@ def gap_lines(summary: dict, figures: dict) -> list[str]:
             f"held-out bits per byte")
     if ce - teacher <= 0:
         return ["", head + ": the teacher does not lead CE only, so no gap is defined."]
-    arms = [a for a in ("pkl", "pkl_stock", "multi", "alm", *ONPOLICY_ARMS) if a in summary]
+    arms = [a for a in ("pkl", "pkl_stock", "multi", "alm", *_onpolicy_arms()) if a in summary]
     return ["", head + f" (gap {ce - teacher:.4f}):", ""] + [
         f"- `{a}`: {(ce - summary[a]['bpb'][0]) / (ce - teacher):.0%}" for a in arms]
 
@@ -120,7 +130,7 @@ def onpolicy_lines(summary: dict) -> list[str]:
     tokens on test bits per byte, and every teacher arm against CE only on the teacher's bits per
     byte on the student's samples; Holm over the comparisons of each measure."""
     compare, format_comparisons = _stats().compare, _stats().format_comparisons
-    ops = [arm for arm in ONPOLICY_ARMS if arm in summary]
+    ops = [arm for arm in _onpolicy_arms() if arm in summary]
     if not ops or "pkl" not in summary:
         return []
     per_seed = {arm: s["per_seed"] for arm, s in summary.items()}
