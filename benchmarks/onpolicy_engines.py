@@ -1,12 +1,19 @@
 """The on-policy step on the real pair with vLLM rollouts vs HF generate, as a ratio (.venv-vllm).
 
     .venv-vllm/bin/python benchmarks/onpolicy_engines.py [--steps 4] [--rounds 2] [--batch 8]
-        [--new 64] [--out benchmarks/results/onpolicy_engines.md]
+        [--new 64] [--dtype float32|auto] [--recipe real|tiny] [--out ...]
 
-The whole trainer step, not only generation: SmolLM2-135M (float32 on this CPU) samples ``--batch``
+The whole trainer step, not only generation: SmolLM2-135M samples ``--batch``
 prompts of ``configs/prompts_tiny.jsonl`` (up to ``--new`` tokens, T = 1), Gemma-3-270M scores
 them (k1, byte-level credit), the student takes its optimizer step and, with vLLM, the engine gets
-the new weights (``rollout.backend: vllm``; ``hf`` generates with the trainer's own model). Each
+the new weights (``rollout.backend: vllm``; ``hf`` generates with the trainer's own model).
+``--dtype float32`` (default) runs student, teacher and engine in float32; ``--dtype auto`` as a user's
+default config does: the student computes and the teacher runs in ``auto``'s choice for this CPU
+(bfloat16 where it has bf16 units), the engine in bfloat16 (``rollout.vllm_dtype``'s default).
+``--recipe tiny`` runs ``configs/onpolicy_tiny_cpu.yaml`` instead (its own prompts, batch and
+lengths; ``--batch``/``--new`` do not apply), with a student wide enough for vLLM's CPU attention
+(head size 32) and the two tiny teachers ``python -m xdistill.tiny`` builds, here in a temporary
+folder. Each
 backend runs in a fresh process (``core.build`` + ``OnPolicyMode`` + ``core.train_step``), the
 backends alternating round by round (``--rounds``, each round starting with the other backend),
 so a change in the machine's load hits both alike. Reported per backend: the median over rounds
@@ -38,16 +45,20 @@ def say(msg: str) -> None:
 
 
 def config(backend: str, args, out: Path) -> dict:
+    if args.recipe == "tiny":
+        return tiny_config(backend, args, out)
     from xdistill.assets.paths import model_dir
 
     rollout = {"backend": backend, "max_new_tokens": args.new, "max_prompt_len": 32, "seed": 0}
+    dtype = "float32" if args.dtype == "float32" else "auto"
     if backend == "vllm":
-        rollout.update(vllm_dtype="float32", vllm_kv_cache_gb=1)
-    return {"student": {"path": str(model_dir("smollm2-135m")), "param_dtype": "float32"},
+        rollout.update(vllm_dtype="float32" if dtype == "float32" else "bfloat16",
+                       vllm_kv_cache_gb=1, vllm_enforce_eager=not args.compile)
+    return {"student": {"path": str(model_dir("smollm2-135m")), "param_dtype": dtype},
             "student_tokenizer": "smollm2-135m",
             "teachers": [{"name": "gemma", "tokenizer": "gemma3-270m", "add_bos": True,
                           "worker": {"model": str(model_dir("gemma3-270m")), "output": "logits",
-                                     "dtype": "float32"},
+                                     "dtype": dtype},
                           "loss": {"kind": "k1"}}],
             "prompts": {"paths": [str(ROOT / "configs" / "prompts_tiny.jsonl")],
                         "batch_size": args.batch},
@@ -58,6 +69,35 @@ def config(backend: str, args, out: Path) -> dict:
             "checkpoint": {"export_hf": False, "every": 0, "resume": ""}}
 
 
+def tiny_config(backend: str, args, out: Path) -> dict:
+    """``configs/onpolicy_tiny_cpu.yaml`` with ``backend``, as ``tests/rollout/test_vllm_engine.py``
+    runs it with vLLM (the shipped student's head size, 8, is below vLLM's CPU minimum of 32)."""
+    from xdistill.config import load_config, to_dict
+    from xdistill.tiny import save_tiny_lm
+    from xdistill.train.onpolicy_config import OnPolicyConfig
+
+    assets = out.parent.parent / "tiny_teachers"   # shared by every round's runs
+    if not assets.exists():
+        save_tiny_lm(assets / "qwen2", "qwen2", seed=1)
+        save_tiny_lm(assets / "gpt2", "gpt2", seed=2)
+    dtype = "float32" if args.dtype == "float32" else "auto"
+    overrides = [f"teachers.0.worker.model={assets / 'qwen2'}",
+                 f"teachers.1.worker.model={assets / 'gpt2'}",
+                 f"teachers.0.worker.dtype={dtype}", f"teachers.1.worker.dtype={dtype}",
+                 f"prompts.paths=[{ROOT / 'configs' / 'prompts_tiny.jsonl'}]",
+                 "student.model_config.hidden_size=64", "student.model_config.num_attention_heads=2",
+                 "student.model_config.num_key_value_heads=1",
+                 "student.model_config.intermediate_size=128", f"student.param_dtype={dtype}",
+                 f"rollout.backend={backend}", "rollout.vllm_kv_cache_gb=0.25",
+                 f"rollout.vllm_enforce_eager={str(not args.compile).lower()}",
+                 f"rollout.vllm_dtype={'float32' if dtype == 'float32' else 'bfloat16'}",
+                 f"train.steps={args.steps}", "train.tensorboard=false", f"train.out_dir={out}",
+                 "train.num_threads=2", "checkpoint.every=0", "checkpoint.export_hf=false",
+                 "checkpoint.resume="]
+    return to_dict(load_config(OnPolicyConfig, ROOT / "configs" / "onpolicy_tiny_cpu.yaml",
+                               overrides))
+
+
 def child(cfg_path: str) -> dict:
     """One backend's run in this (fresh) process: per step its time, generation time and tokens."""
     from xdistill.config import from_dict
@@ -66,6 +106,7 @@ def child(cfg_path: str) -> dict:
     from xdistill.train.onpolicy_config import OnPolicyConfig
 
     cfg = from_dict(OnPolicyConfig, json.loads(Path(cfg_path).read_text()))
+    Path(cfg.train.out_dir).mkdir(parents=True, exist_ok=True)  # core.train would make it (samples log)
     t0 = time.perf_counter()
     run = core.build(cfg, OnPolicyMode())
     run.mode.start(run)        # the vLLM engine starts here
@@ -129,11 +170,17 @@ def report(args, rounds: list[dict], seconds: float) -> str:
                ("step_s", "gen_s", "tok_s", "start_s")} for b in BACKENDS}
     step_x = [r["hf"]["step_s"] / r["vllm"]["step_s"] for r in rounds]
     gen_x = [r["hf"]["gen_s"] / r["vllm"]["gen_s"] for r in rounds]
-    lines = ["# On-policy step, real pair: vLLM rollouts vs HF generate", "",
+    what = (f"SmolLM2-135M student ({args.dtype}, 2 threads), Gemma-3-270M teacher ({args.dtype}, "
+            f"k1, byte credit), vLLM engine in {'float32' if args.dtype == 'float32' else 'bfloat16'}, "
+            f"{args.batch} prompts x <= {args.new} tokens" if args.recipe == "real" else
+            f"`configs/onpolicy_tiny_cpu.yaml` (student hidden size 64, {args.dtype}, 2 threads; "
+            f"two tiny teachers; 4 prompts x <= 24 tokens), vLLM engine in "
+            f"{'float32' if args.dtype == 'float32' else 'bfloat16'}")
+    title = "real pair" if args.recipe == "real" else "tiny recipe"
+    lines = [f"# On-policy step, {title}: vLLM rollouts vs HF generate", "",
              f"{cpu_line()}; load average {' / '.join(f'{x:.2f}' for x in os.getloadavg())}; "
              f"{time.strftime('%Y-%m-%d')}; {len(rounds)} round(s), {seconds / 60:.0f} min", "",
-             f"SmolLM2-135M student (float32, 2 threads), Gemma-3-270M teacher (float32, k1, byte "
-             f"credit), {args.batch} prompts x <= {args.new} tokens, T = 1; mean over steps "
+             f"{what}, T = 1; mean over steps "
              f"2..{args.steps} of each run, median over rounds.", "",
              "| backend | s/step | generation s/step | sampled tok/s | engine start s |",
              "|---|---|---|---|---|"]
@@ -168,6 +215,12 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--new", type=int, default=64)
+    p.add_argument("--dtype", choices=("float32", "auto"), default="float32",
+                   help="float32 everywhere, or a user's default (auto; engine in bfloat16)")
+    p.add_argument("--compile", action="store_true",
+                   help="let vLLM compile its model (rollout.vllm_enforce_eager: false)")
+    p.add_argument("--recipe", choices=("real", "tiny"), default="real",
+                   help="the real pair (default) or configs/onpolicy_tiny_cpu.yaml")
     p.add_argument("--out", default="")
     p.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
