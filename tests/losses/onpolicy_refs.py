@@ -93,7 +93,8 @@ def ppo_ref(logp, beh, adv, eps_low=0.2, eps_high=0.28, c=10.0, lr_max=20.0):
 def dpca_ref(s_logp, beh, t_logp, align, *, s_mask=None, t_mask=None, adv_clamp=10.0, eps=1e-6,
              ppo=(0.2, 0.28, 10.0), baseline="none"):
     """(sum of token losses, units, counters) from the DPCA definition; ``baseline="mean"``
-    subtracts the mean advantage over all unit tokens before the clamp."""
+    subtracts the mean advantage over all unit tokens before the clamp (``"clipped_mean"``: the
+    advantages clamped first, then centred)."""
     total, units = 0.0, 0
     fired = {"adv_clamped": 0, "ratio_clipped": 0, "dual_clipped": 0, "uniform_fallbacks": 0}
     raw = []
@@ -104,7 +105,10 @@ def dpca_ref(s_logp, beh, t_logp, align, *, s_mask=None, t_mask=None, adv_clamp=
         fired["uniform_fallbacks"] += uniform
         for i in S:
             raw.append((b, i, (LT - LS) / len(S) if uniform else (LT / LS - 1.0) * float(beh[b, i])))
-    mean = sum(a for _, _, a in raw) / len(raw) if raw and baseline == "mean" else 0.0
+    if baseline == "clipped_mean" and adv_clamp is not None:
+        raw = [(b, i, max(-adv_clamp, min(adv_clamp, a))) for b, i, a in raw]
+    mean = (sum(a for _, _, a in raw) / len(raw)
+            if raw and baseline in ("mean", "clipped_mean") else 0.0)
     for b, i, A in raw:
         A -= mean
         if adv_clamp is not None and abs(A) > adv_clamp:
@@ -121,12 +125,15 @@ def dpca_ref(s_logp, beh, t_logp, align, *, s_mask=None, t_mask=None, adv_clamp=
 def simple_opd_ref(s_logp, beh, t_logp, align, stop, s_mask, *, t_mask=None, adv_clamp=10.0,
                    ref_logp=None, beta=0.0, ppo=(0.2, 0.28, 10.0), baseline="none"):
     """(sum of token losses, units, scored tokens) from the SimpleOPD definition;
-    ``baseline="mean"`` subtracts the mean over the scored tokens (others stay at 0)."""
+    ``baseline="mean"`` subtracts the mean over the scored tokens (others stay at 0);
+    ``"clipped_mean"`` clamps them first."""
     adv = {}
     for b, S, T in loss_chunk_list(align, s_mask, t_mask, exact_only=True):
         if not bool(stop[b, S[0]]):
             adv[(b, S[0])] = float(t_logp[b, T[0]]) - float(beh[b, S[0]])
-    if adv and baseline == "mean":
+    if adv and baseline == "clipped_mean" and adv_clamp is not None:
+        adv = {k: max(-adv_clamp, min(adv_clamp, v)) for k, v in adv.items()}
+    if adv and baseline in ("mean", "clipped_mean"):
         mean = sum(adv.values()) / len(adv)
         adv = {k: v - mean for k, v in adv.items()}
     total, units = 0.0, 0

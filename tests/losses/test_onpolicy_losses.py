@@ -406,3 +406,50 @@ def test_simple_opd_counts_unpaired_tokens_once():
     pen = sum(-min(max(-10.0 - s_ref[b, i], -10.0), 10.0) * s_ref[b, i]
               for b, i in zip(*np.nonzero(unpaired.numpy())))
     assert float(with_pen.loss) == pytest.approx(float(without.loss) + pen / n, rel=1e-10)
+
+
+def test_k1_clipped_mean_baseline_matches_float64_reference():
+    """baseline "clipped_mean" over chunks: c_u = clamp(r_u, -M, M), A_u = clamp(c_u - mean_v c_v,
+    -M, M) with M = loss_max; without a clamp it is "mean" exactly; a self-teacher gives 0."""
+    al = _chunked_alignment()
+    g = torch.Generator().manual_seed(12)
+    s_logp = -torch.rand(2, 7, generator=g, dtype=torch.float64) * 9
+    t_logp = -torch.rand(2, 9, generator=g, dtype=torch.float64) * 9
+    mask = torch.ones(2, 7, dtype=torch.bool)
+    clamps = Clamps(None, 2.0, None)
+    out = sampled_loss("k1", s_logp, t_logp, mask, align=al, clamps=clamps, num_valid=7,
+                       baseline="clipped_mean")
+    units = [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2)]
+    s_u = [sum(float(s_logp[b, i]) for i in range(7) if al.s_chunk_BTs[b, i] == c) for b, c in units]
+    t_u = [sum(float(t_logp[b, j]) for j in range(9) if al.t_chunk_BTt[b, j] == c) for b, c in units]
+    clipped = [min(max(t - s, -2.0), 2.0) for s, t in zip(s_u, t_u)]
+    assert any(abs(t - s) > 2.0 for s, t in zip(s_u, t_u))     # the first clamp fires
+    mean = sum(clipped) / len(clipped)
+    adv = [min(max(c - mean, -2.0), 2.0) for c in clipped]
+    ref = sum(-a * s for a, s in zip(adv, s_u)) / 7
+    assert float(out.loss) == pytest.approx(ref, rel=1e-9, abs=1e-12)
+    assert out.counters["loss_clamp"] == sum(abs(c - mean) > 2.0 for c in clipped)
+    zs, zt, ids, m = _inputs(5)
+    no_clamp = Clamps(None, None, None)
+    a, b = (sampled_loss("k1", input_token_logprobs(zs, ids, m), input_token_logprobs(zt, ids), m,
+                         clamps=no_clamp, baseline=bl).loss for bl in ("mean", "clipped_mean"))
+    assert float(a) == float(b)
+    s = input_token_logprobs(zs, ids, m).detach().clone().requires_grad_(True)
+    out = sampled_loss("k1", s, s.detach(), m, clamps=clamps, baseline="clipped_mean")
+    out.loss.backward()
+    assert float(out.loss) == 0.0 and float(s.grad.abs().max()) == 0.0
+
+
+def test_clipped_mean_keeps_an_extreme_unit_from_reinforcing_moderate_ones():
+    """One unit a sharp teacher scores at -20 nats drags "mean"'s baseline below a moderately
+    wrong unit (r = -1.5), which is then reinforced; under "clipped_mean" it is not."""
+    s_logp = torch.zeros(1, 5, dtype=torch.float64)
+    t_logp = torch.tensor([[0.0, 0.0, 0.0, -1.5, -20.0]], dtype=torch.float64)
+    mask = torch.ones(1, 5, dtype=torch.bool)
+    signs = {}
+    for baseline in ("mean", "clipped_mean"):
+        s = s_logp.clone().requires_grad_(True)
+        sampled_loss("k1", s, t_logp, mask, clamps=Clamps(None, 2.0, None), num_valid=1,
+                     baseline=baseline).loss.backward()
+        signs[baseline] = float(-s.grad[0, 3])      # the advantage of the r = -1.5 unit
+    assert signs["mean"] > 0 > signs["clipped_mean"]

@@ -60,7 +60,8 @@ def test_ppo_formula_cases():
         assert float(loss[i]) == pytest.approx(ppo_ref(float(logp[i]), 0.0, float(adv[i]))[0])
 
 
-@pytest.mark.parametrize("tau,baseline", [(1.0, "none"), (0.7, "none"), (1.0, "mean")])
+@pytest.mark.parametrize("tau,baseline", [(1.0, "none"), (0.7, "none"), (1.0, "mean"),
+                                          (1.0, "clipped_mean")])
 def test_dpca_matches_float64_reference(tau, baseline):
     c = _case(1)
     loss, stats = dpca(c["zs"], c["ids"], c["beh"], c["t_logp"], c["align"],
@@ -105,7 +106,8 @@ def test_dpca_split_preserves_chunk_logratio_and_uniform_fallback():
     assert float(loss) == pytest.approx(ref / units, rel=1e-10)
 
 
-@pytest.mark.parametrize("beta,baseline", [(0.0, "none"), (0.3, "none"), (0.3, "mean")])
+@pytest.mark.parametrize("beta,baseline", [(0.0, "none"), (0.3, "none"), (0.3, "mean"),
+                                           (0.3, "clipped_mean")])
 def test_simple_opd_matches_float64_reference(beta, baseline):
     c = _case(3)
     g = torch.Generator().manual_seed(30)

@@ -11,6 +11,7 @@ Legend: B samples, Ts student tokens, V vocabulary.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import onpolicy_helpers as H  # pytest puts this test's folder on sys.path
@@ -113,6 +114,31 @@ def test_self_teacher_zero_loss_and_gradient(tmp_path, tiny_assets, sharp, kind)
     assert abs(m["self/loss"]) < 1e-5
     grads = [p.grad.abs().max() for p in run.model.parameters() if p.grad is not None]
     assert grads and float(max(grads)) < 1e-5
+
+
+@pytest.mark.parametrize("kind", ["k1", "dpca"])
+def test_clipped_mean_baseline_through_the_step(tmp_path, tiny_assets, sharp, kind):
+    """``loss.advantage_baseline: clipped_mean`` from the config to the loss: a cross-tokenizer
+    teacher's step loss is finite and differs from "mean"'s on the same rollouts (a tight clamp,
+    so the first clamp fires; the self-teacher zero is checked at the loss level)."""
+    from xdistill.train.onpolicy import rollout_batch
+    from xdistill.train.onpolicy_step import loss_and_backward
+
+    losses = {}
+    for baseline in ("mean", "clipped_mean"):
+        d = H.onpolicy_dict(tiny_assets["tok_s"], [H.teacher("cross", tiny_assets["tok_t"],
+                                                             sharp["cross"], kind)],
+                            sharp["prompts"], tmp_path / baseline, student_path=sharp["self"])
+        d["loss"].update(advantage_baseline=baseline, loss_max=0.5)
+        run = _built(d)
+        try:
+            run.mode.iters = [iter(run.mode.loaders[0])]
+            _, _, scored = rollout_batch(run, 1, Timers())
+            losses[baseline] = loss_and_backward(run, scored, Timers())["cross/loss"]
+        finally:
+            run.mode.pool.close()
+    assert all(math.isfinite(v) for v in losses.values())
+    assert losses["mean"] != losses["clipped_mean"]
 
 
 def _tool_mask_check(run, scored):

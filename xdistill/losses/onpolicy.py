@@ -66,7 +66,9 @@ Advantage baseline (``baseline = "mean"``; dpca / simple_opd: ``params.baseline`
 sampled-token advantages minus their mean over the micro-batch's units, before the clamp
 (``"token_mean"``: minus the unit's student-token count times the mean advantage per student
 token, so that the baseline does not depend on how the teacher's tokenization groups the
-student's tokens into units; :func:`xdistill.losses.policy.center_advantages`). A
+student's tokens into units; ``"clipped_mean"``: the advantages clamped to ``loss_max`` first,
+then centred on their own mean, so that a few units a sharp teacher scores at -20 nats cannot
+drag the baseline below moderately wrong samples; :func:`xdistill.losses.policy.center_advantages`). A
 constant baseline leaves the expected gradient unchanged (``E_p[grad log p] = 0``) and cuts its
 variance when a teacher rates nearly every sample below the student's own likelihood (uncentred,
 every advantage is negative and each update pushes down whatever was sampled). In the quality
@@ -331,7 +333,7 @@ def sampled_unit_losses(kind: str, s_unit_N: torch.Tensor, t_unit_N: torch.Tenso
     counts = {"exp_clip": 0, "loss_clamp": 0}
     hi = clamps.loss_max
     if kind == "k1":
-        adv_N = center_advantages(r_N.detach(), baseline, tokens_N=tokens_N)
+        adv_N = center_advantages(r_N.detach(), baseline, tokens_N=tokens_N, clip=hi)
         if hi is not None:
             counts["loss_clamp"] = int((adv_N.abs() > hi).sum())
             adv_N = adv_N.clamp(-hi, hi)

@@ -123,11 +123,12 @@ def ppo_token_losses(logp_N: torch.Tensor, behaviour_N: torch.Tensor, adv_N: tor
     return loss, rho.detach(), counts
 
 
-BASELINES = ("none", "mean", "token_mean")
+BASELINES = ("none", "mean", "token_mean", "clipped_mean")
 
 
 def center_advantages(adv_N: torch.Tensor, baseline: str, scored_N: torch.Tensor | None = None,
-                      tokens_N: torch.Tensor | None = None) -> torch.Tensor:
+                      tokens_N: torch.Tensor | None = None, clip: float | None = None
+                      ) -> torch.Tensor:
     """``adv_N`` minus a baseline computed over the (``scored_N``) units of this micro-batch.
 
     ``"mean"``: their mean (a constant baseline: the gradient's expectation is unchanged, its
@@ -137,8 +138,13 @@ def center_advantages(adv_N: torch.Tensor, baseline: str, scored_N: torch.Tensor
     per *student token* (``tokens_N``: the student tokens of each unit, ones when None). A unit of
     several student tokens (a cross-tokenizer chunk) gets the baseline of that many tokens, so the
     baseline does not depend on how a teacher's tokenization groups the student's tokens into
-    units; with one token per unit it equals ``"mean"``. Units outside ``scored_N`` keep their
-    advantage (zero)."""
+    units; with one token per unit it equals ``"mean"``. ``"clipped_mean"``: the advantages are
+    first clamped to ``[-clip, clip]`` (the caller's advantage clamp), then centred on *their*
+    mean: one extreme unit (a wrong answer a sharp teacher scores at -20 nats) moves the baseline
+    by at most ``clip / n``, where under ``"mean"`` it drags the baseline down until wrong answers
+    of moderate score land above it and are reinforced; = ``"mean"`` when ``clip`` is None. The
+    caller clamps the centred advantages again. Units outside ``scored_N`` keep their advantage
+    (zero)."""
     if baseline == "none":
         return adv_N
     if baseline not in BASELINES:
@@ -146,6 +152,9 @@ def center_advantages(adv_N: torch.Tensor, baseline: str, scored_N: torch.Tensor
     sel = torch.ones_like(adv_N, dtype=torch.bool) if scored_N is None else scored_N
     if not bool(sel.any()):
         return adv_N
+    if baseline == "clipped_mean":
+        clipped_N = adv_N if clip is None else adv_N.clamp(-clip, clip)
+        return torch.where(sel, clipped_N - clipped_N.detach()[sel].mean(), adv_N)
     if baseline == "mean" or tokens_N is None:
         return torch.where(sel, adv_N - adv_N.detach()[sel].mean(), adv_N)
     tok_N = tokens_N.to(adv_N.dtype)
@@ -242,7 +251,8 @@ def dpca(student_logits_BTsVs, student_ids_BTs, behaviour_logp_BTs, teacher_toke
     b_N, i_N = torch.nonzero(sel, as_tuple=True)
     logp_BTs = _current_logp(student_logits_BTsVs, student_ids_BTs, sel, float(temperature),
                              chunk_size)
-    adv_N, clamped = _clamp_adv(center_advantages(adv_BTs[b_N, i_N], baseline), adv_clamp)
+    adv_N, clamped = _clamp_adv(center_advantages(adv_BTs[b_N, i_N], baseline, clip=adv_clamp),
+                                adv_clamp)
     loss_N, rho_N, counts = ppo_token_losses(logp_BTs[b_N, i_N], behaviour_logp_BTs[b_N, i_N],
                                              adv_N, ppo)
     units = int(b_N.numel())
@@ -308,8 +318,8 @@ def simple_opd(student_logits_BTsVs, student_ids_BTs, behaviour_logp_BTs, teache
     logp_BTs = _current_logp(student_logits_BTsVs, student_ids_BTs, units_BTs, float(temperature),
                              chunk_size)
     logp_N, scored_N = logp_BTs[b_N, i_N], scored_BTs[b_N, i_N]
-    adv_N, clamped = _clamp_adv(center_advantages(adv_BTs[b_N, i_N], baseline, scored_N),
-                                adv_clamp)
+    adv_N, clamped = _clamp_adv(center_advantages(adv_BTs[b_N, i_N], baseline, scored_N,
+                                                  clip=adv_clamp), adv_clamp)
     loss_N, rho_N, counts = ppo_token_losses(logp_N, behaviour_logp_BTs[b_N, i_N], adv_N, ppo)
     ref_kl = math.nan
     if ref_beta:

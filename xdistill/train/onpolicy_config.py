@@ -149,8 +149,11 @@ class OnPolicyLossConfig:
     # the teacher rates every sample below the student's own likelihood) or token_mean (a unit's
     # baseline = its student tokens x the mean advantage per student token: independent of how a
     # cross-tokenizer teacher's chunks group the student's tokens; = mean for a same-tokenizer
-    # teacher, and for dpca / simple_opd, whose units are student tokens)
-    advantage_baseline: Literal["none", "mean", "token_mean"] = "none"
+    # teacher, and for dpca / simple_opd, whose units are student tokens) or clipped_mean (the
+    # advantages clamped first -- k1: loss_max, dpca / simple_opd: their advantage clamp -- then
+    # centred on their own mean, so a few extreme units cannot drag the baseline down; = mean
+    # without a clamp)
+    advantage_baseline: Literal["none", "mean", "token_mean", "clipped_mean"] = "none"
     # credit of the sampled-token kinds (k1, k3, dpca, simple_opd) from a cross-tokenizer teacher:
     # token (each side's summed token log-probs per aligned chunk) or byte (each side's
     # probability of the unit's bytes followed by the boundary the student's tokenization
