@@ -1,0 +1,190 @@
+"""What each advantage baseline does to the answer units k1 trains on (exploratory diagnostic).
+
+    python benchmarks/quality/unit_advantages.py --runs runs/q24v9 [--seeds 100,101,102]
+        [--batches 10]          # writes credit24v9/unit_advantages.json
+    python benchmarks/quality/unit_advantages.py --report   # the block GENERATED:units24
+
+Not a pre-registered test. For the ninth protocol's three k1 arms (A: same-tokenizer teacher, B:
+its twin through the cross-tokenizer pipeline, C: the cross-tokenizer teacher; each run's own
+``config.yaml``), the CE student a seed's arms start from draws ``--batches`` rollout batches (the
+same rollouts for the three arms: same student, prompts and seeds), and the trainer scores them as
+in training (``rollout_batch`` + ``loss_and_backward``, no optimizer step). The per-unit log-ratios
+``r = log q - log p`` are read where the loss reads them (:func:`xdistill.losses.onpolicy.
+unit_logprobs`, wrapped for the run). A sample's first unit holds its answer (the response starts
+with the digits). Per arm and baseline (``none``, ``mean``, ``clipped_mean``, each followed by the
+arm's 2-nat clamp, as :func:`xdistill.losses.onpolicy.sampled_unit_losses` computes them, one
+micro-batch = one batch): the mean baseline, the mean advantage of correct and of wrong answer
+units, the fraction of wrong answers with a positive advantage (reinforced), and the mean
+advantage of the other units (the format: ``.`` and the stop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from toyq.run import update_results_md
+
+HERE = Path(__file__).resolve().parent
+RECORD = HERE / "credit24v9" / "unit_advantages.json"
+ARMS = {"A": "op_k1_same_mean_clip", "B": "op_k1_twin_byte_mean_clip", "C": "op_k1_byte_mean_clip"}
+BASELINES = ("none", "mean", "clipped_mean")
+
+
+def score_batches(config_path: Path, batches: int) -> list[dict]:
+    """Per rollout batch: response texts, gold sums and per-sample unit (s, t) log-probs."""
+    import xdistill.losses.onpolicy as lo
+    from xdistill.config import load_config
+    from xdistill.train.metrics import Timers
+    from xdistill.train.onpolicy import build_onpolicy_run, rollout_batch
+    from xdistill.train.onpolicy_config import OnPolicyConfig
+    from xdistill.train.onpolicy_step import loss_and_backward
+
+    with tempfile.TemporaryDirectory(prefix="xdistill-units-") as tmp:
+        cfg = load_config(OnPolicyConfig, config_path,
+                          [f"train.out_dir={tmp}", "checkpoint.every=0", "checkpoint.export_hf=false"])
+        captured, original = [], lo.unit_logprobs
+
+        def unit_logprobs(*args, **kw):
+            b_N, s_N, t_N, counts = original(*args, **kw)
+            captured.append((b_N.tolist(), s_N.detach().tolist(), t_N.detach().tolist()))
+            return b_N, s_N, t_N, counts
+        lo.unit_logprobs = unit_logprobs
+        run = build_onpolicy_run(cfg)
+        run.mode.pool.start()
+        try:
+            run.mode.iters = [iter(run.mode.loaders[0])]
+            out = []
+            for step in range(1, batches + 1):
+                _, ro, scored = rollout_batch(run, step, Timers())
+                captured.clear()
+                loss_and_backward(run, scored, Timers())
+                (b_N, s_N, t_N), = captured   # one teacher, one micro-batch
+                tok = run.mode.engine.tok
+                units: dict[int, list] = {}
+                for b, s, t in zip(b_N, s_N, t_N):
+                    units.setdefault(b, []).append([s, t])
+                out.append({"texts": [tok.decode(ro.response_ids_BTr[b][:int(n)].tolist())
+                                      for b, n in enumerate(ro.response_len_B)],
+                            "golds": [sum(map(int, re.findall(r"\d+", str(p)))) for p in ro.prompts],
+                            "units": [units.get(b, []) for b in range(ro.batch_size)]})
+            return out
+        finally:
+            lo.unit_logprobs = original
+            run.mode.pool.close()
+
+
+def _clamp(x: float, c: float | None) -> float:
+    return x if c is None else max(-c, min(c, x))
+
+
+def advantages(batch: dict, baseline: str, clamp: float | None) -> list[list[float]]:
+    """Per sample, its units' k1 advantages under ``baseline`` then ``clamp`` (the loss's order:
+    :func:`xdistill.policy.center_advantages`, then the clamp)."""
+    r = [[t - s for s, t in units] for units in batch["units"]]
+    flat = [x for row in r for x in row]
+    if baseline == "none" or not flat:
+        base, pre = 0.0, None
+    elif baseline == "mean":
+        base, pre = statistics.fmean(flat), None
+    elif baseline == "clipped_mean":
+        base, pre = statistics.fmean(_clamp(x, clamp) for x in flat), clamp
+    else:
+        raise ValueError(f"unknown baseline {baseline!r}")
+    return [[_clamp(_clamp(x, pre) - base, clamp) for x in row] for row in r]
+
+
+def summarise(batches: list[dict], baseline: str, clamp: float | None) -> dict:
+    """Answer-unit advantages of correct / wrong well-formed answers, the share of wrong answers
+    reinforced, the other units' mean advantage and the mean baseline (over batches)."""
+    ok, wrong, other, base = [], [], [], []
+    for batch in batches:
+        flat = [t - s for units in batch["units"] for s, t in units]
+        base.append(0.0 if baseline == "none" else statistics.fmean(
+            _clamp(x, clamp if baseline == "clipped_mean" else None) for x in flat))
+        for text, gold, adv in zip(batch["texts"], batch["golds"], advantages(batch, baseline, clamp)):
+            head, dot, _ = text.partition(".")
+            if not adv or not (dot and head.strip().isdigit()):
+                continue
+            (ok if int(head) == gold else wrong).append(adv[0])
+            other += adv[1:]
+    return {"baseline": statistics.fmean(base), "answers_correct": len(ok),
+            "answers_wrong": len(wrong), "adv_correct": statistics.fmean(ok),
+            "adv_wrong": statistics.fmean(wrong),
+            "wrong_reinforced": sum(a > 0 for a in wrong) / len(wrong),
+            "adv_other": statistics.fmean(other) if other else float("nan"),
+            "units_per_sample": sum(len(u) for b in batches for u in b["units"])
+            / sum(len(b["units"]) for b in batches)}
+
+
+def measure(args) -> dict:
+    from xdistill.config import load_config
+    from xdistill.train.onpolicy_config import OnPolicyConfig
+
+    seeds, rows = [int(s) for s in args.seeds.split(",")], []
+    for seed in seeds:
+        for arm, folder in ARMS.items():
+            path = Path(args.runs) / "confirm" / "runs" / folder / f"seed{seed}" / "config.yaml"
+            clamp = load_config(OnPolicyConfig, path).loss.loss_max
+            print(f"[unit_advantages] seed {seed}, arm {arm}: {args.batches} batches", flush=True)
+            batches = score_batches(path, args.batches)
+            rows += [dict(seed=seed, arm=arm, variant=v, **summarise(batches, v, clamp))
+                     for v in BASELINES]
+    return {"batches": args.batches, "rows": rows,
+            "command": " ".join(["python", "benchmarks/quality/unit_advantages.py", *sys.argv[1:]])}
+
+
+def render(record: dict) -> str:
+    rows, seeds = record["rows"], sorted({r["seed"] for r in record["rows"]})
+    lines = ["## What each baseline does to the answer units (generated; exploratory, not a "
+             "pre-registered test)", "",
+             f"The ninth protocol's CE students (seeds {', '.join(map(str, seeds))}), "
+             f"{record['batches']} rollout batches each, scored by each arm's teacher as in "
+             "training (no update); advantages after the baseline and the 2-nat clamp. Means over "
+             "seeds (range).", "",
+             "| arm | baseline | units / sample | baseline value | correct answers' advantage | "
+             "wrong answers' advantage | wrong answers reinforced | other units' advantage |",
+             "|---|---|---|---|---|---|---|---|"]
+
+    def cell(vals, fmt="{:.2f}"):
+        return f"{fmt.format(statistics.fmean(vals))} ({fmt.format(min(vals))} .. {fmt.format(max(vals))})"
+    for arm in ARMS:
+        for v in BASELINES:
+            sel = [r for r in rows if r["arm"] == arm and r["variant"] == v]
+            lines.append(f"| {arm} | `{v}` | {statistics.fmean(r['units_per_sample'] for r in sel):.2f} | "
+                         + " | ".join(cell([r[k] for r in sel]) for k in
+                                      ("baseline", "adv_correct", "adv_wrong"))
+                         + f" | {cell([r['wrong_reinforced'] for r in sel], '{:.3f}')} | "
+                         f"{cell([r['adv_other'] for r in sel])} |")
+    n_ok = sum(r["answers_correct"] for r in rows if r["arm"] == "A" and r["variant"] == "none")
+    n_wr = sum(r["answers_wrong"] for r in rows if r["arm"] == "A" and r["variant"] == "none")
+    lines += ["", f"Answers per arm: {n_ok} correct, {n_wr} wrong (well-formed). Raw per-seed "
+              "figures: `credit24v9/unit_advantages.json`; command: `" + record["command"] + "`."]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--runs", default="runs/q24v9", help="the ninth protocol's --out")
+    p.add_argument("--seeds", default="100,101,102")
+    p.add_argument("--batches", type=int, default=10, help="rollout batches per seed")
+    p.add_argument("--report", action="store_true", help="only regenerate the block")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    if not args.report:
+        RECORD.write_text(json.dumps(measure(args), indent=1) + "\n")
+    text = render(json.loads(RECORD.read_text()))
+    update_results_md(text, HERE / "RESULTS.md", tag="units24")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""``benchmarks/quality/unit_advantages.py``: its advantages are the loss's (the same baselines and
+clamp as :func:`xdistill.losses.onpolicy.sampled_loss` on the same log-ratios), and the answer
+bookkeeping and the generated table follow from a record."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from xdistill.losses.onpolicy import Clamps, sampled_loss
+
+_path = Path(__file__).resolve().parents[2] / "benchmarks" / "quality" / "unit_advantages.py"
+_spec = importlib.util.spec_from_file_location("quality_unit_advantages", _path)
+units = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(units)
+
+# two samples: "12." (gold 12, correct) and "13." (gold 12, wrong); units as (log p, log q)
+BATCH = {"texts": ["12.", "13."], "golds": [12, 12],
+         "units": [[[-1.0, -0.1], [-0.5, -0.4]], [[-0.7, -9.0], [-0.2, -0.1], [-0.1, -0.3]]]}
+
+
+@pytest.mark.parametrize("baseline", units.BASELINES)
+def test_advantages_are_the_losses(baseline):
+    """-d loss / d log p(u) * count = the advantage the loss gives unit u (same-tokenizer units:
+    one student token each, in the script's order)."""
+    s = torch.tensor([[0.0, -1.0, -0.5, 0.0], [0.0, -0.7, -0.2, -0.1]], dtype=torch.float64)
+    t = torch.tensor([[0.0, -0.1, -0.4, 0.0], [0.0, -9.0, -0.1, -0.3]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    s.requires_grad_(True)
+    sampled_loss("k1", s, t, mask, clamps=Clamps(None, 2.0, None), num_valid=1,
+                 baseline=baseline).loss.backward()
+    want = [[-float(s.grad[b, i]) for i in range(1, 4) if mask[b, i]] for b in range(2)]
+    got = units.advantages(BATCH, baseline, 2.0)
+    assert [len(r) for r in got] == [2, 3]
+    for g_row, w_row in zip(got, want):
+        assert g_row == pytest.approx(w_row, abs=1e-12)
+
+
+def test_summary_counts_answers_and_reinforced_wrong_ones():
+    s = units.summarise([BATCH], "mean", 2.0)
+    r = [0.9, 0.1, -8.3, 0.1, -0.2]
+    mean = sum(r) / 5
+    assert (s["answers_correct"], s["answers_wrong"]) == (1, 1)
+    assert s["baseline"] == pytest.approx(mean)
+    assert s["adv_wrong"] == pytest.approx(-2.0)              # clamped
+    assert s["adv_correct"] == pytest.approx(2.0)             # 0.9 + 1.48 -> clamped
+    assert s["wrong_reinforced"] == 0.0
+    assert s["units_per_sample"] == pytest.approx(2.5)
+    assert s["adv_other"] == pytest.approx((min(0.1 - mean, 2.0) + min(0.1 - mean, 2.0)
+                                            + min(-0.2 - mean, 2.0)) / 3)
+    clipped = units.summarise([BATCH], "clipped_mean", 2.0)
+    assert clipped["baseline"] == pytest.approx((0.9 + 0.1 - 2.0 + 0.1 - 0.2) / 5)
+
+
+def test_render_reads_only_the_record():
+    rows = [dict(seed=seed, arm=arm, variant=v, baseline=-1.0 * seed, answers_correct=2,
+                 answers_wrong=5, adv_correct=2.0, adv_wrong=-1.0, wrong_reinforced=0.2,
+                 adv_other=1.0, units_per_sample=3.0)
+            for seed in (1, 2) for arm in units.ARMS for v in units.BASELINES]
+    text = units.render({"batches": 4, "rows": rows, "command": "python x"})
+    assert "seeds 1, 2), 4 rollout batches" in text
+    assert "| A | `mean` | 3.00 | -1.50 (-2.00 .. -1.00) | 2.00 (2.00 .. 2.00) |" in text
+    assert "Answers per arm: 4 correct, 10 wrong" in text
