@@ -39,6 +39,7 @@ def test_every_continuation_arm_config_is_valid(assets, tmp_path):
             assert cfg.teachers[0].loss.kind == ONPOLICY_KIND[arm]
             flags = arm.split("_")[2:]
             assert cfg.loss.advantage_baseline == ("token_mean" if "tmean" in flags else
+                                                   "clipped_mean" if "cmean" in flags else
                                                    "mean" if "mean" in flags else "none")
             assert cfg.loss.credit == ("byte" if "byte" in flags else "token")
             assert cfg.loss.loss_max == (BYTE_CLIP if "clip" in flags else 10.0)

@@ -305,3 +305,37 @@ def test_pooled_penalty_from_raw_confirmations(monkeypatch, tmp_path):
     pen, lo, hi = penalty_interval([[(0.2, 0.15)] * 3 + [(0.3, 0.1)], [(0.1, 0.1)] * 4], draws=500)
     assert lo <= pen <= hi and lo < hi
     assert penalty_interval([[(0.2, 0.2), (0.3, 0.3)]], draws=50) == (0.0, 0.0, 0.0)
+
+
+def test_tenth_protocol_tests_clipped_mean_against_mean_per_teacher(monkeypatch, tmp_path):
+    """study_v10's fixed rules, the harness replaced by a table: continued CE and four k1 arms
+    (each teacher with the mean and the clipped_mean baseline) on fresh seeds 120-129 of the test
+    half; clipped_mean against mean per teacher (Holm over two, decided on the paired test), each
+    estimator's penalty, and the issue's penalty read from the larger same-tokenizer gain."""
+    v10 = _load_script(monkeypatch, "study_v10.py")
+    A, C, A2, C2 = v10.SAME, v10.CROSS, v10.SAME_C, v10.CROSS_C
+    assert v10.ARMS == ("cont_ce", "op_k1_same_mean_clip", "op_k1_byte_mean_clip",
+                        "op_k1_same_cmean_clip", "op_k1_byte_cmean_clip")
+    base = {"cont_ce": 0.15, A: 0.35, C: 0.30, A2: 0.37, C2: 0.34}
+    # the clipped arms gain on every seed, with seed-to-seed spread (paired clear, Welch not)
+    calls = _table_harness(monkeypatch, v10, lambda a, s: base[a] + 0.1 * (s % 3)
+                           + (0.005 * (s % 2) if a in (A2, C2) else 0))
+    monkeypatch.setattr(v10, "RECORDS", tmp_path / "records")
+    assert v10.main(["--out", str(tmp_path / "out")]) == 0
+    ((_, arms, seeds, extra),) = calls
+    assert arms == v10.ARMS and seeds == tuple(range(120, 130))
+    assert not set(seeds) & {*range(0, 120)}                # no seed of an earlier protocol
+    assert "unlabeled_test" in extra
+    state = json.loads((tmp_path / "out" / "study.json").read_text())["confirm"]
+    assert set(state["tests"]) == {A, C, A2, C2}
+    tests = state["clipped_vs_mean"]
+    assert tests["same"]["difference"] == pytest.approx(0.02 + 0.0025)
+    assert tests["cross"]["difference"] == pytest.approx(0.04 + 0.0025)
+    for t in tests.values():
+        assert t["passes_paired"] and not t["passes_both"] and t["welch_holm"] > 0.05
+    g = state["gains"]
+    assert state["penalty_estimator"] == "clipped_mean"     # A' gains more than A
+    assert state["penalties"]["mean"]["penalty"] == pytest.approx(1 - g[C] / g[A])
+    assert state["penalty"] == pytest.approx(1 - g[C2] / g[A2])
+    lo, hi = state["penalties"]["clipped_mean"]["interval"]
+    assert lo <= state["penalty"] <= hi

@@ -59,6 +59,11 @@ arm                 what continues training the CE checkpoint
                     ``op_k1_same_mean_clip`` it measures the pipeline with the model held
                     fixed; against ``op_k1_byte_mean_clip``, the other model and its
                     tokenization's units with the pipeline held fixed
+``op_k1_byte_cmean_clip``  ``op_k1_byte_mean_clip`` with ``loss.advantage_baseline:
+                    clipped_mean`` (the log-ratios clamped to ``BYTE_CLIP`` first, then centred:
+                    the wrong answers' extreme log-ratios cannot drag the baseline below
+                    moderately wrong answers); ``op_k1_same_cmean_clip`` is its same-tokenizer
+                    control
 ==================  =============================================================================
 
 On-policy arms sample ``cont_new_tokens`` tokens per prompt at temperature 1 from the current
@@ -73,9 +78,11 @@ from pathlib import Path
 CONT_ARMS = ("cont_ce", "cont_ce_oracle", "cont_pkl_cont", "op_k1", "op_k3", "op_rkl",
              "op_strict", "op_dpca", "op_simple", "op_bpm", "op_escd", "op_k1_mean", "op_dpca_mean", "op_simple_mean",
              "op_k1_byte", "op_k3_byte", "op_dpca_byte", "op_simple_byte", "op_k1_byte_mean",
-             "op_k1_byte_clip", "op_k1_byte_mean_clip", "op_k1_byte_tmean_clip")
+             "op_k1_byte_clip", "op_k1_byte_mean_clip", "op_k1_byte_tmean_clip",
+             "op_k1_byte_cmean_clip")
 SAME_ARMS = tuple(f"op_{k}_same" for k in ("k1", "k3", "rkl", "strict", "dpca", "simple", "bpm",
-                                           "escd")) + ("op_k1_same_mean_clip",)
+                                           "escd")) + ("op_k1_same_mean_clip",
+                                                       "op_k1_same_cmean_clip")
 # the same-tokenizer teacher through the cross-tokenizer pipeline (its tokenizer's twin)
 TWIN_ARMS = ("op_k1_twin_byte_mean_clip",)
 CONT_ARMS = CONT_ARMS + SAME_ARMS + TWIN_ARMS
@@ -89,14 +96,16 @@ for _arm in CONT_ARMS:                       # op_k1_byte_mean_clip, op_k1_same 
 TOKENS_PER_ROLLOUT = 12
 # the advantage clamp of the ``_clip`` variants (nats per unit; the trainer's default is 10)
 BYTE_CLIP = 2.0
+# an arm name's baseline flag -> loss.advantage_baseline
+BASELINE_FLAGS = {"mean": "mean", "tmean": "token_mean", "cmean": "clipped_mean"}
 
 
 def loss_options(arm: str) -> dict:
     """The ``loss`` keys an on-policy arm's name asks for beyond its kind: ``_byte`` byte-level
-    credit, ``_mean`` the mean advantage baseline (``_tmean``: per student token), ``_clip`` the
-    advantage clamp ``BYTE_CLIP``."""
+    credit, ``_mean`` the mean advantage baseline (``_tmean``: per student token; ``_cmean``:
+    clipped_mean), ``_clip`` the advantage clamp ``BYTE_CLIP``."""
     flags = arm.split("_")[2:]             # op_<kind>_<flag>_...
-    baseline = "token_mean" if "tmean" in flags else "mean" if "mean" in flags else None
+    baseline = BASELINE_FLAGS.get(next((f for f in flags if f in BASELINE_FLAGS), ""))
     return {**({"advantage_baseline": baseline} if baseline else {}),
             **({"credit": "byte"} if "byte" in flags else {}),
             **({"loss_max": BYTE_CLIP} if "clip" in flags else {})}
