@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from toyq.run import update_results_md
+from toyq.run import record_and_report
 
 HERE = Path(__file__).resolve().parent
 RECORD = HERE / "credit24v9" / "teacher_contrast.json"
@@ -214,10 +214,8 @@ def main(argv=None) -> int:
     p.add_argument("--report", action="store_true", help="only regenerate the block")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    if not args.report:
-        RECORD.write_text(json.dumps(measure(args), indent=1) + "\n")
-    update_results_md(render(json.loads(RECORD.read_text())), HERE / "RESULTS.md", tag="contrast24")
-    print(render(json.loads(RECORD.read_text())))
+    print(record_and_report(RECORD, None if args.report else lambda: measure(args), render,
+                            HERE / "RESULTS.md", "contrast24"))
     return 0
 
 

@@ -21,7 +21,6 @@ advantage of the other units (the format: ``.`` and the stop).
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from toyq.run import update_results_md
+from toyq.run import record_and_report
 
 HERE = Path(__file__).resolve().parent
 RECORD = HERE / "credit24v9" / "unit_advantages.json"
@@ -178,11 +177,8 @@ def main(argv=None) -> int:
     p.add_argument("--report", action="store_true", help="only regenerate the block")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    if not args.report:
-        RECORD.write_text(json.dumps(measure(args), indent=1) + "\n")
-    text = render(json.loads(RECORD.read_text()))
-    update_results_md(text, HERE / "RESULTS.md", tag="units24")
-    print(text)
+    print(record_and_report(RECORD, None if args.report else lambda: measure(args), render,
+                            HERE / "RESULTS.md", "units24"))
     return 0
 
 

@@ -157,21 +157,29 @@ def test_baseline_is_validated():
         OnPolicyLossSpec("k1", baseline="median")
 
 
-def test_k1_token_mean_baseline_matches_float64_reference():
-    """baseline "token_mean" over chunks: A_u = clamp(r_u - n_u * sum_v r_v / sum_v n_v), n_u the
-    unit's student tokens; a same-tokenizer teacher (one token per unit) gives "mean" exactly."""
+def _chunked_units(seed: int):
+    """(alignment, student and teacher sampled-token log-probs, loss mask, per unit: the
+    student's and the teacher's summed log-probs and its student tokens) over
+    :func:`_chunked_alignment`'s seven units, from the definition."""
     al = _chunked_alignment()
-    g = torch.Generator().manual_seed(11)
+    g = torch.Generator().manual_seed(seed)
     s_logp = -torch.rand(2, 7, generator=g, dtype=torch.float64) * 9
     t_logp = -torch.rand(2, 9, generator=g, dtype=torch.float64) * 9
     mask = torch.ones(2, 7, dtype=torch.bool)
-    clamps = Clamps(None, 2.0, None)
-    out = sampled_loss("k1", s_logp, t_logp, mask, align=al, clamps=clamps, num_valid=7,
-                       baseline="token_mean")
     units = [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2)]
     s_u = [sum(float(s_logp[b, i]) for i in range(7) if al.s_chunk_BTs[b, i] == c) for b, c in units]
     t_u = [sum(float(t_logp[b, j]) for j in range(9) if al.t_chunk_BTt[b, j] == c) for b, c in units]
     n_u = [sum(1 for i in range(7) if al.s_chunk_BTs[b, i] == c) for b, c in units]
+    return al, s_logp, t_logp, mask, s_u, t_u, n_u
+
+
+def test_k1_token_mean_baseline_matches_float64_reference():
+    """baseline "token_mean" over chunks: A_u = clamp(r_u - n_u * sum_v r_v / sum_v n_v), n_u the
+    unit's student tokens; a same-tokenizer teacher (one token per unit) gives "mean" exactly."""
+    al, s_logp, t_logp, mask, s_u, t_u, n_u = _chunked_units(11)
+    clamps = Clamps(None, 2.0, None)
+    out = sampled_loss("k1", s_logp, t_logp, mask, align=al, clamps=clamps, num_valid=7,
+                       baseline="token_mean")
     assert sorted(set(n_u)) == [1, 2]           # units of one and of two student tokens
     r = [t - s for s, t in zip(s_u, t_u)]
     per_tok = sum(r) / sum(n_u)
@@ -411,17 +419,10 @@ def test_simple_opd_counts_unpaired_tokens_once():
 def test_k1_clipped_mean_baseline_matches_float64_reference():
     """baseline "clipped_mean" over chunks: c_u = clamp(r_u, -M, M), A_u = clamp(c_u - mean_v c_v,
     -M, M) with M = loss_max; without a clamp it is "mean" exactly; a self-teacher gives 0."""
-    al = _chunked_alignment()
-    g = torch.Generator().manual_seed(12)
-    s_logp = -torch.rand(2, 7, generator=g, dtype=torch.float64) * 9
-    t_logp = -torch.rand(2, 9, generator=g, dtype=torch.float64) * 9
-    mask = torch.ones(2, 7, dtype=torch.bool)
+    al, s_logp, t_logp, mask, s_u, t_u, _ = _chunked_units(12)
     clamps = Clamps(None, 2.0, None)
     out = sampled_loss("k1", s_logp, t_logp, mask, align=al, clamps=clamps, num_valid=7,
                        baseline="clipped_mean")
-    units = [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2)]
-    s_u = [sum(float(s_logp[b, i]) for i in range(7) if al.s_chunk_BTs[b, i] == c) for b, c in units]
-    t_u = [sum(float(t_logp[b, j]) for j in range(9) if al.t_chunk_BTt[b, j] == c) for b, c in units]
     clipped = [min(max(t - s, -2.0), 2.0) for s, t in zip(s_u, t_u)]
     assert any(abs(t - s) > 2.0 for s, t in zip(s_u, t_u))     # the first clamp fires
     mean = sum(clipped) / len(clipped)

@@ -19,6 +19,7 @@ writes no report); a failing or stalled run ends it with one message naming its 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import sys
@@ -50,6 +51,17 @@ def update_results_md(text: str, path: Path, tag: str = "") -> Path:
         new = old.rstrip() + "\n\n" + block + "\n"
     path.write_text(new, encoding="utf-8")
     return path
+
+
+def record_and_report(record: Path, measure, render, results_md: Path, tag: str) -> str:
+    """A diagnostic's tail: ``measure()`` (skipped when None: ``--report``) written to ``record``
+    as JSON, then the block ``tag`` of ``results_md`` generated from that file only; the block's
+    text is returned (and printed by the caller)."""
+    if measure is not None:
+        record.write_text(json.dumps(measure(), indent=1) + "\n")
+    text = render(json.loads(record.read_text()))
+    update_results_md(text, results_md, tag=tag)
+    return text
 
 
 def parse(argv=None):
