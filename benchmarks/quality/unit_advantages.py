@@ -1,8 +1,8 @@
 """What each advantage baseline does to the answer units k1 trains on (exploratory diagnostic).
 
     python benchmarks/quality/unit_advantages.py --runs runs/q24v9 [--seeds 100,101,102]
-        [--batches 10]          # writes credit24v9/unit_advantages.json
-    python benchmarks/quality/unit_advantages.py --report   # the block GENERATED:units24
+        [--batches 10] [--student start|final]   # writes credit24v9/unit_advantages[_final].json
+    python benchmarks/quality/unit_advantages.py --report [--student final]   # GENERATED:units24[_final]
 
 Not a pre-registered test. For the ninth protocol's three k1 arms (A: same-tokenizer teacher, B:
 its twin through the cross-tokenizer pipeline, C: the cross-tokenizer teacher; each run's own
@@ -15,7 +15,9 @@ with the digits). Per arm and baseline (``none``, ``mean``, ``clipped_mean``, ea
 arm's 2-nat clamp, as :func:`xdistill.losses.onpolicy.sampled_unit_losses` computes them, one
 micro-batch = one batch): the mean baseline, the mean advantage of correct and of wrong answer
 units, the fraction of wrong answers with a positive advantage (reinforced), and the mean
-advantage of the other units (the format: ``.`` and the stop).
+advantage of the other units (the format: ``.`` and the stop). ``--student final`` scores each
+arm's *trained* student instead (its export after the 2,000 steps, its own rollouts): what the
+estimator does at the end of training.
 """
 
 from __future__ import annotations
@@ -37,8 +39,13 @@ ARMS = {"A": "op_k1_same_mean_clip", "B": "op_k1_twin_byte_mean_clip", "C": "op_
 BASELINES = ("none", "mean", "clipped_mean")
 
 
-def score_batches(config_path: Path, batches: int) -> list[dict]:
-    """Per rollout batch: response texts, gold sums and per-sample unit (s, t) log-probs."""
+def record_path(student: str) -> Path:
+    return RECORD if student == "start" else RECORD.with_name(f"{RECORD.stem}_final.json")
+
+
+def score_batches(config_path: Path, batches: int, student: str = "") -> list[dict]:
+    """Per rollout batch: response texts, gold sums and per-sample unit (s, t) log-probs
+    (``student``: another student folder than the config's)."""
     import xdistill.losses.onpolicy as lo
     from xdistill.config import load_config
     from xdistill.train.metrics import Timers
@@ -48,7 +55,8 @@ def score_batches(config_path: Path, batches: int) -> list[dict]:
 
     with tempfile.TemporaryDirectory(prefix="xdistill-units-") as tmp:
         cfg = load_config(OnPolicyConfig, config_path,
-                          [f"train.out_dir={tmp}", "checkpoint.every=0", "checkpoint.export_hf=false"])
+                          [f"train.out_dir={tmp}", "checkpoint.every=0", "checkpoint.export_hf=false",
+                           *([f"student.path={student}"] if student else [])])
         captured, original = [], lo.unit_logprobs
 
         def unit_logprobs(*args, **kw):
@@ -133,18 +141,22 @@ def measure(args) -> dict:
             path = Path(args.runs) / "confirm" / "runs" / folder / f"seed{seed}" / "config.yaml"
             clamp = load_config(OnPolicyConfig, path).loss.loss_max
             print(f"[unit_advantages] seed {seed}, arm {arm}: {args.batches} batches", flush=True)
-            batches = score_batches(path, args.batches)
+            final = str(path.parent / "export") if args.student == "final" else ""
+            batches = score_batches(path, args.batches, final)
             rows += [dict(seed=seed, arm=arm, variant=v, **summarise(batches, v, clamp))
                      for v in BASELINES]
-    return {"batches": args.batches, "rows": rows,
+    return {"batches": args.batches, "student": args.student, "rows": rows,
             "command": " ".join(["python", "benchmarks/quality/unit_advantages.py", *sys.argv[1:]])}
 
 
 def render(record: dict) -> str:
     rows, seeds = record["rows"], sorted({r["seed"] for r in record["rows"]})
-    lines = ["## What each baseline does to the answer units (generated; exploratory, not a "
-             "pre-registered test)", "",
-             f"The ninth protocol's CE students (seeds {', '.join(map(str, seeds))}), "
+    final = record.get("student", "start") == "final"
+    who = ("each arm's trained student (its export after 2,000 steps, its own rollouts)" if final
+           else "the ninth protocol's CE students (the arms' common start)")
+    lines = [f"## What each baseline does to the answer units{' at the end of training' if final else ''} "
+             "(generated; exploratory, not a pre-registered test)", "",
+             f"Seeds {', '.join(map(str, seeds))}: {who}, "
              f"{record['batches']} rollout batches each, scored by each arm's teacher as in "
              "training (no update); advantages after the baseline and the 2-nat clamp. Means over "
              "seeds (range).", "",
@@ -162,10 +174,12 @@ def render(record: dict) -> str:
                                       ("baseline", "adv_correct", "adv_wrong"))
                          + f" | {cell([r['wrong_reinforced'] for r in sel], '{:.3f}')} | "
                          f"{cell([r['adv_other'] for r in sel])} |")
-    n_ok = sum(r["answers_correct"] for r in rows if r["arm"] == "A" and r["variant"] == "none")
-    n_wr = sum(r["answers_wrong"] for r in rows if r["arm"] == "A" and r["variant"] == "none")
-    lines += ["", f"Answers per arm: {n_ok} correct, {n_wr} wrong (well-formed). Raw per-seed "
-              "figures: `credit24v9/unit_advantages.json`; command: `" + record["command"] + "`."]
+    counts = ", ".join(f"{arm} {sum(r['answers_correct'] for r in rows if r['arm'] == arm and r['variant'] == 'none')}"
+                       f"/{sum(r['answers_wrong'] for r in rows if r['arm'] == arm and r['variant'] == 'none')}"
+                       for arm in ARMS)
+    lines += ["", f"Well-formed answers, correct/wrong: {counts}. Raw per-seed figures: "
+              f"`credit24v9/{record_path(record.get('student', 'start')).name}`; command: `"
+              + record["command"] + "`."]
     return "\n".join(lines)
 
 
@@ -174,11 +188,14 @@ def main(argv=None) -> int:
     p.add_argument("--runs", default="runs/q24v9", help="the ninth protocol's --out")
     p.add_argument("--seeds", default="100,101,102")
     p.add_argument("--batches", type=int, default=10, help="rollout batches per seed")
+    p.add_argument("--student", choices=("start", "final"), default="start",
+                   help="the CE start (default) or each arm's trained student")
     p.add_argument("--report", action="store_true", help="only regenerate the block")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    print(record_and_report(RECORD, None if args.report else lambda: measure(args), render,
-                            HERE / "RESULTS.md", "units24"))
+    tag = "units24" if args.student == "start" else "units24_final"
+    print(record_and_report(record_path(args.student), None if args.report else
+                            lambda: measure(args), render, HERE / "RESULTS.md", tag))
     return 0
 
 

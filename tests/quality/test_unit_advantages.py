@@ -61,6 +61,6 @@ def test_render_reads_only_the_record():
                  adv_other=1.0, units_per_sample=3.0)
             for seed in (1, 2) for arm in units.ARMS for v in units.BASELINES]
     text = units.render({"batches": 4, "rows": rows, "command": "python x"})
-    assert "seeds 1, 2), 4 rollout batches" in text
+    assert "Seeds 1, 2: the ninth protocol's CE students (the arms' common start), 4 rollout" in text
     assert "| A | `mean` | 3.00 | -1.50 (-2.00 .. -1.00) | 2.00 (2.00 .. 2.00) |" in text
-    assert "Answers per arm: 4 correct, 10 wrong" in text
+    assert "correct/wrong: A 4/10, B 4/10, C 4/10" in text
