@@ -149,12 +149,28 @@ def measure(args) -> dict:
             "command": " ".join(["python", "benchmarks/quality/unit_advantages.py", *sys.argv[1:]])}
 
 
+def _cell(vals, fmt: str = "{:.2f}") -> str:
+    """Mean over seeds (range)."""
+    lo, hi = fmt.format(min(vals)), fmt.format(max(vals))
+    return f"{fmt.format(statistics.fmean(vals))} ({lo} .. {hi})"
+
+
+def _table_row(rows: list[dict], arm: str, variant: str) -> str:
+    sel = [r for r in rows if r["arm"] == arm and r["variant"] == variant]
+    cells = [f"{statistics.fmean(r['units_per_sample'] for r in sel):.2f}"]
+    cells += [_cell([r[k] for r in sel]) for k in ("baseline", "adv_correct", "adv_wrong")]
+    cells += [_cell([r["wrong_reinforced"] for r in sel], "{:.3f}"),
+              _cell([r["adv_other"] for r in sel])]
+    return f"| {arm} | `{variant}` | " + " | ".join(cells) + " |"
+
+
 def render(record: dict) -> str:
     rows, seeds = record["rows"], sorted({r["seed"] for r in record["rows"]})
     final = record.get("student", "start") == "final"
     who = ("each arm's trained student (its export after 2,000 steps, its own rollouts)" if final
            else "the ninth protocol's CE students (the arms' common start)")
-    lines = [f"## What each baseline does to the answer units{' at the end of training' if final else ''} "
+    when = " at the end of training" if final else ""
+    lines = [f"## What each baseline does to the answer units{when} "
              "(generated; exploratory, not a pre-registered test)", "",
              f"Seeds {', '.join(map(str, seeds))}: {who}, "
              f"{record['batches']} rollout batches each, scored by each arm's teacher as in "
@@ -163,20 +179,10 @@ def render(record: dict) -> str:
              "| arm | baseline | units / sample | baseline value | correct answers' advantage | "
              "wrong answers' advantage | wrong answers reinforced | other units' advantage |",
              "|---|---|---|---|---|---|---|---|"]
-
-    def cell(vals, fmt="{:.2f}"):
-        return f"{fmt.format(statistics.fmean(vals))} ({fmt.format(min(vals))} .. {fmt.format(max(vals))})"
-    for arm in ARMS:
-        for v in BASELINES:
-            sel = [r for r in rows if r["arm"] == arm and r["variant"] == v]
-            lines.append(f"| {arm} | `{v}` | {statistics.fmean(r['units_per_sample'] for r in sel):.2f} | "
-                         + " | ".join(cell([r[k] for r in sel]) for k in
-                                      ("baseline", "adv_correct", "adv_wrong"))
-                         + f" | {cell([r['wrong_reinforced'] for r in sel], '{:.3f}')} | "
-                         f"{cell([r['adv_other'] for r in sel])} |")
-    counts = ", ".join(f"{arm} {sum(r['answers_correct'] for r in rows if r['arm'] == arm and r['variant'] == 'none')}"
-                       f"/{sum(r['answers_wrong'] for r in rows if r['arm'] == arm and r['variant'] == 'none')}"
-                       for arm in ARMS)
+    lines += [_table_row(rows, arm, v) for arm in ARMS for v in BASELINES]
+    once = [r for r in rows if r["variant"] == "none"]   # one row per (seed, arm)
+    counts = ", ".join(f"{arm} {sum(r['answers_correct'] for r in once if r['arm'] == arm)}/"
+                       f"{sum(r['answers_wrong'] for r in once if r['arm'] == arm)}" for arm in ARMS)
     lines += ["", f"Well-formed answers, correct/wrong: {counts}. Raw per-seed figures: "
               f"`credit24v9/{record_path(record.get('student', 'start')).name}`; command: `"
               + record["command"] + "`."]

@@ -141,7 +141,7 @@ def center_advantages(adv_N: torch.Tensor, baseline: str, scored_N: torch.Tensor
     units; with one token per unit it equals ``"mean"``. ``"clipped_mean"``: the advantages are
     first clamped to ``[-clip, clip]`` (the caller's advantage clamp), then centred on *their*
     mean: one extreme unit (a wrong answer a sharp teacher scores at -20 nats) moves the baseline
-    by at most ``clip / n``, where under ``"mean"`` it drags the baseline down until wrong answers
+    by at most ``2 clip / n``, where under ``"mean"`` it drags the baseline down until wrong answers
     of moderate score land above it and are reinforced; = ``"mean"`` when ``clip`` is None. The
     caller clamps the centred advantages again. Units outside ``scored_N`` keep their advantage
     (zero)."""
