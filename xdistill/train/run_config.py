@@ -62,8 +62,9 @@ class TrainConfig:
     # debugging: after the checkpoint of this step, exit at once with code 3 (simulates a crash;
     # 0 = never)
     stop_after: int = 0
-    # torch intra-op and aligner (numba) threads of the training process (0 = their defaults:
-    # one per core)
+    # torch intra-op threads of the training process (0 = torch's default: one per core); the
+    # training process always aligns on one thread (numba's parallel kernel would start a second
+    # OpenMP runtime beside torch's; loader worker processes align in parallel)
     num_threads: int = 0
     # large freed host blocks: "reuse" keeps them in the process for the next step (glibc
     # mallopt; no page faults re-touching fresh memory every step; resident memory stays at its
