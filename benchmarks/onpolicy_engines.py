@@ -38,6 +38,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = ("hf", "vllm")
+# --dtype -> the engine's rollout.vllm_dtype (auto: the engine's own default, bfloat16)
+ENGINE_DTYPE = {"float32": "float32", "auto": "bfloat16"}
 
 
 def say(msg: str) -> None:
@@ -50,9 +52,9 @@ def config(backend: str, args, out: Path) -> dict:
     from xdistill.assets.paths import model_dir
 
     rollout = {"backend": backend, "max_new_tokens": args.new, "max_prompt_len": 32, "seed": 0}
-    dtype = "float32" if args.dtype == "float32" else "auto"
+    dtype = args.dtype
     if backend == "vllm":
-        rollout.update(vllm_dtype="float32" if dtype == "float32" else "bfloat16",
+        rollout.update(vllm_dtype=ENGINE_DTYPE[dtype],
                        vllm_kv_cache_gb=1, vllm_enforce_eager=not args.compile)
     return {"student": {"path": str(model_dir("smollm2-135m")), "param_dtype": dtype},
             "student_tokenizer": "smollm2-135m",
@@ -80,7 +82,7 @@ def tiny_config(backend: str, args, out: Path) -> dict:
     if not assets.exists():
         save_tiny_lm(assets / "qwen2", "qwen2", seed=1)
         save_tiny_lm(assets / "gpt2", "gpt2", seed=2)
-    dtype = "float32" if args.dtype == "float32" else "auto"
+    dtype = args.dtype
     overrides = [f"teachers.0.worker.model={assets / 'qwen2'}",
                  f"teachers.1.worker.model={assets / 'gpt2'}",
                  f"teachers.0.worker.dtype={dtype}", f"teachers.1.worker.dtype={dtype}",
@@ -90,7 +92,7 @@ def tiny_config(backend: str, args, out: Path) -> dict:
                  "student.model_config.intermediate_size=128", f"student.param_dtype={dtype}",
                  f"rollout.backend={backend}", "rollout.vllm_kv_cache_gb=0.25",
                  f"rollout.vllm_enforce_eager={str(not args.compile).lower()}",
-                 f"rollout.vllm_dtype={'float32' if dtype == 'float32' else 'bfloat16'}",
+                 f"rollout.vllm_dtype={ENGINE_DTYPE[dtype]}",
                  f"train.steps={args.steps}", "train.tensorboard=false", f"train.out_dir={out}",
                  "train.num_threads=2", "checkpoint.every=0", "checkpoint.export_hf=false",
                  "checkpoint.resume="]
@@ -171,11 +173,11 @@ def report(args, rounds: list[dict], seconds: float) -> str:
     step_x = [r["hf"]["step_s"] / r["vllm"]["step_s"] for r in rounds]
     gen_x = [r["hf"]["gen_s"] / r["vllm"]["gen_s"] for r in rounds]
     what = (f"SmolLM2-135M student ({args.dtype}, 2 threads), Gemma-3-270M teacher ({args.dtype}, "
-            f"k1, byte credit), vLLM engine in {'float32' if args.dtype == 'float32' else 'bfloat16'}, "
+            f"k1, byte credit), vLLM engine in {ENGINE_DTYPE[args.dtype]}, "
             f"{args.batch} prompts x <= {args.new} tokens" if args.recipe == "real" else
             f"`configs/onpolicy_tiny_cpu.yaml` (student hidden size 64, {args.dtype}, 2 threads; "
             f"two tiny teachers; 4 prompts x <= 24 tokens), vLLM engine in "
-            f"{'float32' if args.dtype == 'float32' else 'bfloat16'}")
+            f"{ENGINE_DTYPE[args.dtype]}")
     title = "real pair" if args.recipe == "real" else "tiny recipe"
     lines = [f"# On-policy step, {title}: vLLM rollouts vs HF generate", "",
              f"{cpu_line()}; load average {' / '.join(f'{x:.2f}' for x in os.getloadavg())}; "

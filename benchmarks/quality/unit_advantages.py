@@ -92,19 +92,22 @@ def _clamp(x: float, c: float | None) -> float:
     return x if c is None else max(-c, min(c, x))
 
 
+def _baseline(r: list[float], baseline: str, clamp: float | None) -> tuple[float, float | None]:
+    """(baseline value, pre-clamp of the log-ratios) of ``baseline`` over log-ratios ``r``."""
+    if baseline == "none" or not r:
+        return 0.0, None
+    if baseline == "mean":
+        return statistics.fmean(r), None
+    if baseline == "clipped_mean":
+        return statistics.fmean(_clamp(x, clamp) for x in r), clamp
+    raise ValueError(f"unknown baseline {baseline!r}")
+
+
 def advantages(batch: dict, baseline: str, clamp: float | None) -> list[list[float]]:
     """Per sample, its units' k1 advantages under ``baseline`` then ``clamp`` (the loss's order:
     :func:`xdistill.policy.center_advantages`, then the clamp)."""
     r = [[t - s for s, t in units] for units in batch["units"]]
-    flat = [x for row in r for x in row]
-    if baseline == "none" or not flat:
-        base, pre = 0.0, None
-    elif baseline == "mean":
-        base, pre = statistics.fmean(flat), None
-    elif baseline == "clipped_mean":
-        base, pre = statistics.fmean(_clamp(x, clamp) for x in flat), clamp
-    else:
-        raise ValueError(f"unknown baseline {baseline!r}")
+    base, pre = _baseline([x for row in r for x in row], baseline, clamp)
     return [[_clamp(_clamp(x, pre) - base, clamp) for x in row] for row in r]
 
 
@@ -114,8 +117,7 @@ def summarise(batches: list[dict], baseline: str, clamp: float | None) -> dict:
     ok, wrong, other, base = [], [], [], []
     for batch in batches:
         flat = [t - s for units in batch["units"] for s, t in units]
-        base.append(0.0 if baseline == "none" else statistics.fmean(
-            _clamp(x, clamp if baseline == "clipped_mean" else None) for x in flat))
+        base.append(_baseline(flat, baseline, clamp)[0])
         for text, gold, adv in zip(batch["texts"], batch["golds"], advantages(batch, baseline, clamp)):
             head, dot, _ = text.partition(".")
             if not adv or not (dot and head.strip().isdigit()):
