@@ -423,13 +423,9 @@ def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, 
     count = resolve_count(num_valid, units)
     t_chunk, credit_counters, gaps = None, {}, (float("nan"), float("nan"))
     if _bc.uses_byte_credit(spec.credit, spec.kind, align):
-        align, t_chunk, cstats = _bc.evaluate_byte_credit(
-            spec.kind, spec.stop_advantage, byte_credit, align, stop_BTs, student_logits_BTsV,
-            student_ids_BTs, s_loss_mask_BTs, teacher_logits_BTtV, teacher_ids_BTt,
-            t_loss_mask_BTt, temperature=spec.temperature, chunk_size=chunk_size)
-        credit_counters = {"credit_floor": cstats.teacher_floor}
-        gaps = ((cstats.teacher_gap * cstats.units, cstats.teacher_gap_seg * cstats.units)
-                if cstats.units else (0.0, 0.0))
+        align, t_chunk, credit_counters, gaps = _byte_credit(
+            spec, byte_credit, align, stop_BTs, student_logits_BTsV, student_ids_BTs,
+            s_loss_mask_BTs, teacher_logits_BTtV, teacher_ids_BTt, t_loss_mask_BTt, chunk_size)
     kw = dict(align=align, t_loss_mask_BTt=t_loss_mask_BTt, sample_weight_B=sample_weight_B,
               count=count, chunk_size=chunk_size)
     if spec.kind in KINDS_2026:
@@ -443,14 +439,12 @@ def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, 
             shared_t_idx_N=shared_t_idx_N, tables=tables, temperature=spec.temperature,
             count=count, chunk_size=chunk_size, teacher_chunk_logp_BC=t_chunk,
             teacher_ids_BTt=teacher_ids_BTt, long_tables=long_tables)
-        out = OnPolicyLossOutput(loss, units, {**counters, **credit_counters})
+        out = OnPolicyLossOutput(loss, units, counters)
     elif spec.kind in SAMPLED_LOSSES:
         zero = stop_BTs if spec.stop_advantage == "zero" else None
         out = _sampled(spec, student_logits_BTsV, student_ids_BTs, s_loss_mask_BTs,
                        teacher_token_logp_BTt, teacher_logits_BTtV, teacher_ids_BTt, zero,
                        t_chunk, **kw)
-        out = OnPolicyLossOutput(out.loss, out.units, {**out.counters, **credit_counters},
-                                 out.mean_logratio)
     else:
         teacher = {"logits_BTtV": teacher_logits_BTtV, "topk_logp_BTtK": topk_logp_BTtK,
                    "topk_idx_BTtK": topk_idx_BTtK, "tail": tail_logmass_BTt,
@@ -458,17 +452,34 @@ def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, 
                    "shared_s_idx_N": shared_s_idx_N, "shared_t_idx_N": shared_t_idx_N}
         out = OnPolicyLossOutput(_onfull.full_loss(spec, student_logits_BTsV, s_loss_mask_BTs,
                                                    teacher, **kw), 0, {})
-    if align is None or count_unpaired(spec, s_loss_mask_BTs, unpaired_BTs) == 0:
-        counters = {**out.counters, "unpaired": 0} if align is not None else out.counters
-        return OnPolicyLossOutput(out.loss, units, counters, out.mean_logratio, *gaps)
+    loss, counters = out.loss, {**out.counters, **credit_counters}
+    if align is not None:
+        pen, n = _unpaired_term(spec, student_logits_BTsV, student_ids_BTs, s_loss_mask_BTs,
+                                unpaired_BTs, sample_weight_B, chunk_size)
+        loss, counters = (loss + pen / count if n else loss), {**counters, "unpaired": n}
+    return OnPolicyLossOutput(loss, units, counters, out.mean_logratio, *gaps)
+
+
+def _byte_credit(spec, byte_credit, align, stop_BTs, s_logits, s_ids, s_mask, t_logits, t_ids,
+                 t_mask, chunk_size):
+    """Byte-level credit: (re-cut alignment, teacher chunk log-probs, counters, summed gaps)."""
+    align, t_chunk, cstats = _bc.evaluate_byte_credit(
+        spec.kind, spec.stop_advantage, byte_credit, align, stop_BTs, s_logits, s_ids, s_mask,
+        t_logits, t_ids, t_mask, temperature=spec.temperature, chunk_size=chunk_size)
+    gaps = ((cstats.teacher_gap * cstats.units, cstats.teacher_gap_seg * cstats.units)
+            if cstats.units else (0.0, 0.0))
+    return align, t_chunk, {"credit_floor": cstats.teacher_floor}, gaps
+
+
+def _unpaired_term(spec, s_logits, s_ids, s_mask, unpaired_BTs, sample_weight_B, chunk_size):
+    """(summed penalty, count) of the student's unpaired tokens; (0, 0) where there are none."""
+    if count_unpaired(spec, s_mask, unpaired_BTs) == 0:
+        return 0.0, 0
     w_BTs = None
     if sample_weight_B is not None:
-        w_BTs = sample_weight_B.to(student_logits_BTsV.device, torch.float32)[:, None]
-    pen, n = unpaired_penalty(spec, student_logits_BTsV, student_ids_BTs, s_loss_mask_BTs,
-                              unpaired_BTs,
-                              chunk_size=chunk_size, weight_BTs=w_BTs)
-    return OnPolicyLossOutput(out.loss + pen / count, units, {**out.counters, "unpaired": n},
-                              out.mean_logratio, *gaps)
+        w_BTs = sample_weight_B.to(s_logits.device, torch.float32)[:, None]
+    return unpaired_penalty(spec, s_logits, s_ids, s_mask, unpaired_BTs, chunk_size=chunk_size,
+                            weight_BTs=w_BTs)
 
 
 def _sampled(spec, s_logits, s_ids, s_mask, t_token_logp, t_logits, t_ids, zero_BTs, t_chunk,
