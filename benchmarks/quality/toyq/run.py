@@ -207,50 +207,58 @@ def _run_short(args) -> int:
     return 0
 
 
+def _arg_error(args, arms: list[str]) -> str:
+    """What is wrong with ``--arms`` / ``--arm-lr`` / the split options ("" when nothing)."""
+    from toyq.continued import CONT_ARMS
+
+    unknown = [a for a in arms if a not in ARMS + CONT_ARMS]
+    if unknown:
+        return f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS + CONT_ARMS)}"
+    stray = [a for a, _ in args.arm_lr if a not in arms or a not in CONT_ARMS]
+    if stray:
+        return f"--arm-lr names {', '.join(stray)}, not a continuation arm of --arms"
+    if (args.n_valid or args.eval_split == "valid") and not (args.twin_free and args.n_valid):
+        return "--n-valid and --eval-split valid need --twin-free and --n-valid > 0"
+    return ""
+
+
+def _unlabeled(args, prep) -> list | None:
+    """The unlabeled training prompts scored by ``--eval-split unlabeled*`` (None for another
+    split); an empty list when every training problem is labeled."""
+    if not args.eval_split.startswith("unlabeled"):
+        return None
+    pool = (unlabeled_pairs(prep.task) if args.eval_split == "unlabeled"
+            else unlabeled_halves(prep.task)[args.eval_split])
+    return pool.tolist()
+
+
 def _run(args, shown: list[str]) -> int:
     from toyq.harness import uncommon_answer_fraction
     from toyq.prepare import prepare_all
-    from toyq.report import (plot_curves, plot_summary, render,
-                                         write_results_json)
+    from toyq.report import render, write_results_json
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     t0 = time.perf_counter()
     load_start = os.getloadavg()
     out = Path(args.out)
-    from toyq.continued import CONT_ARMS
-
     arms = [a for a in args.arms.split(",") if a]
-    unknown = [a for a in arms if a not in ARMS + CONT_ARMS]
-    if unknown:
-        print(f"error: unknown arm(s) {', '.join(unknown)}; choose from "
-              f"{', '.join(ARMS + CONT_ARMS)}", file=sys.stderr)
-        return 2
-    stray = [a for a, _ in args.arm_lr if a not in arms or a not in CONT_ARMS]
-    if stray:
-        print(f"error: --arm-lr names {', '.join(stray)}, not a continuation arm of --arms",
-              file=sys.stderr)
+    error = _arg_error(args, arms)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     seeds = [int(s) for s in args.seeds.split(",") if s]
     need = teachers_needed(arms)
     watch = Watch(stall_s=args.stall_s)
     base = PrepConfig()
-    if (args.n_valid or args.eval_split == "valid") and not (args.twin_free and args.n_valid):
-        print("error: --n-valid and --eval-split valid need --twin-free and --n-valid > 0",
-              file=sys.stderr)
-        return 2
     prep = replace(base, big_steps=args.teacher_steps,
                    task=replace(base.task, answer_noise=args.answer_noise,
                                 twin_free=args.twin_free, n_valid=args.n_valid,
                                 student_pairs=args.student_pairs))
-    unlabeled = None
-    if args.eval_split.startswith("unlabeled"):    # training prompts without a label (4th, 5th)
-        pool = (unlabeled_pairs(prep.task) if args.eval_split == "unlabeled"
-                else unlabeled_halves(prep.task)[args.eval_split])
-        unlabeled = pool.tolist()
-        if not unlabeled:
-            print(f"error: --eval-split {args.eval_split} needs --student-pairs below the "
-                  "training problems (every training problem is labeled)", file=sys.stderr)
-            return 2
+    unlabeled = _unlabeled(args, prep)    # training prompts without a label (4th, 5th)
+    if unlabeled == []:
+        print(f"error: --eval-split {args.eval_split} needs --student-pairs below the "
+              "training problems (every training problem is labeled)", file=sys.stderr)
+        return 2
     assets = prepare_all(args.cache or out / "prepared", prep, teachers=need, watch=watch)
     assets = {**assets, "eval_split": args.eval_split}
     if unlabeled is not None:
@@ -273,17 +281,22 @@ def _run(args, shown: list[str]) -> int:
     write_results_json(result, out / "results.json")
     print(render(result, meta))
     if not args.no_report:
-        report_dir = Path(args.report_dir or out)
-        report_dir.mkdir(parents=True, exist_ok=True)
-        suffix = f"_{args.tag}" if args.tag else ""
-        plot_summary(result["summary"], report_dir / f"accuracy_bpb{suffix}.png")
-        plot_curves(out, arms, seeds, report_dir / f"curves{suffix}.png")
-        update_results_md(render(result, meta), report_dir / "RESULTS.md", tag=args.tag)
+        _report(result, meta, out, arms, seeds, Path(args.report_dir or out), args.tag)
     failed = [r for r in result["runs"] if "error" in r]
     for r in failed:
         print(f"FAILED {r['arm']} seed {r['seed']}: {r['error']}", file=sys.stderr)
     return 1 if failed else 0
 
+
+def _report(result, meta, out: Path, arms, seeds, report_dir: Path, tag: str) -> None:
+    """The plots and the RESULTS.md block of one harness run (``--tag``: its own names)."""
+    from toyq.report import plot_curves, plot_summary, render
+
+    report_dir.mkdir(parents=True, exist_ok=True)
+    suffix = f"_{tag}" if tag else ""
+    plot_summary(result["summary"], report_dir / f"accuracy_bpb{suffix}.png")
+    plot_curves(out, arms, seeds, report_dir / f"curves{suffix}.png")
+    update_results_md(render(result, meta), report_dir / "RESULTS.md", tag=tag)
 
 if __name__ == "__main__":
     raise SystemExit(main())
