@@ -1,4 +1,4 @@
-"""Print the one-line-per-file tree of the package for the README (first docstring line per file).
+"""Print the one-line-per-file tree of the package for the README (first docstring sentence per file).
 
     python tools/readme_tree.py            # print the tree
     python tools/readme_tree.py --check    # exit 1 if README.md's tree differs (tests call this)
@@ -14,9 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TOP_LEVEL = {
     "tools/": "offline helpers: fetch_assets.py (test assets from PyPI archives), gpu_check.py (the GPU check), ...",
     "configs/": "run configs (YAML), loaded strictly; `xdistill config show offpolicy`",
-    "examples/": "one runnable script per config",
+    "examples/": "runnable scripts: the tiny off-policy and on-policy recipes, the GPU off-policy recipe",
     "tests/": "mirrors the package; plain `pytest` is CPU-only (gpu/multigpu/slow markers)",
-    "benchmarks/": "speed figures vs same-process references (RESULTS.md); quality/ (toy harness, toyq/), real/ (real pair)",
+    "benchmarks/": "speed figures vs same-process references (RESULTS.md, results/); quality/ (toy harness, toyq/), real/ (real pair)",
 }
 BEGIN, END = "<!-- tree:begin -->", "<!-- tree:end -->"
 
@@ -26,8 +26,20 @@ def first_line(path: Path) -> str:
         doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
     except SyntaxError:
         doc = ""
-    line = doc.strip().splitlines()[0] if doc.strip() else ""
-    return line.rstrip(".")
+    return first_sentence(doc)
+
+
+def first_sentence(doc: str) -> str:
+    """The docstring's first sentence, its lines joined (a sentence may wrap), without the
+    closing full stop. A sentence ends at a full stop followed by a capital ("vs. by",
+    "e.g. the", "IN... -o" do not end one)."""
+    para = " ".join(line.strip() for line in doc.strip().split("\n\n")[0].splitlines())
+    words = para.split(" ")
+    for i, word in enumerate(words[:-1]):
+        if word.endswith(".") and words[i + 1][:1].isupper():
+            words = words[:i + 1]
+            break
+    return " ".join(words).rstrip(".")
 
 
 def tree() -> str:

@@ -1,5 +1,7 @@
-"""The pieces of the real-pair demo: texts, the adapted teacher and the projection (both cached),
-held-out bits per byte, a greedy continuation, and one arm's training run.
+"""The pieces of the real-pair demo: texts, teacher, projection, scoring and one arm's training run.
+
+The adapted teacher and the projection are cached; each arm is scored by held-out bits per byte
+and shows a greedy continuation.
 
 Every training run is the product's trainer in this process (``core.build`` with
 :class:`~xdistill.train.offpolicy.OffPolicyMode`, then ``core.train_step`` per step), as
@@ -63,7 +65,7 @@ def texts(slice_kb: int) -> dict[str, list[str]]:
 
 
 def prepare_texts(root: Path, slice_kb: int) -> dict:
-    """Arrow folders of the three texts under ``root/data`` (prepared once), their KB, a digest of
+    """Arrow folders of the three texts under ``root/data`` (prepared once), their text KB, a digest of
     the domain text, and the sample prompt."""
     out = {}
     for name, docs in texts(slice_kb).items():
@@ -74,7 +76,9 @@ def prepare_texts(root: Path, slice_kb: int) -> dict:
             raw.parent.mkdir(parents=True, exist_ok=True)
             raw.write_text(body, encoding="utf-8")
         prepare([raw], root / "data" / key, progress=False, overwrite=True)
-        out[name], out[f"{name}_kb"] = str(root / "data" / key), len(body.encode()) / 1024
+        # the text's own size (what ``slice_kb`` asks for), not its JSONL file's
+        out[name] = str(root / "data" / key)
+        out[f"{name}_kb"] = sum(len(d.encode()) for d in docs) / 1024
         out[f"{name}_sha"] = digest(docs)
         if name == "heldout":
             out["prompt"] = "\n".join(docs[PROMPT_PASSAGE].splitlines()[:PROMPT_LINES]) + "\n"

@@ -1,5 +1,6 @@
-"""Compare real tokenizer pairs: vocabulary overlap by bytes vs. by raw strings, and how each pair
-tokenizes a bundled paragraph (token counts, aligned chunks, exact 1:1 pairs, coverage).
+"""Compare real tokenizer pairs: vocabulary overlap by bytes and by raw strings, and alignment.
+
+Each pair tokenizes a bundled paragraph: token counts, aligned chunks, exact 1:1 pairs, coverage.
 
 Raw-string overlap compares the tokenizers' own vocabulary strings (``Ġhello`` vs ``▁hello`` never
 match); byte overlap compares the bytes each token contributes to the text (both are `` hello``).

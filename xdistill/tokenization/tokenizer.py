@@ -1,5 +1,6 @@
-"""The :class:`Tokenizer` wrapper: an HF fast tokenizer plus its token-bytes table, roles,
-lossy flag and fingerprint, and encoding with byte offsets.
+"""The :class:`Tokenizer` wrapper: an HF fast tokenizer plus its token-bytes table and fingerprint.
+
+It also carries the special-token roles and the lossy flag, and encodes with byte offsets.
 
 Legend: ``V`` vocabulary size (covers every id the tokenizer can produce), ``T`` tokens.
 """

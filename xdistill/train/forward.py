@@ -1,6 +1,7 @@
-"""One micro-batch through the teachers and the student: the forward / loss / backward skeleton
-both training modes share (off-policy :func:`xdistill.train.step.micro_step`, on-policy
-:func:`xdistill.train.onpolicy_step.scored_step`); a mode supplies only its loss.
+"""One micro-batch through the teachers and the student: the skeleton both training modes share.
+
+Forward, loss and backward for off-policy :func:`xdistill.train.step.micro_step` and on-policy
+:func:`xdistill.train.onpolicy_step.scored_step`; a mode supplies only its loss.
 
 Order (:func:`teachers_and_student`):
 

@@ -1,6 +1,7 @@
-"""Run bookkeeping around the loop: one live run per ``out_dir``, a clean stop on SIGTERM or
-Ctrl-C, logs without replayed steps after a resume, and one-line errors for a full disk or an
-unwritable ``out_dir``.
+"""Run bookkeeping around the loop: the run lock, clean stops, resumed logs, one-line disk errors.
+
+One live run per ``out_dir``, a clean stop on SIGTERM or Ctrl-C, logs without replayed steps
+after a resume, and one-line errors for a full disk or an unwritable ``out_dir``.
 
 * :func:`acquire_run_lock` (rank 0): ``<out_dir>/.lock`` held with ``flock`` for the run's life.
   A second live run on the same ``out_dir`` would interleave ``metrics.jsonl`` and overwrite the
