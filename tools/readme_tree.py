@@ -1,4 +1,5 @@
-"""Print the one-line-per-file tree of the package for the README (first docstring sentence per file).
+"""Print the one-line-per-file tree of the package for the README (each file's first docstring
+sentence).
 
     python tools/readme_tree.py            # print the tree
     python tools/readme_tree.py --check    # exit 1 if README.md's tree differs (tests call this)
@@ -21,7 +22,7 @@ TOP_LEVEL = {
 BEGIN, END = "<!-- tree:begin -->", "<!-- tree:end -->"
 
 
-def first_line(path: Path) -> str:
+def summary(path: Path) -> str:
     try:
         doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
     except SyntaxError:
@@ -49,7 +50,7 @@ def tree() -> str:
     width = max(len(str(p.relative_to(ROOT))) for p in files) + 2
     for path in files:
         rel = str(path.relative_to(ROOT))
-        lines.append(f"{rel:<{width}}# {first_line(path)}")
+        lines.append(f"{rel:<{width}}# {summary(path)}")
     for name, text in TOP_LEVEL.items():
         if (ROOT / name).exists():
             lines.append(f"{name:<{width}}# {text}")

@@ -24,8 +24,8 @@ from toyq.stats import paired, penalty, penalty_interval
 
 HERE = Path(__file__).resolve().parent
 CROSS, SAME, BASE = "op_k1_byte_mean_clip", "op_k1_same_mean_clip", "cont_ce"
-SOURCES = ("credit24v7", "credit24v8", "credit24v9", "credit24v10")  # the protocols that ran CROSS with SAME on
-# fresh seeds
+# the protocols that ran CROSS with SAME on fresh seeds
+SOURCES = ("credit24v7", "credit24v8", "credit24v9", "credit24v10")
 
 
 def gains(confirm: Path) -> list[tuple[int, float, float]]:

@@ -56,17 +56,22 @@ def check_assets() -> None:
                          "(python tools/fetch_assets.py)")
 
 
+def text_kb(docs: list[str]) -> float:
+    """The UTF-8 size of ``docs`` in KB (what ``slice_kb`` measures; not a JSONL file's size)."""
+    return sum(len(d.encode()) for d in docs) / 1024
+
+
 def texts(slice_kb: int) -> dict[str, list[str]]:
     """``domain`` (every play but the held-out one), ``slice`` (every n-th domain passage,
     ``slice_kb`` KB), ``heldout`` (*The Tempest*)."""
     domain = [p for play in PLAYS if play != HELD_OUT for p in passages(plays=[play])]
-    every = max(1, round(sum(len(p.encode()) for p in domain) / (slice_kb * 1024)))
+    every = max(1, round(text_kb(domain) / slice_kb))
     return {"domain": domain, "slice": domain[::every], "heldout": passages(plays=[HELD_OUT])}
 
 
 def prepare_texts(root: Path, slice_kb: int) -> dict:
-    """Arrow folders of the three texts under ``root/data`` (prepared once), their text KB, a digest of
-    the domain text, and the sample prompt."""
+    """Arrow folders of the three texts under ``root/data`` (prepared once), their text KB, a
+    digest of the domain text, and the sample prompt."""
     out = {}
     for name, docs in texts(slice_kb).items():
         key = f"slice_{slice_kb}kb" if name == "slice" else name
@@ -76,9 +81,7 @@ def prepare_texts(root: Path, slice_kb: int) -> dict:
             raw.parent.mkdir(parents=True, exist_ok=True)
             raw.write_text(body, encoding="utf-8")
         prepare([raw], root / "data" / key, progress=False, overwrite=True)
-        # the text's own size (what ``slice_kb`` asks for), not its JSONL file's
-        out[name] = str(root / "data" / key)
-        out[f"{name}_kb"] = sum(len(d.encode()) for d in docs) / 1024
+        out[name], out[f"{name}_kb"] = str(root / "data" / key), text_kb(docs)
         out[f"{name}_sha"] = digest(docs)
         if name == "heldout":
             out["prompt"] = "\n".join(docs[PROMPT_PASSAGE].splitlines()[:PROMPT_LINES]) + "\n"
