@@ -31,9 +31,31 @@ print(json.dumps({"chosen": chosen, "faults": rounds()}))
 """
 
 
-def _probe(policy: str, device: str = "cpu") -> dict:
+# one malloc'd block above 2 GiB (the on-policy teacher's full logits for 32 rollouts are 2.9 GB),
+# written and freed 3 times; plain malloc, so that only the trim threshold decides (torch's
+# 64-byte-aligned blocks add glibc's memalign fragmentation, module doc of host_memory)
+BIG = """
+import ctypes, json, resource
+from xdistill.host_memory import apply_host_allocator
+chosen = apply_host_allocator("reuse", "cpu")
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+n = 2304 << 20
+faults = []
+for _ in range(3):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    p = libc.malloc(ctypes.c_size_t(n))
+    ctypes.memset(p, 1, n)
+    libc.free(ctypes.c_void_p(p))
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps({"chosen": chosen, "faults": faults}))
+"""
+
+
+def _probe(policy: str, device: str = "cpu", *, code: str = PROBE) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="2")
-    out = subprocess.run([sys.executable, "-c", PROBE, policy, device], env=env, check=True,
+    out = subprocess.run([sys.executable, "-c", code, policy, device],
+                         env=env, check=True,
                          capture_output=True, text=True, timeout=300).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -45,6 +67,17 @@ def test_reuse_stops_the_page_faults_of_fresh_large_blocks():
     # 10 x 241 MiB of fresh pages: 600k faults of 4 KiB (fewer with transparent huge pages)
     assert system["faults"] > 5_000
     assert reuse["faults"] < system["faults"] / 20
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_reuse_keeps_a_freed_block_larger_than_2_gib():
+    """A 2.25 GiB block freed at the top of the heap stays for the next round: a trim threshold
+    of 2 GiB (the largest positive value mallopt takes) gave it back every time, and each round
+    page-faulted all 590k pages in again."""
+    reuse = _probe("reuse", code=BIG)
+    assert reuse["chosen"] == "reuse"
+    assert reuse["faults"][0] > 500_000, reuse   # the first round touches fresh pages
+    assert max(reuse["faults"][1:]) < 5_000, reuse
 
 
 def test_auto_is_reuse_on_cpu_and_system_on_cuda():
