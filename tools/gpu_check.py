@@ -27,8 +27,9 @@ heartbeat every 10 s; results are written after every part, so a kill keeps what
              rounds (``--cpu-repeats``); on a CPU with AMX-BF16 this is the bf16 speed-up the
              2-core development machines (no AMX) cannot show.
 5. ``profile`` (only when asked: ``--parts profile``) ``benchmarks/real/profile_step.py
-             --random-init``: the same step's ops under torch.profiler, float32 and auto, on the
-             same 2 cores: which ops the bf16 step still spends its time in.
+             --random-init``: the same step's ops under torch.profiler, float32 and auto
+             (``--profile-variants``), on the same 2 cores: which ops the bf16 step still
+             spends its time in.
 
 Writes ``gpu_check.json`` and ``gpu_check.md`` (plus ``tests.log``, ``junit.xml``, ``step.log``,
 ``step.md``: six files; the cpu and profile parts add ``cpu.log``, ``cpu_step.md``,
@@ -333,7 +334,7 @@ def part_commands(args, out: Path, work: Path, left_s: float) -> dict[str, list[
     cpu = [py, str(REPO / "benchmarks" / "real" / "step.py"), "--random-init", "--variants",
            args.cpu_variants, "--repeats", str(args.cpu_repeats), "--out", str(out / "cpu_step.md")]
     profile = [py, str(REPO / "benchmarks" / "real" / "profile_step.py"), "--random-init",
-               "--variants", "float32,auto", "--out", str(out / "profile_step.md")]
+               "--variants", args.profile_variants, "--out", str(out / "profile_step.md")]
     if args.bundle and (Path(args.bundle) / CPU_PROJECTION).is_file():
         cpu += ["--projection", str(Path(args.bundle) / CPU_PROJECTION)]
         profile += ["--projection", str(Path(args.bundle) / CPU_PROJECTION)]
@@ -427,6 +428,9 @@ def main(argv=None) -> int:
                     default="support,support_auto,support@passive,support_auto@passive",
                     help="benchmarks/real/step.py variants of the cpu part")
     ap.add_argument("--cpu-repeats", type=int, default=2, help="rounds of the cpu part")
+    ap.add_argument("--profile-variants", default="float32,auto",
+                    help="benchmarks/real/profile_step.py variants of the profile part "
+                         "(e.g. support,support_auto: the real config's teacher output)")
     ap.add_argument("--tests-k", default="",
                     help="pytest -k expression for the tests part (e.g. rerun what a lease missed)")
     ap.add_argument("--tests-limit-s", type=float, default=0.0,
