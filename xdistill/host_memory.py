@@ -29,7 +29,9 @@ whose neighbour is still in use is then too small for the next block of the same
 comes from fresh heap: a loop that allocates, fills and frees one 256 MiB tensor grows resident
 memory by 256 MiB per round under ``reuse`` (not under ``system``). A training step frees many
 blocks together, which merge; in a batch-32 on-policy run of the real pair the peak resident
-memory was 11,867 MB after step 2 and 11,868 MB after step 3. The 96 spare bytes are freed
+memory was 11,867 MB after step 2 and 11,868 MB after step 3, and a real-pair multi-teacher
+run's (off-policy, 4 x 64 tokens) resident memory was 5,666 MB at step 10 and 5,695 MB at step
+38. The 96 spare bytes are freed
 into glibc's per-thread cache, which never merges them back: with that cache off
 (``GLIBC_TUNABLES=glibc.malloc.tcache_count=0`` in the environment of the process, read at its
 start) the same loop's resident memory stays flat, measured. If resident memory grows step after
