@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 import torch
 
 from rollout_helpers import recomputed_logprobs, tiny_llama
+from xdistill.config import from_dict
 from xdistill.errors import ConfigError
 from xdistill.rollout import (HFGenerateEngine, RolloutConfig, SamplingParams, build_engine,
                               sampling_for_step)
@@ -89,3 +91,28 @@ def test_config_validation_and_vllm_gate(setup):
     if importlib.util.find_spec("vllm") is None:
         with pytest.raises(ConfigError, match="vllm cannot be imported.*make vllm-env"):
             build_engine(RolloutConfig(backend="vllm"), model, tok)
+
+
+def test_vllm_worker_threads_bound_to_every_usable_core_on_cpu(monkeypatch):
+    """``rollout.vllm_cpu_threads: all`` binds vLLM's worker to every core this process may use
+    (vLLM's own binding reserves one for its scheduler); the environment variable, the ``vllm``
+    setting and a GPU host leave vLLM's choice alone. No engine starts here (vLLM itself is not
+    needed: the CPU check is patched); ``make test-vllm`` starts real engines with the binding."""
+    from xdistill.rollout import vllm_engine
+
+    var = "VLLM_CPU_OMP_THREADS_BIND"
+    monkeypatch.setenv(var, "unset")   # restored after the test
+    monkeypatch.delenv(var)
+    monkeypatch.setattr(vllm_engine, "_on_cpu", lambda: True)
+    assert vllm_engine.bind_cpu_threads(RolloutConfig(vllm_cpu_threads="vllm")) is None
+    assert var not in os.environ
+    cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+    assert vllm_engine.bind_cpu_threads(RolloutConfig()) == cores
+    assert os.environ[var] == cores
+    monkeypatch.setenv(var, "0")       # the user's own binding wins
+    assert vllm_engine.bind_cpu_threads(RolloutConfig()) is None and os.environ[var] == "0"
+    monkeypatch.delenv(var)
+    monkeypatch.setattr(vllm_engine, "_on_cpu", lambda: False)
+    assert vllm_engine.bind_cpu_threads(RolloutConfig()) is None and var not in os.environ
+    with pytest.raises(ConfigError, match="vllm_cpu_threads"):
+        from_dict(RolloutConfig, {"vllm_cpu_threads": "half"})

@@ -74,6 +74,11 @@ class RolloutConfig:
     vllm_dtype: str = "bfloat16"
     # vllm only: skip torch.compile and CUDA graphs (quicker start; on a GPU slower decoding)
     vllm_enforce_eager: bool = True
+    # vllm on a CPU host only: "all" binds the engine worker's threads to every core this process
+    # may use (the trainer waits while the engine samples); "vllm" keeps vLLM's own binding, which
+    # reserves a core for its scheduler process (on 2 cores the worker then samples on one).
+    # VLLM_CPU_OMP_THREADS_BIND set in the environment wins over both
+    vllm_cpu_threads: Literal["all", "vllm"] = "all"
 
     def __post_init__(self):
         if self.temperature <= 0:

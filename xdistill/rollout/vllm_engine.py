@@ -14,7 +14,10 @@ its V1 engine, whose model lives in a worker process behind an engine-core proce
   when unset, on a GPU vLLM's sizing from ``vllm_gpu_memory_utilization``). The environment
   variable ``VLLM_CPU_KVCACHE_SPACE`` (GiB), when set, overrides it (vLLM's legacy setting).
   Worker processes are spawned, not forked (``VLLM_WORKER_MULTIPROC_METHOD=spawn`` unless set):
-  a forked copy of a trainer that already ran OpenMP regions can hang.
+  a forked copy of a trainer that already ran OpenMP regions can hang. On a CPU host the
+  worker's threads are bound to every core the trainer may use (``rollout.vllm_cpu_threads:
+  all``, :func:`bind_cpu_threads`): vLLM's own binding reserves a core for its scheduler, which
+  on the 2-core development VM left one core to sample on while the trainer's sat idle.
 * **Behaviour log-probs**: ``logprobs_mode="processed_logprobs"``, ``logprobs=0``: the log-prob
   of each sampled token under the distribution it was drawn from (after temperature and top-p,
   renormalised), the definition of :mod:`xdistill.rollout.engine`. Each prompt gets its own
@@ -140,6 +143,19 @@ def _on_cpu() -> bool:
     return bool(current_platform.is_cpu())
 
 
+def bind_cpu_threads(config: RolloutConfig) -> str | None:
+    """On a CPU host with ``rollout.vllm_cpu_threads: all`` (and no ``VLLM_CPU_OMP_THREADS_BIND``
+    in the environment), bind the engine worker's threads to every core this process may use;
+    returns the binding set, or None where vLLM's own applies."""
+    if config.vllm_cpu_threads != "all" or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return None
+    if not _on_cpu():
+        return None
+    cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cores  # read by vLLM when the engine starts
+    return cores
+
+
 def check_head_size(model_dir: str) -> None:
     """On a CPU host, a one-line error when vLLM's CPU attention cannot run the model's head
     size (it supports 32, 64, 80, ...; a tiny test model's 8 is not among them)."""
@@ -187,6 +203,7 @@ class VLLMEngine(RolloutEngine):
                 tmp = tempfile.mkdtemp(prefix="xdistill-vllm-init-")
                 model_dir = str(export_hf(getattr(model, "_model", model), tmp, overwrite=True))
             check_head_size(model_dir)
+            bind_cpu_threads(self.config)
             return vllm.LLM(**engine_kwargs(self.config, model_dir))
         finally:
             if tmp is not None:
