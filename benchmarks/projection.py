@@ -31,11 +31,9 @@ CORPUS_TEXTS = 2000
 
 
 def _rss_now_mb() -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+    from xdistill.metrics import rss_mb
+    now = rss_mb()
+    return float("nan") if now is None else now
 
 
 def _python_exact(student, teacher) -> int:

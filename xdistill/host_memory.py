@@ -35,7 +35,8 @@ run's (off-policy, 4 x 64 tokens) resident memory was 5,666 MB at step 10 and 5,
 into glibc's per-thread cache, which never merges them back: with that cache off
 (``GLIBC_TUNABLES=glibc.malloc.tcache_count=0`` in the environment of the process, read at its
 start) the same loop's resident memory stays flat, measured. If resident memory grows step after
-step, start the run with that variable or set ``train.host_allocator: system``.
+step (``rss_mb`` in ``metrics.jsonl``), start the run with that variable or set
+``train.host_allocator: system``.
 """
 
 from __future__ import annotations

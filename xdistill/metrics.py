@@ -108,6 +108,18 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
+def _proc_status_mb(field: str) -> float | None:
+    """A ``kB`` field of ``/proc/self/status`` in MiB; None where ``/proc`` is missing."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
 def peak_rss_mb() -> float:
     """This process's peak resident set size in MiB (``VmHWM``).
 
@@ -115,15 +127,16 @@ def peak_rss_mb() -> float:
     child started from a large process (pytest late in a suite) reports the parent's figure.
     Falls back to ``ru_maxrss`` where ``/proc`` is missing.
     """
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-
+    peak = _proc_status_mb("VmHWM")
+    if peak is not None:
+        return peak
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_mb() -> float | None:
+    """This process's resident set size now, in MiB (``VmRSS``); None where ``/proc`` is
+    missing (no portable current figure: ``ru_maxrss`` is the peak)."""
+    return _proc_status_mb("VmRSS")
 
 
 def drop_records_after(path: str | Path, step: int) -> int:

@@ -14,10 +14,10 @@ import torch
 
 from quality_helpers import TINY_ARMS
 
-# metrics that measure wall time, not what was trained
 pytestmark = pytest.mark.integration  # starts processes
 
-TIMING = ("time", "step_s", "tok_per_s")
+# metrics that measure the machine (wall time, resident memory), not what was trained
+TIMING = ("time", "step_s", "tok_per_s", "rss_mb")
 
 
 def _train(assets, out: Path, threads: int) -> tuple[list[dict], dict]:

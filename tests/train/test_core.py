@@ -192,6 +192,8 @@ def test_reduced_metrics_stay_typed_until_flattened():
                           "units/ok", "units/bad", "ok/mean_logratio", "bad/mean_logratio",
                           "grad_norm", "step_s", "skipped", "time/data"]
     assert flat["skipped"] == 1.0 and flat["units/ok"] == 2
+    with_rss = StepReport(reduced, 0.1, 2.0, 4.0, True, {"data": 1.0}, rss_mb=512.0).flat()
+    assert list(with_rss)[-2:] == ["rss_mb", "time/data"] and with_rss["rss_mb"] == 512.0
     with pytest.raises(ValueError, match="two different reductions"):
         m.mean(Metric("loss", "ok"), 1.0)   # the key of the loss term, as a statistic
 

@@ -21,7 +21,7 @@ from xdistill.metrics import read_metrics
 OFFPOLICY_STEP = [
     "ce", "cross/loss", "forward_tokens", "loss", "same/loss", "tokens", "cross/coverage",
     "cross/weight", "same/coverage", "same/weight", "units/ce", "units/cross", "units/same",
-    "lr", "grad_norm", "step_s", "skipped", "tok_per_s", "time/data", "time/transport",
+    "lr", "grad_norm", "step_s", "skipped", "tok_per_s", "rss_mb", "time/data", "time/transport",
     "time/teacher", "time/student", "time/loss", "time/optim"]
 OFFPOLICY_EVAL = [
     "eval/loss", "eval/bpb", "eval/tokens", "eval/bytes", "eval/cross/coverage",
@@ -37,12 +37,12 @@ ONPOLICY_STEP = [
     "same/unaligned_frac", "same/weight", "stop_fraction", "tool_token_ratio", "units/cross",
     "units/same", "same/mean_logratio", "cross/mean_logratio", "cross/credit_gap",
     "cross/credit_gap_seg", "lr",
-    "grad_norm", "step_s", "skipped", "tok_per_s", "time/data", "time/generation", "time/score",
+    "grad_norm", "step_s", "skipped", "tok_per_s", "rss_mb", "time/data", "time/generation", "time/score",
     "time/transport", "time/teacher", "time/student", "time/loss", "time/optim"]
 ONPOLICY_MIX_STEP = [
     "ce", "cross/loss", "loss", "same/loss", "tokens", "cross/coverage", "cross/weight",
     "offpolicy", "same/coverage", "same/weight", "units/ce", "units/cross", "units/same", "lr",
-    "grad_norm", "step_s", "skipped", "tok_per_s", "time/data", "time/transport",
+    "grad_norm", "step_s", "skipped", "tok_per_s", "rss_mb", "time/data", "time/transport",
     "time/teacher", "time/student", "time/loss", "time/optim"]
 
 

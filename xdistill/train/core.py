@@ -53,7 +53,7 @@ from xdistill.config import to_dict
 from xdistill.errors import TeacherError, XDistillError
 from xdistill.host_memory import HOST_ALLOCATOR_ENV, apply_host_allocator
 from xdistill.log import get_logger, init_logging
-from xdistill.metrics import MetricsWriter
+from xdistill.metrics import MetricsWriter, rss_mb
 from xdistill.student.build import build_student, check_positions, check_vocab, resolve_device
 from xdistill.student.model import export_dtype, export_hf
 from xdistill.train.metrics import (Metric, ReducedMetrics, StepMetrics, StepReport, Timers,
@@ -201,7 +201,8 @@ def step_report(run: Run, step: int) -> StepReport:
     run.mode.after_update(run, step)
     if run.cfg.train.log_samples:
         run.mode.log_samples(run, step, micros)
-    return StepReport(reduced, lr, norm, time.perf_counter() - t0, applied, dict(timers.seconds))
+    return StepReport(reduced, lr, norm, time.perf_counter() - t0, applied, dict(timers.seconds),
+                      rss_mb())
 
 
 def optimizer_step(run: Run, step: int, reduced: ReducedMetrics) -> tuple[float, float, bool]:

@@ -106,7 +106,7 @@ def teacher_coverage(teacher: str) -> Metric:
 
 # the keys :meth:`StepReport.flat` writes besides the recorded metrics (and :func:`time_key`)
 LR_KEY, GRAD_NORM_KEY, STEP_S_KEY = "lr", "grad_norm", "step_s"
-SKIPPED_KEY, TOK_PER_S_KEY = "skipped", "tok_per_s"
+SKIPPED_KEY, TOK_PER_S_KEY, RSS_KEY = "skipped", "tok_per_s", "rss_mb"
 
 
 def time_key(phase: str) -> str:
@@ -248,6 +248,9 @@ class StepReport:
     applied: bool
     # wall-clock seconds per phase (Timers.seconds), in the order the phases first ran
     timers: dict[str, float] = field(default_factory=dict)
+    # this rank's resident host memory in MiB after the step (None: not measurable here); a
+    # figure that grows step after step is the allocator limit host_memory.py describes
+    rss_mb: float | None = None
 
     def flat(self) -> dict[str, float]:
         """The step's metrics as written to the console, ``metrics.jsonl`` and the trackers
@@ -258,6 +261,8 @@ class StepReport:
         tokens = self.metrics.get(TOKENS)
         if tokens is not None:
             out[TOK_PER_S_KEY] = tokens / self.seconds
+        if self.rss_mb is not None:
+            out[RSS_KEY] = self.rss_mb
         out.update({time_key(k): v for k, v in self.timers.items()})
         return out
 
