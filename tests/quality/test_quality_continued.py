@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 import json
+import shutil
 from dataclasses import replace
 
 from quality_helpers import TINY_ARMS
@@ -26,8 +27,14 @@ def test_every_continuation_arm_config_is_valid(assets, tmp_path):
 
     ce = tmp_path / "runs" / "ce" / "seed0" / "export"
     ce.mkdir(parents=True)   # the path only has to exist for validation
-    # the control teacher is not prepared here: any model over the student's tokenizer validates
-    assets = {**assets, "teacher_same_big": assets["teacher_weak"]}
+    # the control teachers are not prepared here: any model over the right tokenizer validates;
+    # the second teachers are copies in other folders, so that the arms' choice shows
+    def copy(name: str) -> dict:
+        shutil.copytree(assets[name]["model"], tmp_path / f"{name}_copy")
+        return {**assets[name], "model": str(tmp_path / f"{name}_copy")}
+
+    assets = {**assets, "teacher_same_big": assets["teacher_weak"],
+              "teacher_same_big_t2": copy("teacher_weak"), "teacher_big_t2": copy("teacher_big")}
     for arm in CONT_ARMS:
         out = tmp_path / "runs" / arm / "seed0"
         d = cont_config(arm, 0, assets, TINY_ARMS, str(out))
@@ -46,8 +53,9 @@ def test_every_continuation_arm_config_is_valid(assets, tmp_path):
             assert cfg.loss.logp_min is None       # no log-prob floor (issue 24)
             same = arm in SAME_ARMS
             assert (cfg.teachers[0].tokenizer == assets["tok_student"]) == same
-            assert (cfg.teachers[0].worker.model == assets["teacher_same_big"]["model"]) == \
-                (same or arm in TWIN_ARMS)
+            teacher = "teacher_same_big" if same or arm in TWIN_ARMS else "teacher_big"
+            teacher += "_t2" if arm.endswith("_t2") else ""
+            assert cfg.teachers[0].worker.model == assets[teacher]["model"], arm
             if arm in TWIN_ARMS:
                 assert cfg.teachers[0].tokenizer == twin_path(assets)
         else:

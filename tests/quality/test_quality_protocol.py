@@ -93,6 +93,24 @@ def test_control_teacher_is_prepared_only_for_the_same_tokenizer_arms():
     assert teacher_size(cfg, "teacher_weak") == (cfg.weak_layers, cfg.weak_hidden, cfg.weak_steps)
 
 
+def test_second_teachers_are_prepared_only_for_their_arms_with_another_seed():
+    from toyq.prepare import SAME_TOKENIZER_TEACHERS, PrepConfig, teacher_seed, teacher_size
+    from toyq.run import teachers_needed
+
+    assert teachers_needed(["cont_ce", "op_k1_byte_mean_clip_t2"]) == ["teacher_big",
+                                                                     "teacher_big_t2"]
+    assert teachers_needed(["op_k1_same_mean_clip_t2"]) == ["teacher_big",
+                                                           "teacher_same_big_t2"]
+    assert not {"teacher_big_t2", "teacher_same_big_t2"} & set(
+        teachers_needed(["op_k1_byte_mean_clip", "op_k1_same_mean_clip"]))
+    cfg = PrepConfig()
+    for name in ("teacher_big_t2", "teacher_same_big_t2"):
+        assert teacher_size(cfg, name) == teacher_size(cfg, "teacher_big")
+        assert teacher_seed(name) == 1 and teacher_seed(name[:-3]) == 0
+    assert "teacher_same_big_t2" in SAME_TOKENIZER_TEACHERS
+    assert "teacher_big_t2" not in SAME_TOKENIZER_TEACHERS
+
+
 def test_corpora_carry_the_validation_split_and_the_harness_scores_the_chosen_one(tmp_path):
     import pytest
 

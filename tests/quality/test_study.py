@@ -339,3 +339,42 @@ def test_tenth_protocol_tests_clipped_mean_against_mean_per_teacher(monkeypatch,
     assert state["penalty"] == pytest.approx(1 - g[C2] / g[A2])
     lo, hi = state["penalties"]["clipped_mean"]["interval"]
     assert lo <= state["penalty"] <= hi
+
+
+def test_eleventh_protocol_reads_the_penalty_over_two_teachers_of_each_tokenizer(monkeypatch,
+                                                                                  tmp_path):
+    """study_v11's fixed rules, the harness replaced by a table: continued CE and four k1 arms
+    (two teachers of each tokenizer) on fresh seeds 130-139 of the test half; the teacher effect
+    within each tokenizer (Holm over two, paired), the penalty over both teachers against the
+    0.2 goal, the four one-teacher-each penalties and the tokenizer effect."""
+    v11 = _load_script(monkeypatch, "study_v11.py")
+    A, A2, C, C2 = v11.SAME, v11.SAME2, v11.CROSS, v11.CROSS2
+    assert v11.ARMS == ("cont_ce", "op_k1_same_mean_clip", "op_k1_same_mean_clip_t2",
+                        "op_k1_byte_mean_clip", "op_k1_byte_mean_clip_t2")
+    base = {"cont_ce": 0.15, A: 0.35, A2: 0.31, C: 0.32, C2: 0.30}
+    # the second same-tokenizer teacher is worse on every seed by 0.04 (+ a little spread)
+    calls = _table_harness(monkeypatch, v11, lambda a, s: base[a] + 0.1 * (s % 3)
+                           + (0.005 * (s % 2) if a == A2 else 0))
+    monkeypatch.setattr(v11, "RECORDS", tmp_path / "records")
+    assert v11.main(["--out", str(tmp_path / "out")]) == 0
+    ((_, arms, seeds, extra),) = calls
+    assert arms == v11.ARMS and seeds == tuple(range(130, 140))
+    assert not set(seeds) & {*range(0, 130)}                # no seed of an earlier protocol
+    assert "unlabeled_test" in extra
+    state = json.loads((tmp_path / "out" / "study.json").read_text())["confirm"]
+    assert set(state["tests"]) == {A, A2, C, C2}
+    effect = state["teacher_effect"]
+    assert effect["same"]["difference"] == pytest.approx(-0.04 + 0.0025)
+    assert effect["same"]["differs_paired"] and effect["same"]["welch_holm"] > 0.05
+    assert effect["cross"]["difference"] == pytest.approx(-0.02)
+    g = state["gains"]
+    both = state["penalties"]["both_teachers"]
+    assert both["penalty"] == pytest.approx(1 - (g[C] + g[C2]) / (g[A] + g[A2]))
+    assert both["met"] == (both["penalty"] <= 0.2) and both["goal"] == 0.2
+    lo, hi = both["interval"]
+    assert lo <= both["penalty"] <= hi
+    pairs = state["penalties"]["one_teacher_each"]
+    assert set(pairs) == {f"{s}/{c}" for s in (A, A2) for c in (C, C2)}
+    assert pairs[f"{A}/{C}"]["penalty"] == pytest.approx(1 - g[C] / g[A])
+    tok = state["tokenizer_effect"]
+    assert tok["difference"] == pytest.approx((g[A] + g[A2] - g[C] - g[C2]) / 2)

@@ -64,6 +64,10 @@ arm                 what continues training the CE checkpoint
                     the wrong answers' extreme log-ratios cannot drag the baseline below
                     moderately wrong answers); ``op_k1_same_cmean_clip`` is its same-tokenizer
                     control
+``<arm>_t2``        ``op_k1_byte_mean_clip_t2`` and ``op_k1_same_mean_clip_t2``: the arm with the
+                    second teacher of its kind (``teacher_big_t2`` / ``teacher_same_big_t2``: the
+                    same settings, data and tokenizer, another training seed), so that a gain's
+                    dependence on *which* teacher is measured next to its tokenizer's
 ==================  =============================================================================
 
 On-policy arms sample ``cont_new_tokens`` tokens per prompt at temperature 1 from the current
@@ -85,7 +89,10 @@ SAME_ARMS = tuple(f"op_{k}_same" for k in ("k1", "k3", "rkl", "strict", "dpca", 
                                                        "op_k1_same_cmean_clip")
 # the same-tokenizer teacher through the cross-tokenizer pipeline (its tokenizer's twin)
 TWIN_ARMS = ("op_k1_twin_byte_mean_clip",)
-CONT_ARMS = CONT_ARMS + SAME_ARMS + TWIN_ARMS
+# arms read by a second teacher of their kind (toyq.prepare.SECOND_TEACHERS)
+SECOND_TEACHER_SUFFIX = "_t2"
+SAME_ARMS = SAME_ARMS + ("op_k1_same_mean_clip_t2",)
+CONT_ARMS = CONT_ARMS + ("op_k1_byte_mean_clip_t2",) + SAME_ARMS + TWIN_ARMS
 ONPOLICY_KIND = {"op_k1": "k1", "op_k3": "k3", "op_rkl": "reverse_kl", "op_strict": "strict_topk",
                  "op_dpca": "dpca", "op_simple": "simple_opd", "op_bpm": "bpm", "op_escd": "escd"}
 for _arm in CONT_ARMS:                       # op_k1_byte_mean_clip, op_k1_same -> op_k1's kind
@@ -149,15 +156,17 @@ def cont_config(arm: str, seed: int, assets: dict, s, out_dir: str) -> dict:
         return base
     kind = ONPOLICY_KIND[arm]
     loss = {"kind": kind, "weight": 1.0, "temperature": 1.0}
+    second = SECOND_TEACHER_SUFFIX if arm.endswith(SECOND_TEACHER_SUFFIX) else ""
     if arm in SAME_ARMS:      # the same-tokenizer control teacher: no projection, identity view
-        cross = _teacher("same", assets["teacher_same_big"]["model"], assets["tok_student"], kind,
-                         s)
+        cross = _teacher("same", assets["teacher_same_big" + second]["model"],
+                         assets["tok_student"], kind, s)
     elif arm in TWIN_ARMS:    # the same model under a twin tokenizer: the cross pipeline
         cross = _teacher("twin", assets["teacher_same_big"]["model"], twin_path(assets), kind, s)
     else:
         if kind == "reverse_kl":
             loss["projection"] = assets["projections"]["multitoken"]
-        cross = _teacher("cross", assets["teacher_big"]["model"], assets["tok_teacher"], kind, s)
+        cross = _teacher("cross", assets["teacher_big" + second]["model"], assets["tok_teacher"],
+                         kind, s)
     cross["loss"] = loss
     cross["worker"]["micro_batch_size"] = cont_prompts(s)
     return {

@@ -9,8 +9,10 @@ hashes the task and the preparation settings, so a second call reuses it.
 Layout under ``<root>/<key>``: ``corpus/*.jsonl`` + prepared ``corpus/{teacher,student,eval_text}``,
 ``tok_teacher/``, ``tok_student/``, ``teacher_big/``, ``teacher_weak/`` and, when an arm asks for
 it, ``teacher_same_big/`` (the same-tokenizer control: the student's tokenizer at the big
-teacher's size and steps) (trainer runs; models in ``export/``), ``proj_multitoken.npz``, ``proj_corpus.npz``, ``assets.json`` (paths, teacher
-accuracies, timings).
+teacher's size and steps) and the second teachers ``teacher_big_t2/``, ``teacher_same_big_t2/``
+(the same settings as ``teacher_big`` / ``teacher_same_big``, training seed 1) (trainer runs;
+models in ``export/``), ``proj_multitoken.npz``, ``proj_corpus.npz``, ``assets.json`` (paths,
+teacher accuracies, timings).
 """
 
 from __future__ import annotations
@@ -97,8 +99,9 @@ def ce_run_config(out: Path, tokenizer: str, data: str, eval_text: str, layers: 
 
 
 def train_teacher(out: Path, tokenizer: str, corpus: dict, layers: int, hidden: int, steps: int,
-                  cfg: PrepConfig, log=say, watch: Watch = Watch()) -> dict:
-    """Train (or reuse) one teacher; returns its folder, held-out accuracy and bpb."""
+                  cfg: PrepConfig, log=say, watch: Watch = Watch(), seed: int = 0) -> dict:
+    """Train (or reuse) one teacher (``seed``: its initialisation and data order); returns its
+    folder, held-out accuracy and bpb."""
     from xdistill.tokenization import load_tokenizer
 
     from toyq.evaluate import SCORING, greedy_accuracy, load_model
@@ -108,7 +111,7 @@ def train_teacher(out: Path, tokenizer: str, corpus: dict, layers: int, hidden: 
         log(f"[prepare] {out.name}: training {steps} steps on {cfg.threads} thread(s) "
             f"(log: {out / 'config.log'})")
         run_config(ce_run_config(out, tokenizer, corpus["teacher"], corpus["eval_text"], layers,
-                                 hidden, steps, cfg), out / "config.yaml", label=out.name,
+                                 hidden, steps, cfg, seed), out / "config.yaml", label=out.name,
                    watch=watch, log=log)
     with SCORING:
         acc = greedy_accuracy(load_model(str(export)), load_tokenizer(str(export)),
@@ -137,14 +140,24 @@ def build_projections(root: Path, tok_s: str, tok_t: str, corpus_jsonl: str) -> 
 
 TEACHERS = ("teacher_big", "teacher_weak")
 # teachers over the student's tokenizer, and each one's (layers, hidden, steps) settings
-SAME_TOKENIZER_TEACHERS = ("teacher_weak", "teacher_same_big")
+SAME_TOKENIZER_TEACHERS = ("teacher_weak", "teacher_same_big", "teacher_same_big_t2")
+# a second teacher of each big kind: the same settings, data and tokenizer, another training seed
+# (initialisation and data order): how much a gain depends on which teacher, not its tokenizer
+SECOND_TEACHERS = {"teacher_big_t2": "teacher_big", "teacher_same_big_t2": "teacher_same_big"}
+SECOND_TEACHER_SEED = 1
+BIG_TEACHERS = ("teacher_big", "teacher_same_big", *SECOND_TEACHERS)
 
 
 def teacher_size(cfg: "PrepConfig", name: str) -> tuple[int, int, int]:
     """(layers, hidden, steps) of a prepared teacher: the big ones share the big settings."""
-    if name in ("teacher_big", "teacher_same_big"):
+    if name in BIG_TEACHERS:
         return cfg.big_layers, cfg.big_hidden, cfg.big_steps
     return cfg.weak_layers, cfg.weak_hidden, cfg.weak_steps
+
+
+def teacher_seed(name: str) -> int:
+    """The training seed of a prepared teacher: 0, or ``SECOND_TEACHER_SEED`` for a second one."""
+    return SECOND_TEACHER_SEED if name in SECOND_TEACHERS else 0
 
 
 def prepare_all(root: str | Path, cfg: PrepConfig = PrepConfig(), log=say,
@@ -174,7 +187,7 @@ def prepare_all(root: str | Path, cfg: PrepConfig = PrepConfig(), log=say,
         layers, hidden, steps = teacher_size(cfg, name)
         t1 = time.perf_counter()
         assets[name] = train_teacher(root / name, tok, assets["corpus"], layers, hidden, steps, cfg,
-                                     log=log, watch=watch)
+                                     log=log, watch=watch, seed=teacher_seed(name))
         assets["timings"][name] = time.perf_counter() - t1
         log(f"[prepare] {name}: held-out accuracy {assets[name]['accuracy']:.3f}, "
             f"bpb {assets[name]['bpb']:.3f} ({assets['timings'][name]:.0f}s)")

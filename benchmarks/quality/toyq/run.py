@@ -171,12 +171,15 @@ def run_phases(assets, arms, seeds, settings, out, jobs, watch) -> dict:
 
 def teachers_needed(arms) -> list[str]:
     """The prepared teachers the ``arms`` read (``ce`` none, ``same_kd`` only the weak one)."""
-    from toyq.continued import CONT_ARMS, SAME_ARMS, TWIN_ARMS
+    from toyq.continued import CONT_ARMS, SAME_ARMS, SECOND_TEACHER_SUFFIX, TWIN_ARMS
 
     arms = set(arms) | ({"pkl_cont"} if set(arms) & set(CONT_ARMS) else set())
+    second = {a for a in CONT_ARMS if a.endswith(SECOND_TEACHER_SUFFIX)}
     need = [t for t, users in (("teacher_big", set(ARMS) - {"ce", "same_kd"}),
                                ("teacher_weak", {"same_kd", "multi"}),
-                               ("teacher_same_big", set(SAME_ARMS) | set(TWIN_ARMS))) if users & arms]
+                               ("teacher_same_big", (set(SAME_ARMS) | set(TWIN_ARMS)) - second),
+                               ("teacher_big_t2", second - set(SAME_ARMS)),
+                               ("teacher_same_big_t2", second & set(SAME_ARMS))) if users & arms]
     return need
 
 
