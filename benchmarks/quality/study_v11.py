@@ -94,7 +94,7 @@ def analyse(runs: list[dict]) -> dict:
     """Decisions (a)-(d) of the protocol (module doc) from the confirmation's runs."""
     acc = accuracy_by_arm(runs)
     seeds = sorted(set.intersection(*(set(acc[a]) for a in ARMS)))
-    gains = {a: statistics.fmean(acc[a][s] - acc["cont_ce"][s] for s in seeds) for a in ARMS[1:]}
+    gains = {a: statistics.fmean(_gain(acc, (a,), s) for s in seeds) for a in ARMS[1:]}
     return {"seeds": seeds, "gains": gains, "teacher_effect": teacher_effect(acc),
             "penalties": penalties(acc, seeds), "tokenizer_effect": tokenizer_effect(acc, seeds)}
 

@@ -143,7 +143,7 @@ TEACHERS = ("teacher_big", "teacher_weak")
 SAME_TOKENIZER_TEACHERS = ("teacher_weak", "teacher_same_big", "teacher_same_big_t2")
 # a second teacher of each big kind: the same settings, data and tokenizer, another training seed
 # (initialisation and data order): how much a gain depends on which teacher, not its tokenizer
-SECOND_TEACHERS = {"teacher_big_t2": "teacher_big", "teacher_same_big_t2": "teacher_same_big"}
+SECOND_TEACHERS = ("teacher_big_t2", "teacher_same_big_t2")
 SECOND_TEACHER_SEED = 1
 BIG_TEACHERS = ("teacher_big", "teacher_same_big", *SECOND_TEACHERS)
 
