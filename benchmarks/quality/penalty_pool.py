@@ -25,7 +25,7 @@ from toyq.stats import paired, penalty, penalty_interval
 HERE = Path(__file__).resolve().parent
 CROSS, SAME, BASE = "op_k1_byte_mean_clip", "op_k1_same_mean_clip", "cont_ce"
 # the protocols that ran CROSS with SAME on fresh seeds
-SOURCES = ("credit24v7", "credit24v8", "credit24v9", "credit24v10")
+SOURCES = ("credit24v7", "credit24v8", "credit24v9", "credit24v10", "credit24v11")
 
 
 def gains(confirm: Path) -> list[tuple[int, float, float]]:
