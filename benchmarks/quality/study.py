@@ -234,10 +234,13 @@ def run_stages(args, stages, funcs: dict, records: Path = RECORDS) -> int:
 
 
 def protocol_main(argv, default_out: str, stages, funcs: dict, records: Path, task,
-                  doc: str) -> int:
+                  doc: str, extend=None) -> int:
     """A later protocol's driver: the shared options (``--out`` defaulting to ``default_out``),
-    its task flags, its stages in order."""
-    args = base_parser(default_out, stages, doc).parse_args(argv)
+    its task flags, its stages in order; ``extend(parser)`` adds a protocol's own options."""
+    parser = base_parser(default_out, stages, doc)
+    if extend is not None:
+        extend(parser)
+    args = parser.parse_args(argv)
     args.task = task
     return run_stages(args, stages, funcs, records)
 

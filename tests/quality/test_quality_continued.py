@@ -49,6 +49,7 @@ def test_every_continuation_arm_config_is_valid(assets, tmp_path):
                                                    "clipped_mean" if "cmean" in flags else
                                                    "mean" if "mean" in flags else "none")
             assert cfg.loss.credit == ("byte" if "byte" in flags else "token")
+            assert cfg.loss.byte_units == ("token" if "tok" in flags else "chunk")
             assert cfg.loss.loss_max == (BYTE_CLIP if "clip" in flags else 10.0)
             assert cfg.loss.logp_min is None       # no log-prob floor (issue 24)
             same = arm in SAME_ARMS
@@ -73,7 +74,7 @@ def test_continuation_protocol_end_to_end(assets, tmp_path):
 
     s = replace(TINY_ARMS, cont_steps=2, eval_every=0)
     arms = ["cont_ce", "op_dpca", "op_escd", "op_k1_byte", "op_k1_same",
-            "op_k1_twin_byte_mean_clip"]
+            "op_k1_twin_byte_mean_clip", "op_k1_byte_tok_mean_clip"]
     # the control teacher stands in as the prepared weak one (any model over the student's
     # tokenizer; prepare_all trains the real one when an arm asks for it)
     assets = {**assets, "teacher_same_big": assets["teacher_weak"]}
@@ -87,8 +88,8 @@ def test_continuation_protocol_end_to_end(assets, tmp_path):
         last = [json.loads(x) for x in lines if '"loss"' in x][-1]
         assert last["step"] == 2 and last["forward_tokens"] > 0
         # byte credit ran where asked across tokenizers (the twin included), never otherwise
-        assert ("credit_gap" in " ".join(last)) == (arm in ("op_k1_byte",
-                                                             "op_k1_twin_byte_mean_clip")), arm
+        assert ("credit_gap" in " ".join(last)) == (arm in (
+            "op_k1_byte", "op_k1_twin_byte_mean_clip", "op_k1_byte_tok_mean_clip")), arm
     text = render(result, {})
     assert "On-policy kinds by held-out accuracy" in text and "vs cont_ce" in text
 

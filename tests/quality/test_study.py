@@ -378,3 +378,55 @@ def test_eleventh_protocol_reads_the_penalty_over_two_teachers_of_each_tokenizer
     assert pairs[f"{A}/{C}"]["penalty"] == pytest.approx(1 - g[C] / g[A])
     tok = state["tokenizer_effect"]
     assert tok["difference"] == pytest.approx((g[A] + g[A2] - g[C] - g[C2]) / 2)
+
+
+def test_twelfth_protocol_tests_student_token_units_against_chunk_units(monkeypatch, tmp_path):
+    """study_v12's fixed rules, the harness replaced by a table: the eleventh protocol's five
+    arms reused (their finished folders linked from ``--reuse``) next to two new arms (byte
+    credit on student-token units, each cross teacher) on seeds 130-139 of the test half; the
+    unit effect per cross teacher (Holm over two, paired), over both, the penalty with token
+    units, and the reuse check (one reused run retrained must equal its record exactly)."""
+    v12 = _load_script(monkeypatch, "study_v12.py")
+    A, A2, C, C2, D, D2 = v12.SAME, v12.SAME2, v12.CROSS, v12.CROSS2, v12.TOK, v12.TOK2
+    assert v12.ARMS == ("cont_ce", A, A2, C, C2, "op_k1_byte_tok_mean_clip",
+                        "op_k1_byte_tok_mean_clip_t2")
+    base = {"cont_ce": 0.15, A: 0.35, A2: 0.37, C: 0.27, C2: 0.31, D: 0.30, D2: 0.33}
+    calls = _table_harness(monkeypatch, v12, lambda a, s: base[a] + 0.1 * (s % 3)
+                           + (0.005 * (s % 2) if a == D else 0))
+    monkeypatch.setattr(v12, "RECORDS", tmp_path / "records")
+    reuse = tmp_path / "v11runs"
+    for arm in ("ce", "cont_ce", A):
+        (reuse / arm / "seed130").mkdir(parents=True)
+    eleventh = {"runs": [{"arm": C, "seed": 130, "accuracy": base[C] + 0.1 * (130 % 3),
+                          "format_rate": 1.0}]}
+    monkeypatch.setattr(v12, "ELEVENTH", tmp_path / "eleventh.json")
+    (tmp_path / "eleventh.json").write_text(json.dumps(eleventh))
+    out = tmp_path / "out"
+    assert v12.main(["--out", str(out), "--reuse", str(reuse)]) == 0
+    (_, arms, seeds, extra), (repro_out, r_arms, r_seeds, _) = calls
+    assert arms == v12.ARMS and seeds == tuple(range(130, 140)) and "unlabeled_test" in extra
+    assert (r_arms, r_seeds) == ((C,), (130,)) and repro_out == "repro"
+    linked = out / "confirm" / "runs" / A / "seed130"
+    assert linked.is_symlink() and linked.resolve() == (reuse / A / "seed130").resolve()
+    state = json.loads((out / "study.json").read_text())
+    conf = state["confirm"]
+    assert conf["linked_runs"] == 3 and set(conf["tests"]) == {A, A2, C, C2, D, D2}
+    per = conf["unit_effect"]["per_teacher"]
+    assert per["first"]["difference"] == pytest.approx(0.03 + 0.0025)
+    assert per["second"]["difference"] == pytest.approx(0.02)
+    assert per["first"]["raises_paired"] and per["first"]["welch_holm"] > 0.05
+    g = conf["gains"]
+    assert conf["unit_effect"]["both_teachers"]["difference"] == pytest.approx(
+        (g[D] + g[D2] - g[C] - g[C2]) / 2)
+    tok = conf["penalties"]["token_units"]
+    assert tok["penalty"] == pytest.approx(1 - (g[D] + g[D2]) / (g[A] + g[A2]))
+    assert tok["met"] == (tok["penalty"] <= 0.2) and tok["interval"][0] <= tok["penalty"]
+    assert conf["penalties"]["chunk_units"]["penalty"] == pytest.approx(
+        1 - (g[C] + g[C2]) / (g[A] + g[A2]))
+    assert set(conf["penalties"]["one_teacher_each"]) == {f"{s}/{c}" for s in (A, A2)
+                                                          for c in (D, D2)}
+    assert state["repro"]["identical"] and state["repro"]["fields"]["accuracy"]
+    assert not v12.repro_check({"arm": C, "seed": 1, "accuracy": 0.5, "bpb": 2.0},
+                               {"accuracy": 0.5, "bpb": 2.0000001})["identical"]
+    assert v12.repro_check({"arm": C, "seed": 1, "accuracy": 0.5, "bpb": 2.0},
+                           {"accuracy": 0.5, "bpb": 2.0})["identical"]

@@ -93,3 +93,56 @@ def test_byte_credit_needs_full_teacher_logits(tiny_assets, lms, tmp_path):
         validate_onpolicy(from_dict(OnPolicyConfig, d))
     d["loss"]["credit"] = "token"
     validate_onpolicy(from_dict(OnPolicyConfig, d))
+
+
+def test_byte_credit_with_student_token_units_step(tmp_path, tiny_assets, lms):
+    """``loss.byte_units = token``: one unit per student token of the loss chunks (the stop and
+    the content it ends no longer share one), a finite loss and a gradient; the same-tokenizer
+    teacher keeps token credit."""
+    from xdistill.losses.bytecredit import credit_alignment
+    from xdistill.losses.bytecredit_tokens import count_token_units
+    from xdistill.rollout import rollouts_from_segments
+    from xdistill.train.onpolicy import build_onpolicy_run
+    from xdistill.train.onpolicy_step import loss_and_backward
+
+    teachers = [H.teacher("cross", tiny_assets["tok_t"], lms["cross"], "k1"),
+                H.teacher("same", tiny_assets["tok_s"], lms["same"], "k1")]
+    d = H.onpolicy_dict(tiny_assets["tok_s"], teachers, lms["prompts"], tmp_path)
+    d["loss"].update(credit="byte", byte_units="token", advantage_baseline="mean",
+                     loss_max=2.0)
+    run = build_onpolicy_run(from_dict(OnPolicyConfig, d))
+    run.mode.pool.start()
+    try:
+        assert run.plan.specs["cross"].byte_units == "token"
+        assert run.plan.specs["same"].byte_units == "chunk"
+        ro = rollouts_from_segments(run.plan.student_tok, H.PROMPTS[:4],
+                                    [[(" the king is dead.", True)], [(" and so", True)],
+                                     [(" of love,", True)], [(" 12 men", True)]], finished=True)
+        scored = run.mode.scorer(ro)
+        m = loss_and_backward(run, scored, Timers())
+        grads = [p.grad.abs().max() for p in run.model.parameters() if p.grad is not None]
+    finally:
+        run.mode.pool.close()
+    view = scored.batch.teacher("cross")
+    al = ChunkAlignment.from_view(view)
+    merged = credit_alignment("k1", "teacher", al, scored.stop_BTs, scored.batch.loss_mask_BTs,
+                              view.loss_mask_BTt)
+    tokens = count_token_units(merged, scored.batch.loss_mask_BTs, view.loss_mask_BTt)
+    chunks = int(loss_chunks(merged, scored.batch.loss_mask_BTs, view.loss_mask_BTt).sum())
+    assert m["units/cross"] - m["cross/clamp/unpaired"] == tokens > chunks
+    assert math.isfinite(m["cross/loss"]) and m["cross/credit_gap"] >= 0.0
+    assert grads and float(max(grads)) > 0
+
+
+def test_student_token_units_need_byte_credit_and_k1_k3(tiny_assets, lms, tmp_path):
+    teachers = [H.teacher("cross", tiny_assets["tok_t"], lms["cross"], "dpca")]
+    d = H.onpolicy_dict(tiny_assets["tok_s"], teachers, lms["prompts"], tmp_path)
+    d["loss"].update(credit="byte", byte_units="token")
+    with pytest.raises(ConfigError, match="byte_units = 'token' needs"):
+        validate_onpolicy(from_dict(OnPolicyConfig, d))
+    teachers[0]["loss"]["kind"] = "k1"
+    d["loss"]["credit"] = "token"
+    with pytest.raises(ConfigError, match="byte_units = 'token' needs"):
+        validate_onpolicy(from_dict(OnPolicyConfig, d))
+    d["loss"]["credit"] = "byte"
+    validate_onpolicy(from_dict(OnPolicyConfig, d))

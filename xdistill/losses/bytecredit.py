@@ -116,6 +116,9 @@ class ByteCredit:
 
     teacher: ByteTerms
     student: ByteTerms
+    # "chunk": one unit per aligned chunk (the stop merged with the content it ends); "token": one
+    # sub-unit per student token of each chunk (xdistill/losses/bytecredit_tokens.py)
+    units: str = "chunk"
 
 
 def merge_stop_chunks(align: ChunkAlignment, stop_BTs, s_loss_mask_BTs=None,
@@ -145,6 +148,9 @@ def merge_stop_chunks(align: ChunkAlignment, stop_BTs, s_loss_mask_BTs=None,
 
 
 CREDITS = ("token", "byte")
+# what a byte-credit unit is: the aligned chunk, or each student token inside it (the chunk's
+# covering probability split by the chain rule over the student's token boundaries)
+BYTE_UNITS = ("chunk", "token")
 # the kinds whose units take byte-level credit (spec.credit = "byte", cross-tokenizer teachers)
 BYTE_CREDIT_KINDS = ("k1", "k3", "dpca", "simple_opd")
 
@@ -282,13 +288,12 @@ def _input_logprobs(logits_BTV, ids_BT, mask_BT, tau, chunk_size) -> torch.Tenso
     return torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)
 
 
-def evaluate_byte_credit(kind: str, stop_advantage: str, credit: ByteCredit | None, align,
-                         stop_BTs, student_logits_BTsV, student_ids_BTs, s_loss_mask_BTs,
-                         teacher_logits_BTtV, teacher_ids_BTt, t_loss_mask_BTt=None, *,
-                         temperature: float = 1.0, chunk_size=DEFAULT_CHUNK_SIZE
-                         ) -> tuple[ChunkAlignment, torch.Tensor, CreditStats]:
-    """(the units' alignment, [B, C] effective teacher log-prob per unit, stats) of one
-    cross-tokenizer teacher under byte-level credit; clear errors for missing inputs."""
+def prepare_byte_credit(kind: str, stop_advantage: str, credit: ByteCredit | None, align,
+                        stop_BTs, student_logits_BTsV, student_ids_BTs, s_loss_mask_BTs,
+                        teacher_logits_BTtV, teacher_ids_BTt, t_loss_mask_BTt=None, *,
+                        temperature: float = 1.0, chunk_size=DEFAULT_CHUNK_SIZE):
+    """(the units' alignment, student and teacher input log-probs, the terms on their devices),
+    with clear errors for missing inputs: the common start of both unit choices."""
     if credit is None:
         raise ValueError(f"on-policy loss {kind!r} with credit 'byte' needs the byte-credit terms "
                          "(xdistill.rollout.bytecredit.build_byte_terms)")
@@ -301,13 +306,31 @@ def evaluate_byte_credit(kind: str, stop_advantage: str, credit: ByteCredit | No
     s_logp = _input_logprobs(student_logits_BTsV, student_ids_BTs, s_loss_mask_BTs, tau,
                              chunk_size)
     t_logp = _input_logprobs(teacher_logits_BTtV, teacher_ids_BTt, None, tau, chunk_size)
-    credit = ByteCredit(credit.teacher.to(t_logp.device), credit.student.to(s_logp.device))
+    credit = ByteCredit(credit.teacher.to(t_logp.device), credit.student.to(s_logp.device),
+                        credit.units)
+    return merged, s_logp, t_logp, credit
+
+
+def evaluate_byte_credit(kind: str, stop_advantage: str, credit: ByteCredit | None, align,
+                         stop_BTs, student_logits_BTsV, student_ids_BTs, s_loss_mask_BTs,
+                         teacher_logits_BTtV, teacher_ids_BTt, t_loss_mask_BTt=None, *,
+                         temperature: float = 1.0, chunk_size=DEFAULT_CHUNK_SIZE
+                         ) -> tuple[ChunkAlignment, torch.Tensor, CreditStats]:
+    """(the units' alignment, [B, C] effective teacher log-prob per unit, stats) of one
+    cross-tokenizer teacher under byte-level credit; clear errors for missing inputs."""
+    merged, s_logp, t_logp, credit = prepare_byte_credit(
+        kind, stop_advantage, credit, align, stop_BTs, student_logits_BTsV, student_ids_BTs,
+        s_loss_mask_BTs, teacher_logits_BTtV, teacher_ids_BTt, t_loss_mask_BTt,
+        temperature=temperature, chunk_size=chunk_size)
+    if credit.units != "chunk":
+        raise ValueError(f"byte-credit terms built for {credit.units!r} units, the loss uses chunk "
+                         "units (build them with the spec's byte_units)")
     t_chunk_BC, stats = chunk_teacher_logp(credit, merged, s_loss_mask_BTs, t_loss_mask_BTt,
                                            student_logits_BTsV, s_logp, teacher_logits_BTtV,
-                                           t_logp, temperature=tau)
+                                           t_logp, temperature=temperature)
     return merged, t_chunk_BC, stats
 
 
-__all__ = ["BYTE_CREDIT_KINDS", "CREDITS", "ByteCredit", "ByteTerms", "CreditStats", "MASS_ID", "MASS_ONE", "MASS_RANGE",
+__all__ = ["BYTE_CREDIT_KINDS", "BYTE_UNITS", "CREDITS", "ByteCredit", "ByteTerms", "CreditStats", "MASS_ID", "MASS_ONE", "MASS_RANGE",
            "PROB_FLOOR", "byte_bounds", "byte_logprob", "evaluate_byte_credit", "chunk_teacher_logp", "credit_alignment", "credit_units",
-           "merge_stop_chunks", "uses_byte_credit"]
+           "merge_stop_chunks", "prepare_byte_credit", "uses_byte_credit"]

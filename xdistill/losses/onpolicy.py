@@ -88,6 +88,7 @@ from dataclasses import dataclass, field
 import torch
 
 from xdistill.losses import bytecredit as _bc
+from xdistill.losses.bytecredit_tokens import count_token_units, evaluate_token_credit
 from xdistill.losses import cross as _cross
 from xdistill.losses import onpolicy_full as _onfull
 from xdistill.losses import divergences as _div
@@ -148,6 +149,10 @@ class OnPolicyLossSpec:
     # token log-probs of each side) or "byte" (each side's probability of the unit's bytes and
     # boundary; needs the teacher's full logits; xdistill/losses/bytecredit.py)
     credit: str = "token"
+    # units of byte-level credit (k1/k3): "chunk" (the aligned chunk, the stop merged with the
+    # content it ends) or "token" (each student token of the chunk: the chunk's covering
+    # probability split by the chain rule; xdistill/losses/bytecredit_tokens.py)
+    byte_units: str = "chunk"
 
     def __post_init__(self):
         if self.unpaired not in UNPAIRED:
@@ -163,6 +168,11 @@ class OnPolicyLossSpec:
             raise ValueError(f"unknown cross route {self.cross!r}; allowed: {CROSS_ROUTES}")
         if self.credit not in _bc.CREDITS:
             raise ValueError(f"unknown credit {self.credit!r}; allowed: {_bc.CREDITS}")
+        if self.byte_units not in _bc.BYTE_UNITS:
+            raise ValueError(f"unknown byte_units {self.byte_units!r}; allowed: {_bc.BYTE_UNITS}")
+        if self.byte_units == "token" and self.kind not in SAMPLED_LOSSES:
+            raise ValueError(f"byte_units 'token' applies to k1 and k3; on-policy loss "
+                             f"{self.kind!r} takes chunk units")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
 
@@ -216,6 +226,9 @@ def count_onpolicy_units(spec: OnPolicyLossSpec, s_loss_mask_BTs: torch.Tensor,
     if _bc.uses_byte_credit(spec.credit, spec.kind, align):
         align = _bc.credit_alignment(spec.kind, spec.stop_advantage, align, stop_BTs,
                                      s_loss_mask_BTs, t_loss_mask_BTt)
+        if spec.byte_units == "token":
+            return (count_token_units(align, s_loss_mask_BTs, t_loss_mask_BTt)
+                    + count_unpaired(spec, s_loss_mask_BTs, unpaired_BTs))
     if spec.kind in KINDS_2026:
         if align is None:
             raise ValueError(f"on-policy loss {spec.kind!r} needs a chunk alignment (the identity "
@@ -422,11 +435,18 @@ def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, 
                                  student_ids_BTs=student_ids_BTs, tables=tables, stop_BTs=stop_BTs)
     count = resolve_count(num_valid, units)
     t_chunk, credit_counters, gaps = None, {}, (float("nan"), float("nan"))
+    cross, unit_mask_BTs, t_loss_mask = align is not None, s_loss_mask_BTs, t_loss_mask_BTt
     if _bc.uses_byte_credit(spec.credit, spec.kind, align):
-        align, t_chunk, credit_counters, gaps = _byte_credit(
-            spec, byte_credit, align, stop_BTs, student_logits_BTsV, student_ids_BTs,
-            s_loss_mask_BTs, teacher_logits_BTtV, teacher_ids_BTt, t_loss_mask_BTt, chunk_size)
-    kw = dict(align=align, t_loss_mask_BTt=t_loss_mask_BTt, sample_weight_B=sample_weight_B,
+        args = (spec, byte_credit, align, stop_BTs, student_logits_BTsV, student_ids_BTs,
+                s_loss_mask_BTs, teacher_logits_BTtV, teacher_ids_BTt, t_loss_mask_BTt,
+                chunk_size)
+        if spec.byte_units == "token":    # student-token units: as with the student's tokenizer
+            teacher_token_logp_BTt, unit_mask_BTs, credit_counters, gaps = _byte_credit(
+                *args, tokens=True)
+            align, t_loss_mask = None, None
+        else:
+            align, t_chunk, credit_counters, gaps = _byte_credit(*args)
+    kw = dict(align=align, t_loss_mask_BTt=t_loss_mask, sample_weight_B=sample_weight_B,
               count=count, chunk_size=chunk_size)
     if spec.kind in KINDS_2026:
         if sample_weight_B is not None:
@@ -442,7 +462,7 @@ def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, 
         out = OnPolicyLossOutput(loss, units, counters)
     elif spec.kind in SAMPLED_LOSSES:
         zero = stop_BTs if spec.stop_advantage == "zero" else None
-        out = _sampled(spec, student_logits_BTsV, student_ids_BTs, s_loss_mask_BTs,
+        out = _sampled(spec, student_logits_BTsV, student_ids_BTs, unit_mask_BTs,
                        teacher_token_logp_BTt, teacher_logits_BTtV, teacher_ids_BTt, zero,
                        t_chunk, **kw)
     else:
@@ -453,7 +473,7 @@ def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, 
         out = OnPolicyLossOutput(_onfull.full_loss(spec, student_logits_BTsV, s_loss_mask_BTs,
                                                    teacher, **kw), 0, {})
     loss, counters = out.loss, {**out.counters, **credit_counters}
-    if align is not None:
+    if cross:
         pen, n = _unpaired_term(spec, student_logits_BTsV, student_ids_BTs, s_loss_mask_BTs,
                                 unpaired_BTs, sample_weight_B, chunk_size)
         loss, counters = (loss + pen / count if n else loss), {**counters, "unpaired": n}
@@ -461,14 +481,16 @@ def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, 
 
 
 def _byte_credit(spec, byte_credit, align, stop_BTs, s_logits, s_ids, s_mask, t_logits, t_ids,
-                 t_mask, chunk_size):
-    """Byte-level credit: (re-cut alignment, teacher chunk log-probs, counters, summed gaps)."""
-    align, t_chunk, cstats = _bc.evaluate_byte_credit(
+                 t_mask, chunk_size, tokens: bool = False):
+    """Byte-level credit: (re-cut alignment, teacher chunk log-probs, counters, summed gaps);
+    ``tokens``: (effective teacher log-prob per student token, the unit tokens, counters, gaps)."""
+    evaluate = evaluate_token_credit if tokens else _bc.evaluate_byte_credit
+    first, second, cstats = evaluate(
         spec.kind, spec.stop_advantage, byte_credit, align, stop_BTs, s_logits, s_ids, s_mask,
         t_logits, t_ids, t_mask, temperature=spec.temperature, chunk_size=chunk_size)
     gaps = ((cstats.teacher_gap * cstats.units, cstats.teacher_gap_seg * cstats.units)
             if cstats.units else (0.0, 0.0))
-    return align, t_chunk, {"credit_floor": cstats.teacher_floor}, gaps
+    return first, second, {"credit_floor": cstats.teacher_floor}, gaps
 
 
 def _unpaired_term(spec, s_logits, s_ids, s_mask, unpaired_BTs, sample_weight_B, chunk_size):

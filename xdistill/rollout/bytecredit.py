@@ -30,8 +30,8 @@ from bisect import bisect_left, bisect_right
 import numpy as np
 import torch
 
-from xdistill.losses.bytecredit import (MASS_ID, MASS_ONE, MASS_RANGE, ByteCredit, ByteTerms,
-                                        credit_units)
+from xdistill.losses.bytecredit import (BYTE_UNITS, MASS_ID, MASS_ONE, MASS_RANGE, ByteCredit,
+                                        ByteTerms, credit_units)
 from xdistill.losses.byteprefix_long import LongTokenTables
 from xdistill.tokenization.table import ROLE_TEXT
 
@@ -130,9 +130,12 @@ class _Terms:
 
 
 def _side_terms(T: _Terms, unit: int, b: int, ids: list[int], pos: list[int], stop: bool,
-                ext: tuple) -> None:
+                ext: tuple, limit: int | None = None) -> None:
     """Append one unit's terms for one side (module doc); ``ids``/``pos`` the side's unit tokens
-    (the last one the stop token when ``stop``)."""
+    (the last one the stop token when ``stop``). ``limit``: score only the first ``limit`` bytes
+    (a student-token prefix of the unit, never with a stop); a side's token that crosses the limit
+    sticks out at its level like any other token, and a side that falls back to token credit
+    gives the prefix probability 1 (the whole unit's credit then sits on its last sub-unit)."""
     table = T.index.table
     ps = len(T.path_b)
     T.path_b += [b] * len(ids)
@@ -141,46 +144,66 @@ def _side_terms(T: _Terms, unit: int, b: int, ids: list[int], pos: list[int], st
     n = len(content)
     text = all(table.roles_V[i] == ROLE_TEXT and table.lengths_V[i] > 0 for i in content)
     if n == 0 or not text:                             # token credit: pi over every token
-        T.add(unit, 1.0, False, ps, len(ids), MASS_ONE)
+        T.add(unit, 1.0, False, ps, 0 if limit is not None else len(ids), MASS_ONE)
+        return
+    pieces = [table.token_bytes(int(i)) for i in content]
+    beta = b"".join(pieces)[:limit]
+    starts = np.concatenate([[0], np.cumsum([len(x) for x in pieces])]).tolist()
+    levels = [m for m in range(n) if starts[m] < len(beta)]
+    for m in levels:
+        _level_terms(T, unit, b, pos, content, pieces, m, beta[starts[m]:],
+                     starts[m + 1] - len(beta), stop, ext, ps)
+    nl = levels[-1] + 1
+    if starts[nl] > len(beta):                         # the last level's token sticks out
+        return
+    if stop:
+        T.add(unit, 1.0, False, ps, nl + 1, MASS_ONE)
         return
     E, R = ext
-    pieces = [table.token_bytes(int(i)) for i in content]
-    for m in range(n):
-        rho = b"".join(pieces[m:])
-        row = T.row(b, pos[m] - 1)
-        if not stop:
-            T.add_range(unit, 1.0, False, ps, m, row, rho)
-            T.add_exact(unit, -1.0, False, ps, m, row, rho)
-            for e in E:
-                T.add_range(unit, -1.0, False, ps, m, row, rho + e)
-            for r in R:
-                T.add_exact(unit, -1.0, False, ps, m, row, rho + r)
-                T.add_exact(unit, 1.0, True, ps, m, row, rho + r)
-        # another id with the bytes of the path's own token m (a byte-fallback id, an added
-        # duplicate) is a re-spelling: in the gap, and reported apart (``respell``)
-        T.add_exact(unit, 1.0, True, ps, m, row, rho, skip=content[m] if m == n - 1 else -1,
-                    respell=m == n - 1)
-        for k in range(1, len(rho)):
-            T.add_exact(unit, 1.0, True, ps, m, row, rho[:k],
-                        skip=content[m] if m < n - 1 else -1, respell=rho[:k] == pieces[m])
-    if stop:
-        T.add(unit, 1.0, False, ps, n + 1, MASS_ONE)
-        return
-    T.add(unit, 1.0, False, ps, n, MASS_ONE)
-    nxt = T.row(b, pos[n - 1])
+    T.add(unit, 1.0, False, ps, nl, MASS_ONE)
+    nxt = T.row(b, pos[nl - 1])
     for e in E:
-        T.add_range(unit, -1.0, False, ps, n, nxt, e)
+        T.add_range(unit, -1.0, False, ps, nl, nxt, e)
     for r in R:
-        T.add_exact(unit, -1.0, False, ps, n, nxt, r)
-        T.add_exact(unit, 1.0, True, ps, n, nxt, r)
+        T.add_exact(unit, -1.0, False, ps, nl, nxt, r)
+        T.add_exact(unit, 1.0, True, ps, nl, nxt, r)
+
+
+def _level_terms(T: _Terms, unit, b, pos, content, pieces, m: int, rho: bytes, over: int,
+                 stop: bool, ext: tuple, ps: int) -> None:
+    """The terms at on-path level ``m`` (remaining bytes ``rho``; ``over`` = how far the path's
+    own token ``m`` ends past the scored bytes: < 0 inside, 0 exactly at the end, > 0 sticking
+    out)."""
+    E, R = ext
+    row = T.row(b, pos[m] - 1)
+    if not stop:
+        T.add_range(unit, 1.0, False, ps, m, row, rho)
+        T.add_exact(unit, -1.0, False, ps, m, row, rho)
+        for e in E:
+            T.add_range(unit, -1.0, False, ps, m, row, rho + e)
+        for r in R:
+            T.add_exact(unit, -1.0, False, ps, m, row, rho + r)
+            T.add_exact(unit, 1.0, True, ps, m, row, rho + r)
+    # another id with the bytes of the path's own token m (a byte-fallback id, an added
+    # duplicate) is a re-spelling: in the gap, and reported apart (``respell``)
+    T.add_exact(unit, 1.0, True, ps, m, row, rho, skip=content[m] if over == 0 else -1,
+                respell=over == 0)
+    for k in range(1, len(rho)):
+        T.add_exact(unit, 1.0, True, ps, m, row, rho[:k], skip=content[m] if over < 0 else -1,
+                    respell=rho[:k] == pieces[m])
 
 
 def build_byte_terms(student_table, teacher_table, student_ids_BTs, teacher_ids_BTt, align,
                      s_loss_mask_BTs=None, t_loss_mask_BTt=None, stop_BTs=None, *,
-                     student_key=None, teacher_key=None) -> ByteCredit:
+                     student_key=None, teacher_key=None, units: str = "chunk") -> ByteCredit:
     """Both sides' terms for the units of ``align`` (already stop-merged:
     :func:`xdistill.losses.bytecredit.merge_stop_chunks`), in :func:`credit_units` order.
+    ``units = "token"``: one sub-unit per student token of each unit, in token order (the
+    prefix of the unit's content up to and including that token, then the student's boundary;
+    the last one is the unit itself), for :mod:`xdistill.losses.bytecredit_tokens`.
     ``*_key``: tokenizer fingerprints to cache the vocabulary indexes by."""
+    if units not in BYTE_UNITS:
+        raise ValueError(f"unknown byte-credit units {units!r}; allowed: {BYTE_UNITS}")
     s_idx = VocabIndex.of(student_table, student_key)
     t_idx = VocabIndex.of(teacher_table, teacher_key)
     S, T = _Terms(s_idx), _Terms(t_idx)
@@ -191,18 +214,39 @@ def build_byte_terms(student_table, teacher_table, student_ids_BTs, teacher_ids_
     t_ids = np.asarray(torch.as_tensor(teacher_ids_BTt).cpu())
     stop = (np.zeros(s_ids.shape, dtype=bool) if stop_BTs is None
             else np.asarray(torch.as_tensor(stop_BTs).cpu()).astype(bool))
-    for n, (b, c) in enumerate(zip(b_N.tolist(), c_N.tolist())):
+    ext_of = (lambda a: s_idx.extensions(a) if s_idx.table.roles_V[a] == ROLE_TEXT  # noqa: E731
+              else ((), ()))
+    u = 0
+    for b, c in zip(b_N.tolist(), c_N.tolist()):
         s_pos = np.flatnonzero(s_chunk[b] == c).tolist()
         t_pos = np.flatnonzero(t_chunk[b] == c).tolist()
         ends = bool(stop[b, s_pos[-1]])
         a_ids = [int(s_ids[b, i]) for i in s_pos]
+        t_all = [int(t_ids[b, j]) for j in t_pos]
+        t_stop = ends and len(t_pos) > 1
+        if units == "token":
+            u = _prefix_units(S, T, u, b, a_ids[:-1], s_pos,
+                              t_all[:-1] if t_stop else t_all, t_pos, ext_of)
         a = a_ids[-2] if ends and len(a_ids) > 1 else a_ids[-1]
-        ext = s_idx.extensions(a) if s_idx.table.roles_V[a] == ROLE_TEXT else ((), ())
-        _side_terms(S, n, b, a_ids, s_pos, ends, ext)
-        _side_terms(T, n, b, [int(t_ids[b, j]) for j in t_pos], t_pos,
-                    ends and len(t_pos) > 1, ext)
-    N = int(b_N.numel())
-    return ByteCredit(T.tensors(N), S.tensors(N))
+        _side_terms(S, u, b, a_ids, s_pos, ends, ext_of(a))
+        _side_terms(T, u, b, t_all, t_pos, t_stop, ext_of(a))
+        u += 1
+    return ByteCredit(T.tensors(u), S.tensors(u), units)
+
+
+def _prefix_units(S: _Terms, T: _Terms, u: int, b: int, content: list[int], s_pos, t_content,
+                  t_pos, ext_of) -> int:
+    """The sub-units of one unit before its last (``content``: the student tokens that end a
+    strict prefix of the unit, i.e. all but the unit's last token); returns the next unit id."""
+    table = S.index.table
+    limit = 0
+    for j, a in enumerate(content):
+        limit += int(table.lengths_V[a])
+        ext = ext_of(a)
+        _side_terms(S, u, b, content[:j + 1], s_pos[:j + 1], False, ext, limit=limit)
+        _side_terms(T, u, b, t_content, t_pos[:len(t_content)], False, ext, limit=limit)
+        u += 1
+    return u
 
 
 def build_long_token_tables(student_table, teacher_table):

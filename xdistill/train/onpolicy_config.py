@@ -160,6 +160,11 @@ class OnPolicyLossConfig:
     # implies, the stop scored with the content it ends; needs worker.output = logits; see
     # xdistill/losses/bytecredit.py). A same-tokenizer teacher always uses token credit (exact)
     credit: Literal["token", "byte"] = "token"
+    # units of byte credit for k1/k3: chunk (one advantage per aligned chunk, the stop merged with
+    # the content it ends) or token (one per student token: the chunk's byte-level probability
+    # split by the chain rule over the student's token boundaries, so the baseline and the clamp
+    # act on the student's own units; xdistill/losses/bytecredit_tokens.py). Needs credit = byte
+    byte_units: Literal["chunk", "token"] = "chunk"
     # reward weighting of samples: weight B * softmax(reward / reward_beta) when the rollouts
     # carry rewards; 0 = off
     reward_beta: float = 0.0
@@ -232,6 +237,11 @@ def validate_onpolicy(cfg: OnPolicyConfig) -> OnPolicyConfig:
         raise ConfigError(f"prompts.num_workers must be >= 0, got {cfg.prompts.num_workers}")
     if cfg.loss.reward_beta < 0:
         raise ConfigError(f"loss.reward_beta must be >= 0, got {cfg.loss.reward_beta}")
+    if cfg.loss.byte_units == "token":
+        bad = [t.loss.kind for t in cfg.teachers if t.loss.kind not in ("k1", "k3")]
+        if cfg.loss.credit != "byte" or bad:
+            raise ConfigError("loss.byte_units = 'token' needs loss.credit = 'byte' (got "
+                              f"{cfg.loss.credit!r}) and k1/k3 teachers (got {bad})")
     if cfg.loss.credit == "byte":
         for i, t in enumerate(cfg.teachers):
             if t.loss.kind in ("k1", "k3", "dpca", "simple_opd") and t.worker.output != "logits":

@@ -107,6 +107,7 @@ def _plan_teacher_loss(plan: OnPolicyPlan, t, tp: TeacherPlan, clamps, lc) -> Te
     plan.specs[t.name] = OnPolicyLossSpec(tl.kind, tl.beta, tl.temperature, tl.cross, clamps,
                                           unpaired=lc.unpaired,
                                           credit="token" if same else lc.credit,
+                                          byte_units="chunk" if same else lc.byte_units,
                                           stop_advantage=lc.stop_advantage,
                                           params=_kind_params(tl, clamps, lc.advantage_baseline),
                                           baseline=lc.advantage_baseline)
@@ -257,7 +258,8 @@ def byte_credit_terms(plan, name: str, batch, align, stop_BTs, s_mask_BTs):
                                 merged.s_chunk_BTs, merged.t_chunk_BTt, merged.chunk_valid_BC,
                                 merged.chunk_exact_BC))), cpu(s_mask_BTs),
                             cpu(view.loss_mask_BTt), cpu(stop_BTs),
-                            student_key=student.fingerprint, teacher_key=teacher.fingerprint)
+                            student_key=student.fingerprint, teacher_key=teacher.fingerprint,
+                            units=spec.byte_units)
 
 
 def onpolicy_losses(plan, logits_BTsVs, batch, outputs, num_valid, metrics, *,

@@ -35,12 +35,13 @@ def control_arm(arm: str) -> str:
     """The same-tokenizer control of an on-policy arm: ``op_k1`` -> ``op_k1_same``; a byte-credit
     arm shares its kind's control, with the same estimator changes (``op_k1_byte`` ->
     ``op_k1_same``, ``op_k1_byte_mean_clip`` -> ``op_k1_same_mean_clip``: over one tokenizer
-    byte credit and token credit coincide; ``_tmean`` -> ``_mean``: with one student token per
-    unit the two baselines coincide)."""
+    byte credit and token credit coincide; ``_tmean`` -> ``_mean`` and ``_tok`` dropped: with one
+    student token per unit the two baselines, and chunk and student-token units, coincide)."""
     kind, *flags = arm.split("_")[1:]
     if "byte" in flags:
         same = {"tmean": "mean"}
-        return "_".join(["op", kind, "same", *(same.get(f, f) for f in flags if f != "byte")])
+        return "_".join(["op", kind, "same", *(same.get(f, f) for f in flags
+                                               if f not in ("byte", "tok"))])
     return arm + "_same"
 
 

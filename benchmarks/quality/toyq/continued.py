@@ -64,7 +64,13 @@ arm                 what continues training the CE checkpoint
                     the wrong answers' extreme log-ratios cannot drag the baseline below
                     moderately wrong answers); ``op_k1_same_cmean_clip`` is its same-tokenizer
                     control
-``<arm>_t2``        ``op_k1_byte_mean_clip_t2`` and ``op_k1_same_mean_clip_t2``: the arm with the
+``op_k1_byte_tok_mean_clip``  ``op_k1_byte_mean_clip`` with student-token units
+                    (``loss.byte_units: token``: each aligned chunk's byte-level probability
+                    split by the chain rule over the student's token boundaries, so the
+                    baseline and the clamp act on the student's own tokens, as with
+                    ``op_k1_same_mean_clip``; ``xdistill/losses/bytecredit_tokens.py``)
+``<arm>_t2``        ``op_k1_byte_mean_clip_t2``, ``op_k1_byte_tok_mean_clip_t2`` and
+                    ``op_k1_same_mean_clip_t2``: the arm with the
                     second teacher of its kind (``teacher_big_t2`` / ``teacher_same_big_t2``: the
                     same settings, data and tokenizer, another training seed), so that a gain's
                     dependence on *which* teacher is measured next to its tokenizer's
@@ -92,7 +98,10 @@ TWIN_ARMS = ("op_k1_twin_byte_mean_clip",)
 # arms read by a second teacher of their kind (toyq.prepare.SECOND_TEACHERS)
 SECOND_TEACHER_SUFFIX = "_t2"
 SAME_ARMS = SAME_ARMS + ("op_k1_same_mean_clip_t2",)
-CONT_ARMS = CONT_ARMS + ("op_k1_byte_mean_clip_t2",) + SAME_ARMS + TWIN_ARMS
+# byte credit on student-token units (loss.byte_units: token), with either cross teacher
+TOKEN_UNIT_ARMS = ("op_k1_byte_tok_mean_clip", "op_k1_byte_tok_mean_clip_t2")
+CONT_ARMS = (CONT_ARMS + ("op_k1_byte_mean_clip_t2",) + SAME_ARMS + TWIN_ARMS
+             + TOKEN_UNIT_ARMS)
 ONPOLICY_KIND = {"op_k1": "k1", "op_k3": "k3", "op_rkl": "reverse_kl", "op_strict": "strict_topk",
                  "op_dpca": "dpca", "op_simple": "simple_opd", "op_bpm": "bpm", "op_escd": "escd"}
 for _arm in CONT_ARMS:                       # op_k1_byte_mean_clip, op_k1_same -> op_k1's kind
@@ -109,12 +118,14 @@ BASELINE_FLAGS = {"mean": "mean", "tmean": "token_mean", "cmean": "clipped_mean"
 
 def loss_options(arm: str) -> dict:
     """The ``loss`` keys an on-policy arm's name asks for beyond its kind: ``_byte`` byte-level
-    credit, ``_mean`` the mean advantage baseline (``_tmean``: per student token; ``_cmean``:
-    clipped_mean), ``_clip`` the advantage clamp ``BYTE_CLIP``."""
+    credit (``_byte_tok``: on student-token units), ``_mean`` the mean advantage baseline
+    (``_tmean``: per student token; ``_cmean``: clipped_mean), ``_clip`` the advantage clamp
+    ``BYTE_CLIP``."""
     flags = arm.split("_")[2:]             # op_<kind>_<flag>_...
     baseline = BASELINE_FLAGS.get(next((f for f in flags if f in BASELINE_FLAGS), ""))
     return {**({"advantage_baseline": baseline} if baseline else {}),
             **({"credit": "byte"} if "byte" in flags else {}),
+            **({"byte_units": "token"} if "tok" in flags else {}),
             **({"loss_max": BYTE_CLIP} if "clip" in flags else {})}
 
 
