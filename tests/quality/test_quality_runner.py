@@ -118,3 +118,32 @@ def test_short_run_stall_is_one_error_line(tmp_path):
     assert len(errors) == 1 and "stuck, killed" in errors[0], proc.stderr
     assert "Traceback" not in proc.stderr and "Read the log: " in proc.stderr
     assert "[prepare] teacher_big: training 3000 steps" in proc.stdout
+
+
+def test_a_finished_run_linked_from_another_study_is_the_same_run(tmp_path):
+    """check_same_config compares existing paths after resolving links: a run folder linked
+    into another study (its CE warm start linked too) is reused; a different warm start or
+    another setting is still an error."""
+    import yaml
+
+    from toyq.harness import check_same_config
+
+    old_ce, other_ce = tmp_path / "v11" / "ce" / "export", tmp_path / "other" / "export"
+    old_ce.mkdir(parents=True)
+    other_ce.mkdir(parents=True)
+    run = tmp_path / "v11" / "arm" / "seed1"
+    run.mkdir(parents=True)
+    cfg = {"student": {"path": str(old_ce)}, "optim": {"lr": 1e-3},
+           "train": {"steps": 5, "out_dir": str(run)}}
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (tmp_path / "v12" / "ce").mkdir(parents=True)
+    (tmp_path / "v12" / "ce" / "export").symlink_to(old_ce, target_is_directory=True)
+    (tmp_path / "v12" / "arm").mkdir()
+    (tmp_path / "v12" / "arm" / "seed1").symlink_to(run, target_is_directory=True)
+    linked = tmp_path / "v12" / "arm" / "seed1"
+    check_same_config(linked, {**cfg, "student": {"path": str(tmp_path / "v12" / "ce" /
+                                                              "export")},
+                               "train": {"steps": 5, "out_dir": str(linked)}})
+    for bad in ({**cfg, "student": {"path": str(other_ce)}}, {**cfg, "optim": {"lr": 2e-3}}):
+        with pytest.raises(RuntimeError, match="another config"):
+            check_same_config(linked, bad)

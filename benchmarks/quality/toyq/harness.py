@@ -139,12 +139,23 @@ def run_arm(arm: str, seed: int, assets: dict, settings: ArmSettings, out: Path,
 def check_same_config(run_dir: Path, cfg: dict) -> None:
     """A finished run is reused only under the config that made it: another task (e.g.
     ``--answer-noise``), teacher, weighting or budget in the same ``--out`` is an error, not a
-    silent mix (keys in ``LOCATION_AND_LOGGING`` may differ)."""
+    silent mix (keys in ``LOCATION_AND_LOGGING`` may differ; paths that exist are compared after
+    resolving links, so a finished run linked from another study's folder, warm start included,
+    is the same run)."""
     import yaml
 
+    def resolved(v):
+        if isinstance(v, dict):
+            return {k: resolved(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [resolved(x) for x in v]
+        if isinstance(v, str) and v.startswith("/") and Path(v).exists():
+            return str(Path(v).resolve())
+        return v
+
     def where_free(c: dict) -> dict:
-        return {**c, "train": {k: v for k, v in c.get("train", {}).items()
-                               if k not in LOCATION_AND_LOGGING}}
+        return resolved({**c, "train": {k: v for k, v in c.get("train", {}).items()
+                                        if k not in LOCATION_AND_LOGGING}})
 
     path = run_dir / "config.yaml"
     old = where_free(yaml.safe_load(path.read_text(encoding="utf-8"))) if path.exists() else {}
