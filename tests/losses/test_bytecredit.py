@@ -143,7 +143,8 @@ def _chunks(sv: Vocab, tv: Vocab, s_ids, t_ids, stop: bool) -> ChunkAlignment:
                           torch.ones(1, c, dtype=torch.bool), torch.tensor([exact]))
 
 
-def _case(sv, tv, s_lm, t_lm, text: str, stop: bool, s_ids=None, kind: str = "k1"):
+def _case(sv, tv, s_lm, t_lm, text: str, stop: bool, s_ids=None, kind: str = "k1",
+          units: str = "chunk"):
     s_ids = [BOS] + (s_ids or sv.greedy(text)) + ([END] if stop else [])
     t_ids = [BOS] + tv.greedy(text) + ([END] if stop else [])
     align = _chunks(sv, tv, s_ids, t_ids, stop)
@@ -152,7 +153,7 @@ def _case(sv, tv, s_lm, t_lm, text: str, stop: bool, s_ids=None, kind: str = "k1
     mask = torch.ones(1, len(s_ids), dtype=torch.bool)
     merged = credit_alignment(kind, "teacher", align, stop_BTs, mask)
     credit = build_byte_terms(sv.table, tv.table, torch.tensor([s_ids]), torch.tensor([t_ids]),
-                              merged, mask, None, stop_BTs)
+                              merged, mask, None, stop_BTs, units=units)
     zs, zt = s_lm.logits(s_ids), t_lm.logits(t_ids)
     return dict(s_ids=s_ids, t_ids=t_ids, align=align, merged=merged, stop=stop_BTs, mask=mask,
                 credit=credit, zs=zs, zt=zt)
@@ -192,7 +193,12 @@ TV_MB = Vocab(["a", "b", "aa", "ab", "bab", "abb"])
 def test_bounds_bracket_the_exact_covering_probability(text, stop, seed):
     s_lm, t_lm = LM(SV_MB, 10 + seed), LM(TV_MB, 20 + seed)
     c = _case(SV_MB, TV_MB, s_lm, t_lm, text, stop)
-    refs = _refs(c, SV_MB, TV_MB, s_lm, t_lm)
+    assert_bracketed(c, _refs(c, SV_MB, TV_MB, s_lm, t_lm))
+
+
+def assert_bracketed(c, refs) -> None:
+    """Each side's bounds bracket its reference (``refs``: per unit, (teacher, student, ...)),
+    and equal it where the two bounds meet."""
     for side, col in (("t", 0), ("s", 1)):
         lb, ub = _bounds(c, side)
         for n, ref in enumerate(r[col] for r in refs):

@@ -15,29 +15,19 @@ import math
 
 import pytest
 import torch
-from test_bytecredit import (BOS, END, LM, SV_DIG, SV_MB, TV_DIG, TV_MB, _chunks, _digit_lms,
-                             min_extensions, p_end, p_unit)
+from test_bytecredit import (BOS, LM, SV_DIG, SV_MB, TV_DIG, TV_MB, _bounds, _digit_lms,
+                             assert_bracketed, min_extensions, p_end, p_unit)
+from test_bytecredit import _case as case
 
-from xdistill.losses.bytecredit import byte_logprob, credit_alignment, evaluate_byte_credit
+from xdistill.losses.bytecredit import credit_alignment, evaluate_byte_credit
 from xdistill.losses.bytecredit_tokens import evaluate_token_credit, token_units
 from xdistill.losses.chunks import chunk_sum
 from xdistill.losses.onpolicy import (Clamps, OnPolicyLossSpec, count_onpolicy_units,
                                       input_token_logprobs, onpolicy_loss)
-from xdistill.rollout.bytecredit import build_byte_terms
 
 
 def _case(sv, tv, s_lm, t_lm, text: str, stop: bool, s_ids=None, units: str = "token"):
-    s_ids = [BOS] + (s_ids or sv.greedy(text)) + ([END] if stop else [])
-    t_ids = [BOS] + tv.greedy(text) + ([END] if stop else [])
-    align = _chunks(sv, tv, s_ids, t_ids, stop)
-    stop_BTs = torch.zeros(1, len(s_ids), dtype=torch.bool)
-    stop_BTs[0, -1] = stop
-    mask = torch.ones(1, len(s_ids), dtype=torch.bool)
-    merged = credit_alignment("k1", "teacher", align, stop_BTs, mask)
-    credit = build_byte_terms(sv.table, tv.table, torch.tensor([s_ids]), torch.tensor([t_ids]),
-                              merged, mask, None, stop_BTs, units=units)
-    return dict(s_ids=s_ids, t_ids=t_ids, align=align, merged=merged, stop=stop_BTs, mask=mask,
-                credit=credit, zs=s_lm.logits(s_ids), zt=t_lm.logits(t_ids))
+    return case(sv, tv, s_lm, t_lm, text, stop, s_ids, units=units)
 
 
 def _sub_refs(c, sv, tv, s_lm, t_lm):
@@ -61,13 +51,6 @@ def _sub_refs(c, sv, tv, s_lm, t_lm):
     return out
 
 
-def _bounds(c, side: str):
-    z, ids, terms = (c["zt"], c["t_ids"], c["credit"].teacher) if side == "t" else \
-        (c["zs"], c["s_ids"], c["credit"].student)
-    lb, ub = byte_logprob(z, input_token_logprobs(z, torch.tensor([ids])), terms)
-    return lb.exp().tolist(), ub.exp().tolist()
-
-
 def _token_r(c):
     """Per student token of the loss units: the credit r (from the effective teacher log-prob)."""
     ids = torch.tensor([c["s_ids"]])
@@ -88,13 +71,7 @@ def test_sub_unit_bounds_bracket_the_definition(text, stop, seed):
     c = _case(SV_MB, TV_MB, s_lm, t_lm, text, stop)
     refs = _sub_refs(c, SV_MB, TV_MB, s_lm, t_lm)
     assert c["credit"].teacher.num_units == len(refs) == int(token_units(c["merged"])[0].sum())
-    for side, col in (("t", 0), ("s", 1)):
-        lb, ub = _bounds(c, side)
-        for n, ref in enumerate(r[col] for r in refs):
-            assert lb[n] <= ref * (1 + 1e-12) + 1e-300, (side, n, lb[n], ref)
-            assert ref <= ub[n] * (1 + 1e-12), (side, n, ref, ub[n])
-            if ub[n] == pytest.approx(lb[n], rel=1e-14):
-                assert lb[n] == pytest.approx(ref, rel=1e-10)
+    assert_bracketed(c, refs)
 
 
 def test_prefixes_ending_inside_a_teacher_token_are_exercised_and_exact_when_on_path():
