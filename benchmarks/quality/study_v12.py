@@ -60,7 +60,8 @@ say = study.say
 
 def link_runs(src: Path | None, dst: Path, arms, seeds) -> int:
     """Link the finished run folders ``src/<arm>/seed<k>`` (and the CE warm starts) into
-    ``dst``; returns how many were linked. Missing ones are left for the harness to train."""
+    ``dst``; returns how many are linked there (made now or by an earlier invocation). Missing
+    ones are left for the harness to train."""
     if src is None or not src.is_dir():
         return 0
     n = 0
@@ -70,7 +71,7 @@ def link_runs(src: Path | None, dst: Path, arms, seeds) -> int:
             if a.is_dir() and not b.exists():
                 b.parent.mkdir(parents=True, exist_ok=True)
                 b.symlink_to(a.resolve(), target_is_directory=True)
-                n += 1
+            n += b.is_symlink() and b.resolve() == a.resolve()
     return n
 
 
@@ -155,7 +156,10 @@ def stage_repro(args, state: dict) -> None:
     runs = study.harness(out, args, [REPRO_ARM], [REPRO_SEED], v5.WARM_STEPS,
                          ["--eval-split", "unlabeled_test", "--cont-lr",
                           f"{chosen['cont_ce']:g}", "--arm-lr",
-                          v6.arm_lr([REPRO_ARM], chosen)])
+                          v6.arm_lr([REPRO_ARM], chosen),
+                          # its report stays in the run folder: the committed RESULTS.md
+                          # blocks and plots are the protocols' own
+                          "--report-dir", str(out / "report")])
     study.record(out, "repro", RECORDS)
     old = next(r for r in json.loads(ELEVENTH.read_text())["runs"]
                if r["arm"] == REPRO_ARM and r["seed"] == REPRO_SEED)

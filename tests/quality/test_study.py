@@ -406,8 +406,12 @@ def test_twelfth_protocol_tests_student_token_units_against_chunk_units(monkeypa
     (_, arms, seeds, extra), (repro_out, r_arms, r_seeds, _) = calls
     assert arms == v12.ARMS and seeds == tuple(range(130, 140)) and "unlabeled_test" in extra
     assert (r_arms, r_seeds) == ((C,), (130,)) and repro_out == "repro"
+    r_extra = calls[1][3]
+    assert r_extra[r_extra.index("--report-dir") + 1] == str(out / "repro" / "report")
     linked = out / "confirm" / "runs" / A / "seed130"
     assert linked.is_symlink() and linked.resolve() == (reuse / A / "seed130").resolve()
+    # a later invocation finds the same links (and counts them)
+    assert v12.link_runs(reuse, out / "confirm" / "runs", v12.REUSED, v12.SEEDS) == 3
     state = json.loads((out / "study.json").read_text())
     conf = state["confirm"]
     assert conf["linked_runs"] == 3 and set(conf["tests"]) == {A, A2, C, C2, D, D2}
