@@ -146,3 +146,18 @@ def test_student_token_units_need_byte_credit_and_k1_k3(tiny_assets, lms, tmp_pa
         validate_onpolicy(from_dict(OnPolicyConfig, d))
     d["loss"]["credit"] = "byte"
     validate_onpolicy(from_dict(OnPolicyConfig, d))
+
+
+def test_student_token_units_leave_other_kinds_alone(tiny_assets, lms, tmp_path):
+    """A cross-tokenizer full-distribution teacher next to a k1 teacher plans with chunk units
+    (byte credit is not its credit) where the k1 teacher takes token units."""
+    from xdistill.train.onpolicy import build_onpolicy_run
+
+    rkl = H.teacher("rkl", tiny_assets["tok_t"], lms["cross"], "reverse_kl")
+    rkl["loss"]["cross"] = "exact"
+    teachers = [H.teacher("cross", tiny_assets["tok_t"], lms["cross"], "k1"), rkl]
+    d = H.onpolicy_dict(tiny_assets["tok_s"], teachers, lms["prompts"], tmp_path)
+    d["loss"].update(credit="byte", byte_units="token")
+    run = build_onpolicy_run(from_dict(OnPolicyConfig, d))
+    assert run.plan.specs["cross"].byte_units == "token"
+    assert run.plan.specs["rkl"].byte_units == "chunk"

@@ -163,7 +163,9 @@ class OnPolicyLossConfig:
     # units of byte credit for k1/k3: chunk (one advantage per aligned chunk, the stop merged with
     # the content it ends) or token (one per student token: the chunk's byte-level probability
     # split by the chain rule over the student's token boundaries, so the baseline and the clamp
-    # act on the student's own units; xdistill/losses/bytecredit_tokens.py). Needs credit = byte
+    # act on the student's own units; xdistill/losses/bytecredit_tokens.py). Needs credit = byte;
+    # applies to the cross-tokenizer k1/k3 teachers (other kinds are unaffected; dpca and
+    # simple_opd teachers are an error)
     byte_units: Literal["chunk", "token"] = "chunk"
     # reward weighting of samples: weight B * softmax(reward / reward_beta) when the rollouts
     # carry rewards; 0 = off
@@ -238,10 +240,11 @@ def validate_onpolicy(cfg: OnPolicyConfig) -> OnPolicyConfig:
     if cfg.loss.reward_beta < 0:
         raise ConfigError(f"loss.reward_beta must be >= 0, got {cfg.loss.reward_beta}")
     if cfg.loss.byte_units == "token":
-        bad = [t.loss.kind for t in cfg.teachers if t.loss.kind not in ("k1", "k3")]
+        bad = [t.loss.kind for t in cfg.teachers if t.loss.kind in ("dpca", "simple_opd")]
         if cfg.loss.credit != "byte" or bad:
             raise ConfigError("loss.byte_units = 'token' needs loss.credit = 'byte' (got "
-                              f"{cfg.loss.credit!r}) and k1/k3 teachers (got {bad})")
+                              f"{cfg.loss.credit!r}) and applies to k1/k3 teachers; dpca and "
+                              f"simple_opd take chunk units (got {bad})")
     if cfg.loss.credit == "byte":
         for i, t in enumerate(cfg.teachers):
             if t.loss.kind in ("k1", "k3", "dpca", "simple_opd") and t.worker.output != "logits":

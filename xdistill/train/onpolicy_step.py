@@ -40,8 +40,9 @@ from xdistill.losses.chunks import ChunkAlignment
 from xdistill.losses.onpolicy import input_token_logprobs
 from xdistill.losses.onpolicy_kinds import FULL_LOGITS_KINDS, KINDS_2026, KindParams
 from xdistill.losses.policy import PPOClip
-from xdistill.losses.onpolicy import (Clamps, OnPolicyLossSpec, count_onpolicy_units, counter_keys,
-                                      onpolicy_loss, reward_weights)
+from xdistill.losses.onpolicy import (SAMPLED_LOSSES, Clamps, OnPolicyLossSpec,
+                                      count_onpolicy_units, counter_keys, onpolicy_loss,
+                                      reward_weights)
 from xdistill.rollout.bytecredit import build_byte_terms, build_long_token_tables
 from xdistill.rollout.render import stop_token_ids
 from xdistill.train import setup
@@ -107,7 +108,8 @@ def _plan_teacher_loss(plan: OnPolicyPlan, t, tp: TeacherPlan, clamps, lc) -> Te
     plan.specs[t.name] = OnPolicyLossSpec(tl.kind, tl.beta, tl.temperature, tl.cross, clamps,
                                           unpaired=lc.unpaired,
                                           credit="token" if same else lc.credit,
-                                          byte_units="chunk" if same else lc.byte_units,
+                                          byte_units=(lc.byte_units if not same and tl.kind
+                                                      in SAMPLED_LOSSES else "chunk"),
                                           stop_advantage=lc.stop_advantage,
                                           params=_kind_params(tl, clamps, lc.advantage_baseline),
                                           baseline=lc.advantage_baseline)
