@@ -41,11 +41,18 @@ def cuda_count() -> int:
         return 0
 
 
+@pytest.hookimpl(tryfirst=True)     # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
+    # `make test` runs two xdist workers (--dist loadgroup): the tests that load the real
+    # pretrained models (GBs each) all go to one worker, so two of them never share the memory
     n = cuda_count()
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")
     skip_multi = pytest.mark.skip(reason=f"needs two or more CUDA GPUs ({n} here)")
+    xdist = config.pluginmanager.hasplugin("xdist")
+    group = pytest.mark.xdist_group("real_models") if xdist else None
     for item in items:
+        if group is not None and "real" in item.keywords:
+            item.add_marker(group)
         if "multigpu" in item.keywords and n < 2:
             item.add_marker(skip_multi if n else skip_gpu)
         elif "gpu" in item.keywords and n < 1:
