@@ -14,7 +14,8 @@ from typing import Literal
 
 from xdistill.data.config import DataConfig, validate_data
 from xdistill.errors import ConfigError
-from xdistill.losses.onpolicy import CROSS_ROUTES, ONPOLICY_LOSSES
+from xdistill.losses.bytecredit import BYTE_CREDIT_KINDS
+from xdistill.losses.onpolicy import CROSS_ROUTES, ONPOLICY_LOSSES, SAMPLED_LOSSES
 from xdistill.rollout.engine import RolloutConfig
 from xdistill.train.run_config import (RunConfig, RunTeacherConfig, check_loss_scale, check_path,
                                        check_teacher_names, default_out_dir, validate_run_sections,
@@ -240,14 +241,15 @@ def validate_onpolicy(cfg: OnPolicyConfig) -> OnPolicyConfig:
     if cfg.loss.reward_beta < 0:
         raise ConfigError(f"loss.reward_beta must be >= 0, got {cfg.loss.reward_beta}")
     if cfg.loss.byte_units == "token":
-        bad = [t.loss.kind for t in cfg.teachers if t.loss.kind in ("dpca", "simple_opd")]
+        chunk_only = set(BYTE_CREDIT_KINDS) - set(SAMPLED_LOSSES)   # dpca, simple_opd
+        bad = [t.loss.kind for t in cfg.teachers if t.loss.kind in chunk_only]
         if cfg.loss.credit != "byte" or bad:
             raise ConfigError("loss.byte_units = 'token' needs loss.credit = 'byte' (got "
                               f"{cfg.loss.credit!r}) and applies to k1/k3 teachers; dpca and "
                               f"simple_opd take chunk units (got {bad})")
     if cfg.loss.credit == "byte":
         for i, t in enumerate(cfg.teachers):
-            if t.loss.kind in ("k1", "k3", "dpca", "simple_opd") and t.worker.output != "logits":
+            if t.loss.kind in BYTE_CREDIT_KINDS and t.worker.output != "logits":
                 raise ConfigError(f"teachers.{i}.worker.output: loss.credit = 'byte' needs the "
                                   f"teacher's full logits (worker.output = 'logits', got "
                                   f"{t.worker.output!r}) for its {t.loss.kind!r} loss")

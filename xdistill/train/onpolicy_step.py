@@ -37,12 +37,11 @@ from xdistill.losses import MultiTeacherLoss
 from xdistill.losses.bytecredit import credit_alignment, uses_byte_credit
 from xdistill.losses.byteprefix import BytePrefixTables
 from xdistill.losses.chunks import ChunkAlignment
-from xdistill.losses.onpolicy import input_token_logprobs
 from xdistill.losses.onpolicy_kinds import FULL_LOGITS_KINDS, KINDS_2026, KindParams
 from xdistill.losses.policy import PPOClip
 from xdistill.losses.onpolicy import (SAMPLED_LOSSES, Clamps, OnPolicyLossSpec,
-                                      count_onpolicy_units, counter_keys, onpolicy_loss,
-                                      reward_weights)
+                                      count_onpolicy_units, counter_keys, input_token_logprobs,
+                                      onpolicy_loss, reward_weights)
 from xdistill.rollout.bytecredit import build_byte_terms, build_long_token_tables
 from xdistill.rollout.render import stop_token_ids
 from xdistill.train import setup
