@@ -296,28 +296,21 @@ def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, 
             align, t_chunk, credit_counters, gaps = _byte_credit(*args)
     kw = dict(align=align, t_loss_mask_BTt=t_loss_mask, sample_weight_B=sample_weight_B,
               count=count, chunk_size=chunk_size)
+    teacher = {"logits_BTtV": teacher_logits_BTtV, "ids_BTt": teacher_ids_BTt,
+               "token_logp_BTt": teacher_token_logp_BTt, "chunk_logp_BC": t_chunk,
+               "topk_logp_BTtK": topk_logp_BTtK, "topk_idx_BTtK": topk_idx_BTtK,
+               "tail": tail_logmass_BTt, "projection": projection,
+               "shared_s_idx_N": shared_s_idx_N, "shared_t_idx_N": shared_t_idx_N}
     if spec.kind in KINDS_2026:
-        if sample_weight_B is not None:
-            raise ValueError(f"on-policy loss {spec.kind!r} takes no per-sample reward weights")
-        loss, counters = kind_loss(
-            spec.kind, spec.params, student_logits_BTsV, student_ids_BTs, s_loss_mask_BTs,
-            align=align, t_loss_mask_BTt=t_loss_mask_BTt, teacher_logits_BTtV=teacher_logits_BTtV,
-            teacher_token_logp_BTt=teacher_token_logp_BTt, behaviour_logp_BTs=behaviour_logp_BTs,
-            stop_BTs=stop_BTs, ref_logp_BTs=ref_logp_BTs, shared_s_idx_N=shared_s_idx_N,
-            shared_t_idx_N=shared_t_idx_N, tables=tables, temperature=spec.temperature,
-            count=count, chunk_size=chunk_size, teacher_chunk_logp_BC=t_chunk,
-            teacher_ids_BTt=teacher_ids_BTt, long_tables=long_tables)
-        out = OnPolicyLossOutput(loss, units, counters)
+        out = _kind_2026(spec, student_logits_BTsV, student_ids_BTs, s_loss_mask_BTs, teacher, kw,
+                         units, behaviour_logp_BTs=behaviour_logp_BTs, stop_BTs=stop_BTs,
+                         ref_logp_BTs=ref_logp_BTs, tables=tables, long_tables=long_tables)
     elif spec.kind in SAMPLED_LOSSES:
         zero = stop_BTs if spec.stop_advantage == "zero" else None
         out = _sampled(spec, student_logits_BTsV, student_ids_BTs, unit_mask_BTs,
                        teacher_token_logp_BTt, teacher_logits_BTtV, teacher_ids_BTt, zero,
                        t_chunk, **kw)
     else:
-        teacher = {"logits_BTtV": teacher_logits_BTtV, "topk_logp_BTtK": topk_logp_BTtK,
-                   "topk_idx_BTtK": topk_idx_BTtK, "tail": tail_logmass_BTt,
-                   "projection": projection,
-                   "shared_s_idx_N": shared_s_idx_N, "shared_t_idx_N": shared_t_idx_N}
         out = OnPolicyLossOutput(_onfull.full_loss(spec, student_logits_BTsV, s_loss_mask_BTs,
                                                    teacher, **kw), 0, {})
     loss, counters = out.loss, {**out.counters, **credit_counters}
@@ -327,6 +320,24 @@ def onpolicy_loss(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BTs, 
         loss, counters = (loss + pen / count if n else loss), {**counters, "unpaired": n}
     return OnPolicyLossOutput(loss, units, counters, out.mean_logratio, *gaps)
 
+
+
+def _kind_2026(spec, s_logits, s_ids, s_mask, teacher: dict, kw: dict, units: int, *,
+               behaviour_logp_BTs, stop_BTs, ref_logp_BTs, tables, long_tables):
+    """A 2026 kind's loss (:mod:`xdistill.losses.onpolicy_kinds`) from :func:`onpolicy_loss`'s
+    resolved teacher inputs and keyword arguments ``kw``."""
+    if kw["sample_weight_B"] is not None:
+        raise ValueError(f"on-policy loss {spec.kind!r} takes no per-sample reward weights")
+    loss, counters = kind_loss(
+        spec.kind, spec.params, s_logits, s_ids, s_mask, align=kw["align"],
+        t_loss_mask_BTt=kw["t_loss_mask_BTt"], teacher_logits_BTtV=teacher["logits_BTtV"],
+        teacher_token_logp_BTt=teacher["token_logp_BTt"], behaviour_logp_BTs=behaviour_logp_BTs,
+        stop_BTs=stop_BTs, ref_logp_BTs=ref_logp_BTs, shared_s_idx_N=teacher["shared_s_idx_N"],
+        shared_t_idx_N=teacher["shared_t_idx_N"], tables=tables, temperature=spec.temperature,
+        count=kw["count"], chunk_size=kw["chunk_size"],
+        teacher_chunk_logp_BC=teacher["chunk_logp_BC"], teacher_ids_BTt=teacher["ids_BTt"],
+        long_tables=long_tables)
+    return OnPolicyLossOutput(loss, units, counters)
 
 def _byte_credit(spec, byte_credit, align, stop_BTs, s_logits, s_ids, s_mask, t_logits, t_ids,
                  t_mask, chunk_size, tokens: bool = False):
