@@ -216,3 +216,39 @@ def test_unknown_model_name(server, model_dir):
     with pytest.raises(TeacherError, match=r"served.model 'other' is not served there \(the "
                        r"server has \['tiny'\]\)"):
         make_client(served_config(server.url, model_dir, model="other")).start()
+
+
+class _FailingEngine:
+    """A served engine whose output shapes or forward fail (slot accounting under errors)."""
+
+    info = "fake engine info"   # what make_output would read; never reached here
+
+    def __init__(self, fail_in: str):
+        self.fail_in = fail_in
+
+    def output_spec(self, B, Tt):
+        if self.fail_in == "output_spec":
+            raise ValueError("no shapes")
+        return {}
+
+    def run_into(self, request, out):
+        raise KeyboardInterrupt   # what the lifecycle's second Ctrl-C raises in a waiting thread
+
+
+def test_failures_give_the_slot_back_and_an_interrupt_stays_an_interrupt(model_dir):
+    cfg = served_config("http://127.0.0.1:9", model_dir)
+    cfg.slots = 1
+    ids, mask = _batch()
+    client = ServedClient(cfg, engine_factory=lambda: _FailingEngine("output_spec"))
+    client.start()
+    for _ in range(2):   # the second attempt fails the same way: no slot was kept
+        with pytest.raises(ValueError, match="no shapes"):
+            client.submit(TeacherRequest(0, ids[:1], mask[:1]))
+    client.close()
+    client = ServedClient(cfg, engine_factory=lambda: _FailingEngine("run_into"))
+    client.start()
+    for _ in range(2):
+        step = client.submit(TeacherRequest(0, ids[:1], mask[:1]))
+        with pytest.raises(KeyboardInterrupt):
+            client.collect(step)
+    client.close()

@@ -148,6 +148,27 @@ def test_hung_worker_times_out_and_is_killed():
         assert not client.proc.is_alive()
 
 
+
+def test_a_hung_worker_cannot_block_a_pipelined_submit():
+    """A request larger than the pipe's buffer (8 x 4096 ids + mask, ~300 KB) submitted while the
+    worker hangs in the previous one: ``submit`` returns at once and ``collect`` fails within the
+    timeout (the write to the pipe blocked ``submit`` itself before, for ever)."""
+    cfg = TeacherConfig(name="sleepy", placement="subprocess", slots=2, timeout_s=1.0)
+    with SubprocessClient(cfg, engine_factory=functools.partial(SleepEngine, 1000.0)) as client:
+        first = client.submit(_one())
+        big_ids = torch.zeros(8, 4096, dtype=torch.long)
+        t0 = time.monotonic()
+        second = client.submit(_req(big_ids, torch.ones(8, 4096, dtype=torch.bool)))
+        big_ids.fill_(7)   # the caller may reuse its tensors once submit returned
+        assert time.monotonic() - t0 < 0.5
+        with pytest.raises(TeacherError, match=r"did not answer request 0 within 1 s \(hung\?\)"):
+            client.collect(first)
+        assert time.monotonic() - t0 < 5.0
+        assert not client.proc.is_alive()
+        with pytest.raises(TeacherError, match="unusable after an earlier failure"):
+            client.collect(second)
+    assert client.proc is None   # close() returned: no sender thread left blocked
+
 def test_worker_that_fails_to_load_reports_its_traceback():
     cfg = TeacherConfig(name="broken", placement="subprocess", startup_timeout_s=60)
     client = SubprocessClient(cfg, engine_factory=BrokenLoadEngine)

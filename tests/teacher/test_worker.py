@@ -97,6 +97,8 @@ def test_inprocess_client_and_errors(tiny_models):
         # the slot came back after the errors; steps 0 and 1 (bad ids) reached the engine
         with client.forward(_view("llama", ids, mask)) as lease:
             assert lease.output.step == 2
+    with pytest.raises(TeacherError, match="'llama' is unusable after an earlier failure: closed"):
+        client.submit(_view("llama", ids, mask))   # a closed client says so
 
 
 def test_config_and_load_errors(tmp_path):

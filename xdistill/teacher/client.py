@@ -27,6 +27,7 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 
+import numpy as np
 import torch
 
 from xdistill.child_signals import held
@@ -182,6 +183,7 @@ class InProcessClient(TeacherClient):
         if self.engine is not None and hasattr(self.engine, "close"):
             self.engine.close()
         self.engine = None
+        self._broken = self._broken or "closed"
 
 
 class _RemoteClient(TeacherClient):
@@ -271,6 +273,8 @@ class SubprocessClient(_RemoteClient):
         with held():   # the child ignores the trainer's stop signals from its first instruction
             self.proc.start()
         child.close()
+        self._sender = ThreadPoolExecutor(1, thread_name_prefix=f"xdistill-teacher-{self.name}-send")
+        self._sends: list = []   # futures of queued requests, oldest first
         self.pid = self.proc.pid
         self.reader = make_reader(self.transport)
 
@@ -291,10 +295,23 @@ class SubprocessClient(_RemoteClient):
         return teacher_error(message, tb)
 
     def _send(self, slot, step, ids, mask) -> None:
-        try:
-            self._conn.send(("forward", slot, step, ids, mask))
-        except (BrokenPipeError, OSError) as exc:
-            raise self._died() from exc
+        """Queue the request on the sender thread: a request larger than the pipe's buffer
+        blocks in ``send`` until the worker reads it, and a hung worker never does, so the
+        blocking write happens there and ``collect``'s timeout still applies. Copies of the
+        arrays travel: the caller may reuse its tensors once ``submit`` returns."""
+        self._check_sent()
+        msg = ("forward", slot, step, np.array(ids, copy=True), np.array(mask, copy=True))
+        self._sends.append(self._sender.submit(self._conn.send, msg))
+
+    def _check_sent(self) -> None:
+        """Raise the error of a failed send (the worker is gone); forget finished sends."""
+        while self._sends and self._sends[0].done():
+            exc = self._sends.pop(0).exception()
+            if isinstance(exc, (BrokenPipeError, EOFError, OSError)):
+                raise self._died() from exc
+            if exc is not None:
+                raise self._fail(f"{self._where()}: sending a request failed: "
+                                 f"{type(exc).__name__}: {exc}") from exc
 
     def _died(self) -> TeacherError:
         self.proc.join(1.0)
@@ -307,6 +324,7 @@ class SubprocessClient(_RemoteClient):
         """Next message, or TeacherError when the worker dies or ``deadline`` passes."""
         while True:
             remaining = deadline - time.monotonic()
+            self._check_sent()
             try:
                 if self._conn.poll(max(0.0, min(_POLL_S, remaining))):
                     return self._conn.recv()
@@ -336,12 +354,15 @@ class SubprocessClient(_RemoteClient):
         if proc is None:
             return
         if proc.is_alive():
+            # behind any queued request, so the worker reads it after them
+            closing = self._sender.submit(self._conn.send, ("close",))
             try:
-                self._conn.send(("close",))
-            except (BrokenPipeError, OSError):
+                closing.result(timeout=10.0)
+                proc.join(10.0)
+            except (FutureTimeout, BrokenPipeError, OSError):
                 pass
-            proc.join(10.0)
-        self._kill()
+        self._kill()     # a send still blocked on a dead worker's pipe now fails
+        self._sender.shutdown(wait=True)
         self._conn.close()
         if self.reader is not None:
             self.reader.close()
@@ -476,10 +497,14 @@ class ServedClient(InProcessClient):
         self._check_usable()
         request, slot = self._request(view), self._ring.acquire()
         self._next_step += 1
-        out = {n: torch.empty(shape, dtype=dt) for n, (shape, dt)
-               in self.engine.output_spec(*request.input_ids_BTt.shape).items()}
-        self._done[request.step] = (slot, out, self._runner.submit(self.engine.run_into,
-                                                                   request, out))
+        try:
+            out = {n: torch.empty(shape, dtype=dt) for n, (shape, dt)
+                   in self.engine.output_spec(*request.input_ids_BTt.shape).items()}
+            future = self._runner.submit(self.engine.run_into, request, out)
+        except BaseException:
+            self._ring.release(slot)
+            raise
+        self._done[request.step] = (slot, out, future)
         return request.step
 
     def collect(self, step: int, timeout: float | None = None) -> TeacherLease:
@@ -491,6 +516,8 @@ class ServedClient(InProcessClient):
             future.result(timeout)
         except BaseException as exc:
             self._ring.release(slot)
+            if not isinstance(exc, Exception):   # KeyboardInterrupt, SystemExit: as they are
+                raise
             if isinstance(exc, FutureTimeout):
                 raise self._fail(f"teacher {self.name!r} (served at {self.config.served.url}) "
                                  f"did not answer request {step} within {timeout:g} s") from None
