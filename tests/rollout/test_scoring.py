@@ -22,6 +22,7 @@ from xdistill.losses.onpolicy_kinds import KINDS_2026
 from xdistill.rollout.bytecredit import build_byte_terms
 from xdistill.rollout import (HFGenerateEngine, RolloutScorer, SamplingParams,
                               rollouts_from_segments)
+from xdistill.rollout.scoring import _truncate
 
 TEXTS = [
     ("Tell me about the sea.", [("The sea is large and deep, and it is full of salt water.", True)]),
@@ -214,3 +215,53 @@ def test_tool_spans_get_no_loss_on_any_side(get_tokenizer, student, teacher_name
         assert float(grad[rows].abs().max()) == 0.0
         assert float(outs[0].loss.detach()) == pytest.approx(float(outs[1].loss.detach()), rel=1e-6)
         assert float(grad.abs().sum()) > 0
+
+
+def test_truncate_keeps_the_bos_and_the_last_prompt_token():
+    """From the definition, over random sizes: at most max_len tokens; the prefix keeps its
+    first token when asked (the teacher's BOS) and a suffix of the rest, at least its last
+    token when there is room; the region keeps the longest head that fits."""
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        n_pre, n_reg, max_len = (int(x) for x in rng.integers([0, 0, 1], [8, 8, 14]))
+        pre, reg = np.arange(100, 100 + n_pre), np.arange(200, 200 + n_reg)
+        keep_first = n_pre > 0 and bool(rng.random() < 0.5)
+        p, r, rl, rp, cut = _truncate(pre, reg, np.ones(n_reg, bool), np.zeros(n_reg, np.int64),
+                                      max_len, keep_first)
+        if n_pre + n_reg <= max_len:
+            assert p.tolist() == pre.tolist() and r.tolist() == reg.tolist() and not cut
+            continue
+        assert p.size + r.size <= max_len
+        assert r.tolist() == reg[:r.size].tolist() and rl.size == rp.size == r.size
+        assert cut == (r.size < n_reg) and r.size == min(n_reg, max_len - p.size)
+        head = int(keep_first)
+        assert p[:head].tolist() == pre[:head].tolist()
+        body = p[head:]
+        assert body.tolist() == pre[n_pre - body.size:].tolist() if body.size else True
+        if n_pre > head and max_len > head:
+            assert body.size >= 1     # the prompt's last token survives
+        assert body.size == min(max(max_len - n_reg - head, 1), n_pre - head, max(max_len - head, 0))
+
+
+def test_a_cut_teacher_row_keeps_its_bos(get_tokenizer, student):
+    """A teacher whose max_len is shorter than prompt + response: the prompt is cut from the left
+    and the row still starts with the BOS the teacher asked for."""
+    tok, _ = student
+    ttok = get_tokenizer("mistral")
+    ro = rollouts_from_segments(tok, [p for p, _ in TEXTS], [s for _, s in TEXTS])
+    spec = TeacherTokenization("t", ttok, max_len=14, add_bos=True)
+    view = RolloutScorer(tok, [spec])(ro).batch.teacher("t")
+    for row in range(len(TEXTS)):
+        n = int(view.attention_mask_BTt[row].sum())
+        assert n <= 14 and int(view.input_ids_BTt[row, 0]) == ttok.bos_id
+
+
+def test_identity_teacher_row_longer_than_its_max_len_is_an_error(student):
+    tok, _ = student
+    ro = rollouts_from_segments(tok, [p for p, _ in TEXTS], [s for _, s in TEXTS])
+    longest = int((ro.prompt_len_B + ro.response_len_B).max())
+    RolloutScorer(tok, [TeacherTokenization("same", tok, max_len=longest)])(ro)
+    with pytest.raises(ValueError, match=rf"teacher 'same' uses the student's tokenizer .* row "
+                                         rf"\d has {longest} tokens, more than its max_len "
+                                         rf"{longest - 1}"):
+        RolloutScorer(tok, [TeacherTokenization("same", tok, max_len=longest - 1)])(ro)

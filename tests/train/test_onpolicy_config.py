@@ -87,3 +87,20 @@ def test_rollout_beyond_the_students_positions_fails_before_generation(tmp_path)
     with pytest.raises(ConfigError, match=r"rollout.max_prompt_len \+ rollout.max_new_tokens: "
                                           r"10032 student tokens .* exceed the model's \d+ positions"):
         run_onpolicy(from_dict(OnPolicyConfig, d))
+
+
+def test_a_same_tokenizer_teacher_must_hold_the_longest_row(tmp_path):
+    """Its rows are the student's, not cut (a cut would move its positions off the student's)."""
+    from xdistill.train.onpolicy_step import build_onpolicy_plan
+
+    cfg = _cfg(tmp_path, kind="k1")
+    cfg.teachers[0].tokenizer = "gpt2"   # the student's
+    longest = cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens
+    cfg.teachers[0].max_len = longest
+    build_onpolicy_plan(cfg)
+    cfg.teachers[0].max_len = longest - 1
+    with pytest.raises(ConfigError, match=rf"^teachers\.0\.max_len = {longest - 1}: teacher 't' "
+                                          rf"uses the student's tokenizer .* = {longest} tokens"):
+        build_onpolicy_plan(cfg)
+    cfg.teachers[0].tokenizer = "qwen2"  # another tokenizer: its prompt is cut instead
+    build_onpolicy_plan(cfg)

@@ -193,7 +193,7 @@ class RolloutScorer:
         for spec in self.teachers:
             if (spec.tokenizer.fingerprint == self.student.fingerprint
                     and bool(spec.add_bos) == self.student_add_bos):
-                view = _identity_view(spec.name, ids, attn, loss)
+                view = _identity_view(spec, ids, attn, loss)
                 t_tool[spec.name], dp[spec.name] = tool_ratio, 0.0
                 unal[spec.name], missing[spec.name] = 0.0, 0
             else:
@@ -241,7 +241,8 @@ class RolloutScorer:
                     t_ids, t_ph = np.append(t_ids, int(end)), np.append(t_ph, 0)
                     t_loss = np.append(t_loss, bool(ro.response_mask_BTr[b, r - 1]))
                     t_stop = True
-            pre, t_ids, t_loss, t_ph, cut = _truncate(pre, t_ids, t_loss, t_ph, spec.max_len)
+            pre, t_ids, t_loss, t_ph, cut = _truncate(pre, t_ids, t_loss, t_ph, spec.max_len,
+                                                      keep_first=_starts_with_bos(pre, tok))
             seen = int(reg.ends_T[t_ids.size - 1]) if t_ids.size and cut else len(raw)
             out.append((pre, t_ids, t_loss, t_ph, t_stop and not cut, reg.missing_bytes, seen))
         return out
@@ -328,19 +329,34 @@ class RolloutScorer:
         return out, bad_bytes / max(tot_bytes, 1)
 
 
-def _truncate(pre, reg, reg_loss, reg_ph, max_len):
+def _starts_with_bos(pre, tok) -> bool:
+    return bool(pre.size) and tok.bos_id is not None and int(pre[0]) == int(tok.bos_id)
+
+
+def _truncate(pre, reg, reg_loss, reg_ph, max_len, keep_first: bool = False):
     """Fit ``prefix + region`` into ``max_len`` teacher tokens: drop prefix tokens from the left
-    first (the generation prompt survives), then region tokens from the right. The last value
-    tells whether region tokens were cut."""
+    first, keeping the first one when ``keep_first`` (the teacher's BOS) and at least the last
+    one, then region tokens from the right. The last value tells whether region tokens were
+    cut."""
     if max_len is None or pre.size + reg.size <= max_len:
         return pre, reg, reg_loss, reg_ph, False
-    keep_pre = max(max_len - reg.size, 1)
-    pre = pre[-keep_pre:]
+    head = pre[:1] if keep_first else pre[:0]
+    body = pre[head.size:]
+    keep = min(max(max_len - reg.size - head.size, 1), body.size, max(max_len - head.size, 0))
+    pre = np.concatenate([head, body[body.size - keep:]])
     room = max(max_len - pre.size, 0)
     return pre, reg[:room], reg_loss[:room], reg_ph[:room], room < reg.size
 
 
-def _identity_view(name: str, ids, attn, loss) -> TeacherView:
+def _identity_view(spec, ids, attn, loss) -> TeacherView:
+    """The student's rows as they are (same tokenizer and BOS); a row longer than the teacher's
+    ``max_len`` is an error (cutting it would move the teacher's positions off the student's)."""
+    name, lengths = spec.name, attn.sum(1)
+    if spec.max_len is not None and int(lengths.max()) > spec.max_len:
+        b = int(lengths.argmax())
+        raise ValueError(f"teacher {name!r} uses the student's tokenizer and scores its rows as "
+                         f"they are, but row {b} has {int(lengths[b])} tokens, more than its "
+                         f"max_len {spec.max_len}")
     B, T = ids.shape
     pos = torch.arange(T).expand(B, T)
     chunk = torch.where(attn, pos, torch.full_like(pos, -1))

@@ -93,11 +93,23 @@ def build_onpolicy_plan(cfg: OnPolicyConfig) -> OnPolicyPlan:
     plan = OnPolicyPlan(student)
     for i, t in enumerate(cfg.teachers):
         plan.teachers[t.name] = _plan_teacher_loss(plan, t, plan_teacher(t, i, student), clamps, lc)
+        _check_same_tokenizer_length(cfg, t, plan.teachers[t.name])
     resolve_bos_settings(cfg, plan, "rollout")
     if lc.offpolicy_lambda > 0:
         resolve_student_bos(cfg, student, "offpolicy.data")
         plan.mix_specs = mix_specs(cfg, plan)
     return plan
+
+
+def _check_same_tokenizer_length(cfg: OnPolicyConfig, t, tp: TeacherPlan) -> None:
+    """A same-tokenizer teacher scores the student's own rows, which are not cut: its
+    ``max_len`` must hold the longest row (``rollout.max_prompt_len + rollout.max_new_tokens``)."""
+    longest = cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens
+    if tp.same_tokenizer and t.max_len is not None and t.max_len < longest:
+        raise ConfigError(f"{tp.key}.max_len = {t.max_len}: teacher {t.name!r} uses the student's "
+                          f"tokenizer and scores the student's rows as they are, up to "
+                          f"rollout.max_prompt_len + rollout.max_new_tokens = {longest} tokens; "
+                          f"raise max_len to {longest} (or null) or shorten the rollouts")
 
 
 def _plan_teacher_loss(plan: OnPolicyPlan, t, tp: TeacherPlan, clamps, lc) -> TeacherPlan:

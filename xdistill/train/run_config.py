@@ -128,6 +128,8 @@ class RunTeacherConfig:
     tokenizer: str = ""
     # most teacher tokens per row; null = no limit. Off-policy: longer windows are cut at a byte
     # boundary shared with the student; on-policy: a scored row's prompt is cut from the left first
+    # (its BOS kept), except for a teacher of the student's tokenizer, which scores the student's
+    # rows as they are and must hold rollout.max_prompt_len + rollout.max_new_tokens
     max_len: int | None = None
     # prepend this teacher's BOS token to each of its rows (on-policy: unless its rendered prompt
     # already starts with it); null = the teacher model's own default (Gemma adds its <bos>,
