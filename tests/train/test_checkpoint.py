@@ -22,6 +22,7 @@ from xdistill.train.checkpoint import (
     CheckpointError,
     checkpoint_dir,
     latest_checkpoint,
+    set_aside_newer,
     list_checkpoints,
     load_checkpoint,
     resolve_resume,
@@ -103,6 +104,18 @@ def test_keep_last_prunes_old_checkpoints(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_0000003", "step_0000004"]
     save_checkpoint(tmp_path, 4, model, opt, sched, keep_last=2)  # re-saving a step replaces it
     assert latest_checkpoint(tmp_path) == checkpoint_dir(tmp_path, 4)
+
+
+def test_later_checkpoints_are_set_aside_not_deleted(tmp_path):
+    model, opt, sched = _fresh()
+    for step in (2, 4, 6):
+        save_checkpoint(tmp_path, step, model, opt, sched)
+    (tmp_path / "step_0000006.abandoned").mkdir()          # set aside by an earlier restart
+    moved = set_aside_newer(tmp_path, 2)
+    assert [p.name for p in moved] == ["step_0000004.abandoned", "step_0000006.abandoned-2"]
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [2]
+    assert (tmp_path / "step_0000006.abandoned-2" / COMPLETE).is_file()
+    assert set_aside_newer(tmp_path, 2) == [] and set_aside_newer(tmp_path / "none", 0) == []
 
 
 def test_incomplete_folders_are_skipped_and_resume_semantics(tmp_path):

@@ -109,6 +109,35 @@ def test_kill_and_resume_is_bitwise(tmp_path, tiny_assets):
         assert lrs[s] == pytest.approx(want, rel=1e-9), s
 
 
+
+@pytest.mark.integration
+def test_resuming_an_older_checkpoint_sets_the_later_ones_aside(tmp_path, tiny_assets):
+    """Back to step 2 of a 6-step run (checkpoints every 2, keep_last 2), now for 3 steps: the
+    later checkpoints (4, 6) are renamed, not deleted, so keep_last keeps the new branch's step
+    3 (it used to delete it at once, 4 and 6 having higher steps) and resume: auto finds it."""
+    from xdistill.train.checkpoint import latest_checkpoint
+
+    cfg = base_config(tiny_assets, tmp_path / "run")
+    cfg["checkpoint"].update(every=2, keep_last=2)
+    _train(tmp_path, "first", cfg)
+    root = tmp_path / "run" / "checkpoints"
+    first = root / "step_0000002"
+    assert not first.exists()      # pruned: keep_last 2 kept 4 and 6
+    # a copy of step 2 from another run of the same config, resumed by path
+    cfg2 = base_config(tiny_assets, tmp_path / "other")
+    cfg2["checkpoint"].update(every=2, keep_last=0)
+    cfg2["train"]["steps"] = 2
+    _train(tmp_path, "other", cfg2)
+    cfg["checkpoint"]["every"] = 1
+    cfg["train"]["steps"] = 3
+    proc = _train(tmp_path, "back", cfg,
+                  extra=["--resume", str(tmp_path / "other" / "checkpoints" / "step_0000002")])
+    assert "2 checkpoint(s) of later steps set aside as another branch" in proc.stderr
+    names = sorted(p.name for p in root.iterdir())
+    assert names == ["step_0000003", "step_0000004.abandoned", "step_0000006.abandoned"], names
+    assert latest_checkpoint(root) == root / "step_0000003"
+    assert (root / "step_0000006.abandoned" / "COMPLETE").is_file()   # intact, loadable by path
+
 @pytest.mark.integration
 def test_kill_and_resume_is_bitwise_under_auto_bf16(tmp_path, tiny_assets):
     """dtype auto resolved to bfloat16 (XDISTILL_AUTO_DTYPE stands in for a CPU with AMX in

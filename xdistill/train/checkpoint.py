@@ -17,7 +17,10 @@ by :func:`latest_checkpoint` and deleted by the next save) or a finished checkpo
 good checkpoint is never touched before the new one is complete. A failed write (a full disk:
 ``ENOSPC``, or torch's ``inline_container.cc ... unexpected pos``, also inside DCP's
 ``CheckpointException``) removes the ``.tmp`` folder and raises one :class:`CheckpointError` line
-naming the folder and the intact previous checkpoint. Keep-last-N pruning runs after the rename. With several nodes, ``root`` must be on a file system all ranks share.
+naming the folder and the intact previous checkpoint. Keep-last-N pruning runs after the rename. A run
+that starts before the latest checkpoint (resumed from an older one, or fresh in a used folder)
+renames the later ones ``step_N.abandoned`` first (:func:`set_aside_newer`): pruning and
+``resume: auto`` then see only its own branch. With several nodes, ``root`` must be on a file system all ranks share.
 
 Works on one plain process (no process group) and with FSDP2 (sharded DTensor states through
 ``get_state_dict``/``set_state_dict``). The ``.pt`` files are loaded with ``weights_only=False``
@@ -196,6 +199,26 @@ def _finalize(tmp: Path, final: Path, meta: dict[str, Any]) -> None:
     _fsync_file(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def set_aside_newer(root: str | os.PathLike, step: int) -> list[Path]:
+    """Rename the complete checkpoints of ``root`` past ``step`` to ``step_N.abandoned`` (then
+    ``.abandoned-2``, ...); returns their new paths. A run that starts at ``step`` (resumed from
+    an older checkpoint, or fresh in a used folder) writes its own ``step_N`` after it: left in
+    place, those of the abandoned branch would outlive the new ones under keep-last pruning (it
+    keeps the highest steps) and be the ones ``resume: auto`` picks. Renamed, not deleted: they
+    stay loadable by path once renamed back."""
+    moved = []
+    for old_step, path in list_checkpoints(root):
+        if old_step <= step:
+            continue
+        target, k = path.with_name(path.name + ".abandoned"), 1
+        while target.exists():
+            k += 1
+            target = path.with_name(f"{path.name}.abandoned-{k}")
+        os.replace(path, target)
+        moved.append(target)
+    return moved
 
 
 def prune_checkpoints(root: str | os.PathLike, keep_last: int) -> list[Path]:

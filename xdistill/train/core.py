@@ -156,6 +156,21 @@ def maybe_resume(run: Run) -> None:
         log.info("resumed from %s at step %d", path, state.step)
 
 
+def set_aside_abandoned(run: Run) -> None:
+    """Rank 0: rename this run's checkpoints past its start step, a branch it abandons
+    (:func:`xdistill.train.checkpoint.set_aside_newer`), and say so."""
+    # deferred: torch.distributed.checkpoint via train.checkpoint (~1 s import)
+    from xdistill.train.checkpoint import set_aside_newer
+
+    if not xdist.is_main_process():
+        return
+    moved = set_aside_newer(out_path(run.cfg, "checkpoints"), run.start_step)
+    if moved:
+        log.warning("this run starts at step %d: %d checkpoint(s) of later steps set aside as "
+                    "another branch (resume: auto and keep_last now ignore them): %s",
+                    run.start_step, len(moved), ", ".join(p.name for p in moved))
+
+
 def save(run: Run, step: int) -> None:
     """Checkpoint model, optimizer, scheduler and every loader's state at ``step``."""
     # deferred: torch.distributed.checkpoint via train.checkpoint (~1 s import)
@@ -387,6 +402,7 @@ def _run_locked(run: Run) -> dict:
     cfg, mode = run.cfg, run.mode
     maybe_resume(run)
     trim_logs(out_path(cfg), run.start_step)
+    set_aside_abandoned(run)
     run.writer = open_metrics(cfg, mode.console_keys(cfg))
     run.trackers = _open_trackers(cfg)
     if xdist.is_main_process():

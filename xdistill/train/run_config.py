@@ -88,7 +88,8 @@ class CheckpointConfig:
     every: int = 0
     # keep the newest N complete checkpoints (0 = keep all)
     keep_last: int = 2
-    # "auto" (latest complete checkpoint in out_dir/checkpoints, if any), a checkpoint path, or ""
+    # "auto" (latest complete checkpoint in out_dir/checkpoints, if any), a checkpoint path, or "";
+    # a run starting before the latest step renames the later checkpoints step_N.abandoned
     resume: str = "auto"
     # write a Hugging Face model folder (save_pretrained + tokenizer) to out_dir/export at the end
     export_hf: bool = True
