@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from conftest import base_config, run_cli, write_config
+from train_helpers import base_config, run_cli, write_config
 
 from xdistill.config import from_dict
 from xdistill.metrics import read_metrics

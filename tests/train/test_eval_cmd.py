@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from conftest import base_config, write_config
+from train_helpers import base_config, write_config
 
 from xdistill.commands.eval import main
 from xdistill.errors import ConfigError

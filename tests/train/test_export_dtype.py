@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import base_config, exported_weights
+from train_helpers import base_config, exported_weights
 
 from xdistill.config import from_dict
 from xdistill.student.model import export_dtype, stock_dtype

@@ -4,7 +4,6 @@ signals (SIGTERM, Ctrl-C, to the process or its group): tests/train/test_stop_si
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import signal
@@ -19,11 +18,8 @@ from xdistill.errors import ConfigError
 from xdistill.metrics import drop_records_after, read_metrics
 from xdistill.train.lifecycle import acquire_run_lock
 
-_spec = importlib.util.spec_from_file_location("train_conftest_helpers_life",
-                                               Path(__file__).resolve().parent / "conftest.py")
-helpers = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(helpers)
-base_config, write_config, _env = helpers.base_config, helpers.write_config, helpers._env
+import train_helpers as helpers
+from train_helpers import _env, base_config, write_config
 
 
 def _steps(path: Path) -> list[int]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 import onpolicy_helpers as H  # pytest puts this test's folder on sys.path
-from conftest import base_config
+from train_helpers import base_config
 
 from xdistill.config import from_dict
 from xdistill.metrics import read_metrics

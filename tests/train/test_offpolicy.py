@@ -7,7 +7,6 @@ BPE (cross-tokenizer teacher, pkl through a built projection) and a same-tokeniz
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -17,11 +16,8 @@ import torch
 
 from xdistill.metrics import read_metrics
 
-_here = Path(__file__).resolve().parent
-_spec = importlib.util.spec_from_file_location("train_conftest_helpers", _here / "conftest.py")
-helpers = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(helpers)
-base_config, run_cli, write_config = helpers.base_config, helpers.run_cli, helpers.write_config
+import train_helpers as helpers
+from train_helpers import base_config, run_cli, write_config
 
 
 def _train(tmp: Path, name: str, cfg: dict, nproc: int = 1, expect_rc: int = 0, extra=(),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from conftest import base_config
+from train_helpers import base_config
 
 from xdistill.config import from_dict
 from xdistill.train.config import OffPolicyConfig

@@ -16,7 +16,6 @@ variant runs the issue's 10 + 10.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -28,11 +27,8 @@ from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location("train_conftest_helpers_signals",
-                                               Path(__file__).resolve().parent / "conftest.py")
-helpers = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(helpers)
-base_config, write_config, _env = helpers.base_config, helpers.write_config, helpers._env
+import train_helpers as helpers
+from train_helpers import _env, base_config, write_config
 train_records = helpers.train_records
 REPO = helpers.REPO
 LOSS_KEYS = ("loss", "cross/loss", "same/loss", "ce", "grad_norm", "lr")

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import base_config, train_records
+from train_helpers import base_config, train_records
 
 from xdistill.config import from_dict
 from xdistill.train.config import OffPolicyConfig
