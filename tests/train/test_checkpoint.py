@@ -25,6 +25,7 @@ from xdistill.train.checkpoint import (
     set_aside_newer,
     list_checkpoints,
     load_checkpoint,
+    recover_interrupted,
     resolve_resume,
     save_checkpoint,
 )
@@ -104,6 +105,49 @@ def test_keep_last_prunes_old_checkpoints(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_0000003", "step_0000004"]
     save_checkpoint(tmp_path, 4, model, opt, sched, keep_last=2)  # re-saving a step replaces it
     assert latest_checkpoint(tmp_path) == checkpoint_dir(tmp_path, 4)
+
+
+class _Crash(Exception):
+    pass
+
+
+def _crash_between_renames(monkeypatch, tmp_path, model, opt, sched, step):
+    """Re-save ``step`` and die after the old copy is moved aside, before the new one is in."""
+    real_replace, calls = os.replace, []
+
+    def replace(src, dst):
+        calls.append((src, dst))
+        if len(calls) == 2:
+            raise _Crash
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(_Crash):
+        save_checkpoint(tmp_path, step, model, opt, sched)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert calls[0][1].name == f"step_{step:07d}.old"
+
+
+def test_a_resave_interrupted_between_its_renames_is_recovered(tmp_path, monkeypatch):
+    model, opt, sched = _fresh()
+    save_checkpoint(tmp_path, 2, model, opt, sched)
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    save_checkpoint(tmp_path, 4, model, opt, sched)
+    _crash_between_renames(monkeypatch, tmp_path, model, opt, sched, 4)
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [2]      # step 4 only as step_4.old
+    assert resolve_resume("auto", tmp_path) == checkpoint_dir(tmp_path, 4)  # renamed back
+    model2, opt2, sched2 = _fresh()
+    assert load_checkpoint(checkpoint_dir(tmp_path, 4), model2, opt2, sched2).step == 4
+    assert all(torch.equal(saved[k], v) for k, v in model2.state_dict().items())
+    assert recover_interrupted(tmp_path) == [] and recover_interrupted(tmp_path / "none") == []
+    # without a resume, the next save restores it instead of deleting it as a crash leftover
+    _crash_between_renames(monkeypatch, tmp_path, model, opt, sched, 4)
+    save_checkpoint(tmp_path, 5, model, opt, sched)
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [2, 4, 5]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step_0000002", "step_0000004", "step_0000005"]
 
 
 def test_later_checkpoints_are_set_aside_not_deleted(tmp_path):

@@ -14,8 +14,10 @@ Atomicity: everything is written into ``step_XXXXXXX.tmp/``; when every rank has
 barrier), rank 0 fsyncs, writes ``COMPLETE`` and renames the folder to ``step_XXXXXXX`` (an
 atomic rename on POSIX file systems). A crash at any point leaves either a ``.tmp`` folder (ignored
 by :func:`latest_checkpoint` and deleted by the next save) or a finished checkpoint; the previous
-good checkpoint is never touched before the new one is complete. A failed write (a full disk:
-``ENOSPC``, or torch's ``inline_container.cc ... unexpected pos``, also inside DCP's
+good checkpoint is never touched before the new one is complete. Re-saving a step that exists
+moves the old copy to ``step_N.old`` just before the rename; a crash between the two renames leaves
+it there, and resuming or the next save renames it back (:func:`recover_interrupted`). A failed
+write (a full disk: ``ENOSPC``, or torch's ``inline_container.cc ... unexpected pos``, also inside DCP's
 ``CheckpointException``) removes the ``.tmp`` folder and raises one :class:`CheckpointError` line
 naming the folder and the intact previous checkpoint. Keep-last-N pruning runs after the rename. A run
 that starts before the latest checkpoint (resumed from an older one, or fresh in a used folder)
@@ -106,11 +108,37 @@ def latest_checkpoint(root: str | os.PathLike) -> Path | None:
     return found[-1][1] if found else None
 
 
+def recover_interrupted(root: str | os.PathLike) -> list[Path]:
+    """Rename each complete ``step_N.old`` whose ``step_N`` is missing back to ``step_N`` (a crash
+    while re-saving step N, between moving the old copy aside and renaming the new one in);
+    returns the restored folders. Safe on every rank at once: a rank that loses the race to rename
+    finds the folder already restored."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    restored = []
+    for child in sorted(root.iterdir()):
+        stem, dot, suffix = child.name.rpartition(".")
+        if not (dot and suffix == "old" and _STEP_DIR.match(stem)):
+            continue
+        final = child.with_name(stem)
+        if final.exists() or not (child / COMPLETE).is_file():
+            continue
+        try:
+            os.replace(child, final)
+        except FileNotFoundError:  # another rank restored it first
+            continue
+        restored.append(final)
+    return restored
+
+
 def resolve_resume(resume: str | None, root: str | os.PathLike) -> Path | None:
     """``--resume`` semantics: None/"" -> no resume; "auto" -> the latest complete checkpoint
-    under ``root`` (None when there is none yet); otherwise a path that must be complete."""
+    under ``root`` (None when there is none yet); otherwise a path that must be complete. A
+    re-save interrupted between its two renames is recovered first (:func:`recover_interrupted`)."""
     if not resume:
         return None
+    recover_interrupted(root)
     if resume == "auto":
         return latest_checkpoint(root)
     path = Path(resume)
@@ -168,9 +196,10 @@ def _model_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer | None
 
 
 def _prepare_tmp(root: Path, tmp: Path) -> None:
-    """Rank 0: create ``root``, delete stale ``*.tmp``/``*.old`` folders (crash leftovers), make
-    ``tmp``."""
+    """Rank 0: create ``root``, restore an interrupted re-save's ``step_N.old``, delete stale
+    ``*.tmp``/``*.old`` folders (crash leftovers), make ``tmp``."""
     root.mkdir(parents=True, exist_ok=True)
+    recover_interrupted(root)
     for child in root.iterdir():
         stem, dot, suffix = child.name.rpartition(".")
         if dot and suffix in ("tmp", "old") and _STEP_DIR.match(stem) and child.is_dir():
