@@ -1,0 +1,326 @@
+"""Teacher clients for other processes: a spawned subprocess or a Ray actor.
+
+:mod:`xdistill.teacher.client` documents their surface and failure rules. Requests go out as slot
+numbers plus token ids; outputs come back through the transport's slots."""
+
+from __future__ import annotations
+
+import functools
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
+
+import numpy as np
+import torch
+
+from xdistill.child_signals import held
+from xdistill.errors import TeacherError
+from xdistill.teacher.client_base import TeacherClient, teacher_error
+from xdistill.teacher.host import RayHost, subprocess_main
+from xdistill.teacher.transport import TeacherLease, choose_transport, make_reader
+from xdistill.teacher.worker import make_output
+
+_POLL_S = 0.05
+
+
+def _describe_exit(code) -> str:
+    if code is None:
+        return "is unreachable"
+    if code < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+
+class _RemoteClient(TeacherClient):
+    """Shared logic of subprocess and Ray teachers: slots, replies, leases."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.reader = None
+        self._pending: dict[int, int] = {}   # step -> slot
+        self._replies: dict[int, tuple] = {}  # step -> ("ok", reply) | ("error", step, tb)
+        self.pid = None
+
+    def _where(self) -> str:
+        return f"teacher {self.name!r} ({self.placement} pid {self.pid})"
+
+    def submit(self, view) -> int:
+        self._check_usable()
+        request = self._request(view)
+        slot = self._ring.acquire()
+        try:
+            self.reader.wait_reusable(slot)
+            self._send(slot, request.step, request.input_ids_BTt.detach().cpu().long().numpy(),
+                       request.attention_mask_BTt.detach().cpu().numpy())
+        except BaseException:
+            self._ring.release(slot)
+            raise
+        self._next_step += 1
+        self._pending[request.step] = slot
+        return request.step
+
+    def collect(self, step: int, timeout: float | None = None) -> TeacherLease:
+        if step not in self._pending:
+            raise TeacherError(f"teacher {self.name!r}: step {step} was not submitted")
+        self._check_usable()
+        timeout = self.config.timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while step not in self._replies:
+            self._receive_one(step, deadline, timeout)
+        slot = self._pending.pop(step)
+        msg = self._replies.pop(step)
+        if msg[0] == "error":
+            self._ring.release(slot)
+            first = msg[2].strip().splitlines()[-1]
+            raise teacher_error(f"{self._where()} raised on request {step}: {first}", msg[2])
+        reply = msg[1]
+        try:
+            tensors = self.reader.read(slot, reply["meta"])
+        except BaseException:
+            self._ring.release(slot)
+            raise
+        output = make_output(self.info, step, tensors)
+        return TeacherLease(output, functools.partial(self._release, slot))
+
+    def _release(self, slot: int) -> None:
+        if self.reader is not None:
+            self.reader.release(slot)
+        self._ring.release(slot)
+
+    def _store(self, msg: tuple) -> None:
+        if msg[0] == "ok":
+            self._replies[msg[1]["step"]] = msg
+        elif msg[0] == "error":
+            self._replies[msg[1]] = msg
+        else:
+            raise self._fail(f"{self._where()} sent an unexpected message {msg[0]!r}")
+
+    def _send(self, slot, step, ids, mask) -> None:
+        raise NotImplementedError
+
+    def _receive_one(self, step: int, deadline: float, timeout: float) -> None:
+        raise NotImplementedError
+
+
+class SubprocessClient(_RemoteClient):
+    """The engine runs in a spawned ``torch.multiprocessing`` process on this node."""
+
+    placement = "subprocess"
+
+    def start(self) -> None:
+        ctx = torch.multiprocessing.get_context("spawn")
+        self.transport = choose_transport(self.config.transport, "subprocess", self.config.device)
+        self._conn, child = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(target=subprocess_main, daemon=True,
+                                name=f"xdistill-teacher-{self.name}",
+                                args=(child, self.engine_factory, self.transport,
+                                      self.config.slots, self.config.num_threads))
+        with held():   # the child ignores the trainer's stop signals from its first instruction
+            self.proc.start()
+        child.close()
+        self._sender = ThreadPoolExecutor(1, thread_name_prefix=f"xdistill-teacher-{self.name}-send")
+        self._sends: list = []   # futures of queued requests, oldest first
+        self.pid = self.proc.pid
+        self.reader = make_reader(self.transport)
+
+    def wait_ready(self):
+        if self.info is not None:
+            return self.info
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        msg = self._recv(deadline, self.config.startup_timeout_s, "to start")
+        if msg[0] != "ready":
+            self._kill()
+            first = msg[2].strip().splitlines()[-1]
+            raise self._fail_tb(f"{self._where()} failed to start: {first}", msg[2])
+        self.info = msg[1]
+        return self.info
+
+    def _fail_tb(self, message: str, tb: str) -> TeacherError:
+        self._broken = message
+        return teacher_error(message, tb)
+
+    def _send(self, slot, step, ids, mask) -> None:
+        """Queue the request on the sender thread: a request larger than the pipe's buffer
+        blocks in ``send`` until the worker reads it, and a hung worker never does, so the
+        blocking write happens there and ``collect``'s timeout still applies. Copies of the
+        arrays travel: the caller may reuse its tensors once ``submit`` returns."""
+        self._check_sent()
+        msg = ("forward", slot, step, np.array(ids, copy=True), np.array(mask, copy=True))
+        self._sends.append(self._sender.submit(self._conn.send, msg))
+
+    def _check_sent(self) -> None:
+        """Raise the error of a failed send (the worker is gone); forget finished sends."""
+        while self._sends and self._sends[0].done():
+            exc = self._sends.pop(0).exception()
+            if isinstance(exc, (BrokenPipeError, EOFError, OSError)):
+                raise self._died() from exc
+            if exc is not None:
+                raise self._fail(f"{self._where()}: sending a request failed: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+
+    def _died(self) -> TeacherError:
+        self.proc.join(1.0)
+        err = self._fail(f"{self._where()} {_describe_exit(self.proc.exitcode)}")
+        if self.reader is not None:
+            self.reader.forget_worker(self.pid)
+        return err
+
+    def _recv(self, deadline: float, timeout: float, what: str) -> tuple:
+        """Next message, or TeacherError when the worker dies or ``deadline`` passes."""
+        while True:
+            remaining = deadline - time.monotonic()
+            self._check_sent()
+            try:
+                if self._conn.poll(max(0.0, min(_POLL_S, remaining))):
+                    return self._conn.recv()
+            except (EOFError, OSError):
+                raise self._died() from None
+            if not self.proc.is_alive():
+                if self._conn.poll(0):  # it answered, then exited
+                    continue
+                raise self._died()
+            if remaining <= 0:
+                self._kill()
+                raise self._fail(f"{self._where()} did not answer {what} within {timeout:g} s "
+                                 "(hung?); the worker was killed")
+
+    def _receive_one(self, step: int, deadline: float, timeout: float) -> None:
+        self._store(self._recv(deadline, timeout, f"request {step}"))
+
+    def _kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(5.0)
+        if self.reader is not None:
+            self.reader.forget_worker(self.pid)
+
+    def close(self) -> None:
+        proc = getattr(self, "proc", None)
+        if proc is None:
+            return
+        if proc.is_alive():
+            # behind any queued request, so the worker reads it after them
+            closing = self._sender.submit(self._conn.send, ("close",))
+            try:
+                closing.result(timeout=10.0)
+                proc.join(10.0)
+            except (FutureTimeout, BrokenPipeError, OSError):
+                pass
+        self._kill()     # a send still blocked on a dead worker's pipe now fails
+        self._sender.shutdown(wait=True)
+        self._conn.close()
+        if self.reader is not None:
+            self.reader.close()
+        self.proc = None
+        self._broken = self._broken or "closed"
+
+
+class RayClient(_RemoteClient):
+    """The engine runs in a Ray actor (``config.ray`` resources; ``ray.init`` is the caller's)."""
+
+    placement = "ray"
+
+    def __init__(self, *args, scheduling_strategy=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.scheduling_strategy = scheduling_strategy
+        self.actor = None
+        self._refs: dict[int, object] = {}
+
+    def _options(self) -> dict:
+        r = self.config.ray
+        opts = {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus, "max_restarts": 0,
+                "resources": dict(r.resources)}
+        if self.scheduling_strategy is not None:
+            opts["scheduling_strategy"] = self.scheduling_strategy
+        elif r.node_id:
+            # deferred: ray (optional extra `ray`)
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(r.node_id, soft=False)
+        return opts
+
+    def start(self) -> None:
+        # deferred: ray (optional extra `ray`)
+        import ray
+
+        if not ray.is_initialized():
+            raise TeacherError(f"teacher {self.name!r} has placement 'ray' but Ray is not "
+                               "initialised; call ray.init(...) first")
+        self.actor = ray.remote(**self._options())(RayHost).remote()
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        node = self._get(self.actor.node_id.remote(), deadline, self.config.startup_timeout_s,
+                         "to start")
+        same = node == ray.get_runtime_context().get_node_id()
+        self.transport = choose_transport(self.config.transport, "ray", self.config.device, same)
+        self.reader = make_reader(self.transport)
+        self._setup_ref = self.actor.setup.remote(self.engine_factory, self.transport,
+                                                  self.config.slots, self.config.num_threads)
+
+    def wait_ready(self):
+        if self.info is not None:
+            return self.info
+        msg = self._get(self._setup_ref, time.monotonic() + self.config.startup_timeout_s,
+                        self.config.startup_timeout_s, "to load its model")
+        if msg[0] != "ready":
+            first = msg[2].strip().splitlines()[-1]
+            self._broken = f"{self._where()} failed to start: {first}"
+            raise teacher_error(self._broken, msg[2])
+        self.info = msg[1]
+        self.pid = self.info.pid
+        return self.info
+
+    def _get(self, ref, deadline: float, timeout: float, what: str):
+        # deferred: ray (optional extra `ray`)
+        import ray
+        # deferred: ray (optional extra `ray`)
+        from ray.exceptions import GetTimeoutError, RayActorError, RayError
+
+        try:
+            return ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+        except GetTimeoutError:
+            self._kill()
+            raise self._fail(f"{self._where()} did not answer {what} within {timeout:g} s "
+                             "(hung?); the actor was killed") from None
+        except RayActorError as exc:
+            if self.reader is not None and self.transport == "shm" and self.pid:
+                self.reader.forget_worker(self.pid)
+            raise self._fail(f"{self._where()} died: {str(exc).strip().splitlines()[0]}") from None
+        except RayError as exc:
+            raise self._fail(f"{self._where()} failed: {exc}") from None
+
+    def _send(self, slot, step, ids, mask) -> None:
+        self._refs[step] = self.actor.forward.remote(slot, step, ids, mask)
+
+    def _receive_one(self, step: int, deadline: float, timeout: float) -> None:
+        ref = self._refs.pop(step)
+        self._store(self._get(ref, deadline, timeout, f"request {step}"))
+
+    def _kill(self) -> None:
+        # deferred: ray (optional extra `ray`)
+        import ray
+
+        if self.actor is not None:
+            ray.kill(self.actor, no_restart=True)
+        if self.reader is not None and self.transport == "shm" and self.pid:
+            self.reader.forget_worker(self.pid)
+
+    def close(self) -> None:
+        # deferred: ray (optional extra `ray`)
+        import ray
+
+        if self.actor is None:
+            return
+        if self._broken is None:
+            try:
+                ray.get(self.actor.close.remote(), timeout=10.0)
+            except Exception:
+                pass
+        self._kill()
+        self.actor = None
+        if self.reader is not None:
+            self.reader.close()
+        self._broken = self._broken or "closed"
