@@ -144,6 +144,38 @@ def test_dynamic_and_pick_best_weights(kind):
     assert float(loss_b) == pytest.approx(float(mb.teachers[c["specs"][k].name].loss), rel=1e-6)
 
 
+@pytest.mark.parametrize("kind", ["neg_ce", "neg_entropy"])
+def test_a_teacher_with_nothing_to_score_gets_no_weight(kind):
+    """A cross-tokenizer teacher with no loss chunks in a micro-batch scores NaN, not 0 (which
+    would beat every real, negative score): weight 0 in both score-based modes."""
+    c = _setup(0)
+    near, _, x = c["teachers"]
+    x_empty = TeacherLossInput("x", logits_BTtV=x.logits_BTtV, input_ids_BTt=x.input_ids_BTt,
+                               alignment=x.alignment,
+                               loss_mask_BTt=torch.zeros_like(x.input_ids_BTt, dtype=torch.bool))
+    assert torch.isnan(teacher_score(x_empty, kind, c["ids"], c["mask"]))
+    specs = [TeacherSpec("near", "forward_kl"), TeacherSpec("x", "pkl", projection=c["P"])]
+    for weighting in ("pick_best", "dynamic"):
+        loss_fn = MultiTeacherLoss(specs, weighting=weighting, score=kind, alpha=5.0)
+        loss, rep = loss_fn(c["zs"], c["ids"], c["mask"], [near, x_empty])
+        assert (rep.teachers["near"].weight, rep.teachers["x"].weight) == (1.0, 0.0), weighting
+        assert float(loss) == pytest.approx(float(rep.teachers["near"].loss), rel=1e-6)
+    # nobody to weight: every weight 0 (not NaN), the loss is the CE term alone
+    for weighting in ("pick_best", "dynamic"):
+        loss_fn = MultiTeacherLoss(specs[1:], weighting=weighting, score=kind, ce_weight=1.0)
+        loss, rep = loss_fn(c["zs"], c["ids"], c["mask"], [x_empty], labels_BTs=c["ids"])
+        assert rep.teachers["x"].weight == 0.0 and float(loss) == pytest.approx(float(rep.ce))
+
+
+def test_dynamic_weighting_with_every_prior_weight_zero_is_not_nan():
+    c = _setup(3)
+    specs = [TeacherSpec(s.name, s.loss, weight=0.0, projection=s.projection) for s in c["specs"]]
+    loss_fn = MultiTeacherLoss(specs, weighting="dynamic", ce_weight=1.0)
+    loss, rep = loss_fn(c["zs"], c["ids"], c["mask"], c["teachers"], labels_BTs=c["ids"])
+    assert [r.weight for r in rep.teachers.values()] == [0.0, 0.0, 0.0]
+    assert float(loss) == pytest.approx(float(rep.ce))
+
+
 def test_pick_best_prefers_the_teacher_that_knows_the_text():
     c = _setup(4)
     sharp = torch.full_like(c["near"], -5.0)

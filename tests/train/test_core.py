@@ -164,6 +164,26 @@ def test_step_metrics_reduce_by_declared_kind():
         m.mean("loss", 1.0)
 
 
+def test_a_teacher_score_over_nothing_is_left_out_of_the_mean_but_keeps_its_key():
+    """A teacher with nothing to score in a micro-batch has score NaN: the step's mean score is
+    over the others, and the key is recorded anyway (every rank must reduce the same keys)."""
+    from xdistill.losses.multi_teacher import LossReport, TeacherReport
+    from xdistill.train.metrics import Metric, StepMetrics
+    from xdistill.train.step import record_report
+
+    def report(score):
+        t = TeacherReport(torch.tensor(0.0), 0.0, torch.tensor(0.0), torch.tensor(score))
+        return LossReport(torch.tensor(0.0), None, {"x": t})
+
+    m = StepMetrics()
+    record_report(m, report(-2.0))
+    record_report(m, report(math.nan))
+    assert m.reduce().get(Metric("score", "x")) == -2.0
+    alone = StepMetrics()
+    record_report(alone, report(math.nan))
+    assert Metric("score", "x") in alone and math.isnan(alone.reduce().get(Metric("score", "x")))
+
+
 def test_reduced_metrics_stay_typed_until_flattened():
     """The guard asks the typed metrics which values are losses and whose: a NaN statistic is
     no loss, a NaN teacher term names its teacher (whatever its name looks like); per-unit

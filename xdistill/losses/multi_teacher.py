@@ -11,6 +11,11 @@ Weighting modes (weights are constants for the backward pass):
   weights are 1); the weights sum to 1;
 * ``"pick_best"``: weight 1 for the teacher with the highest score (the first on ties), 0 others.
 
+In both score-based modes a teacher with no scored positions in the batch (its score is NaN: a
+cross-tokenizer teacher with no loss chunks there) gets weight 0 and does not compete (a score of 0
+would win: real ``neg_ce``/``neg_entropy`` scores are negative); when no teacher can be weighted
+(none has positions, or every one left has prior weight 0 in ``"dynamic"``) all weights are 0.
+
 Scores (per teacher, a batch mean over the teacher's scored positions: the loss tokens of a
 same-tokenizer teacher, the teacher tokens of its loss chunks otherwise):
 ``"neg_ce"`` = mean ``log q(t_j)`` of the actual text (higher = the teacher finds the text more
@@ -281,10 +286,15 @@ class MultiTeacherLoss:
         if self.weighting == "static":
             return prior
         s = torch.stack([x.float().cpu() for x in scores])
+        absent = torch.isnan(s)  # no scored positions in this batch: no weight, no competition
         if self.weighting == "dynamic":
-            return torch.softmax(self.alpha * s + torch.log(prior), dim=0)
+            logits = (self.alpha * s + torch.log(prior)).masked_fill(absent, -math.inf)
+            if bool(torch.isneginf(logits).all()):
+                return torch.zeros_like(prior)
+            return torch.softmax(logits, dim=0)
         w = torch.zeros_like(s)
-        w[int(torch.argmax(s))] = 1.0
+        if not bool(absent.all()):
+            w[int(torch.argmax(s.masked_fill(absent, -math.inf)))] = 1.0
         return w
 
     def __call__(self, student_logits_BTsVs, student_ids_BTs, student_loss_mask_BTs, teachers, *,

@@ -11,6 +11,8 @@ teacher's outputs as given (at the teacher's temperature) and are never differen
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from xdistill.losses.chunks import loss_chunks
@@ -58,12 +60,12 @@ def _topk_logq(inp, b, r):
 @torch.no_grad()
 def teacher_score(inp, kind: str, s_ids_BTs, s_loss_mask_BTs,
                   chunk_size: int | None = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
-    """Mean score of one teacher over its scored positions, a float32 0-d tensor (0 if none)."""
+    """Mean score of one teacher over its scored positions, a float32 0-d tensor (NaN if none)."""
     if kind not in ("neg_ce", "neg_entropy", "confidence"):
         raise ValueError(f"unknown score {kind!r}; allowed: neg_ce, neg_entropy, confidence")
     b_N, j_N, tok_N = scored_positions(inp, s_ids_BTs, s_loss_mask_BTs)
     if b_N.numel() == 0:
-        return torch.zeros((), dtype=torch.float32, device=b_N.device)
+        return torch.full((), math.nan, dtype=torch.float32, device=b_N.device)
     if kind == "neg_ce" and inp.token_logp_BTt is not None:
         return inp.token_logp_BTt[b_N, j_N].float().mean()
     size = b_N.numel() if chunk_size is None else int(chunk_size)

@@ -268,6 +268,8 @@ class StepReport:
 
 
 def _total(values: list):
+    if not values:  # a key recorded without a value on this rank (see StepMetrics._record)
+        return 0.0
     total = values[0]
     for v in values[1:]:
         total = total + v

@@ -18,6 +18,7 @@ loss's backward included), ``loss`` the loss forward, ``optim`` clip + optimizer
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import defaultdict
 
 from xdistill.losses import ChunkAlignment, TeacherLossInput
@@ -115,8 +116,9 @@ def record_report(metrics: StepMetrics, report: LossReport) -> None:
         metrics.add(teacher_loss(name), t.loss)
         metrics.mean(teacher_weight(name), t.weight)
         metrics.mean(teacher_coverage(name), t.coverage)
-        if t.score is not None:
-            metrics.mean(Metric("score", name), t.score)
+        if t.score is not None:  # NaN (nothing scored) adds no value but keeps the key, which
+            # every rank must reduce alike; a step where no rank scored anything reports NaN
+            metrics.mean(Metric("score", name), None if math.isnan(float(t.score)) else t.score)
 
 
 def micro_step(model, loss_fn, pool, batch, num_valid, timers: Timers, *, device,
