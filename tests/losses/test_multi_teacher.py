@@ -235,3 +235,31 @@ def test_pkl_with_continuation_adds_the_continuation_term():
         TeacherSpec("x", "alm", continuation=trie)
     with pytest.raises(ValueError, match="direction 'forward'"):
         TeacherSpec("x", "pkl", projection=c["P"], direction="reverse", continuation=trie)
+
+
+def test_alm_re_tempers_token_logprobs_taken_at_another_temperature():
+    """Outputs carry the worker's token log-probs at the worker's temperature: at another loss
+    temperature ALM recomputes them from the logits (same loss as logits alone), and without
+    logits it says they cannot be re-tempered instead of using them at the wrong temperature."""
+    from xdistill.teacher.outputs import next_token_logprobs
+
+    c = _setup(0)
+    x = c["teachers"][2]
+    token_logp = next_token_logprobs(x.logits_BTtV, x.input_ids_BTt, 1.0)
+    common = dict(input_ids_BTt=x.input_ids_BTt, alignment=x.alignment, temperature=1.0)
+    with_tok = TeacherLossInput("x", logits_BTtV=x.logits_BTtV, token_logp_BTt=token_logp, **common)
+    logits_only = TeacherLossInput("x", logits_BTtV=x.logits_BTtV, **common)
+    tok_only = TeacherLossInput("x", token_logp_BTt=token_logp, **common)
+    losses = {}
+    for tau in (1.0, 2.0):
+        loss_fn = MultiTeacherLoss([TeacherSpec("x", "alm", temperature=tau)])
+        a, b = (float(loss_fn(c["zs"], c["ids"], c["mask"], [t])[0]) for t in (with_tok, logits_only))
+        assert a == pytest.approx(b, rel=1e-5), tau
+        losses[tau] = b
+    assert losses[1.0] != pytest.approx(losses[2.0], rel=1e-3)   # the temperature matters here
+    at_worker_tau = MultiTeacherLoss([TeacherSpec("x", "alm")])(c["zs"], c["ids"], c["mask"],
+                                                                 [tok_only])[0]
+    assert float(at_worker_tau) == pytest.approx(losses[1.0], rel=1e-5)
+    with pytest.raises(ValueError, match="cannot be re-tempered"):
+        MultiTeacherLoss([TeacherSpec("x", "alm", temperature=2.0)])(
+            c["zs"], c["ids"], c["mask"], [tok_only])

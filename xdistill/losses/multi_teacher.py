@@ -192,9 +192,15 @@ def _cross_loss(spec, inp, s_logits, s_ids, s_mask, num_valid, chunk_size):
     kw = dict(s_loss_mask_BTs=s_mask, t_loss_mask_BTt=inp.loss_mask_BTt,
               temperature=spec.temperature, num_valid=num_valid, chunk_size=chunk_size)
     if spec.loss == "alm":
-        logits = inp.logits_BTtV if inp.token_logp_BTt is None else None
+        token_logp = inp.token_logp_BTt  # taken at the worker's temperature
+        if token_logp is not None and not math.isclose(spec.temperature, inp.temperature,
+                                                       rel_tol=1e-6):
+            if inp.logits_BTtV is None:
+                _check_pretempered(spec, inp, "token log-prob")  # raises: nothing to re-temper
+            token_logp = None                                  # recomputed from the logits
+        logits = inp.logits_BTtV if token_logp is None else None
         return _alm_loss(s_logits, s_ids, align, teacher_logits_BTtVt=logits,
-                        teacher_ids_BTt=inp.input_ids_BTt, teacher_token_logp_BTt=inp.token_logp_BTt,
+                        teacher_ids_BTt=inp.input_ids_BTt, teacher_token_logp_BTt=token_logp,
                         variant=spec.alm_variant, alm_temperature=spec.alm_temperature,
                         teacher_temperature=_teacher_tau(spec, inp), **kw)
     if spec.loss == "pkl" and inp.logits_BTtV is None and inp.proj_logp_BTtVs is not None:
