@@ -69,7 +69,8 @@ def _batch():
     return ids, mask
 
 
-@pytest.mark.parametrize("protocol,token_ids", [("vllm", True), ("echo", True), ("echo", False)])
+@pytest.mark.parametrize("protocol,token_ids",
+                         [("vllm", True), ("vllm", False), ("echo", True), ("echo", False)])
 def test_served_topk_equals_inprocess(server, model_dir, protocol, token_ids):
     ids, mask = _batch()
     ref = TeacherWorker(TeacherConfig(name="srv", model=model_dir, output="topk", top_k=K,

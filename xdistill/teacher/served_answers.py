@@ -29,6 +29,7 @@ server sent (an in-process teacher sums the log-probs outside the top K instead)
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,21 +72,28 @@ def completion_body(protocol: str, model: str, ids_L: list[int], k: int,
 
 
 class TokenMap:
-    """Token strings of an OpenAI answer -> teacher ids: ``"token_id:<id>"``, else a vocabulary
-    piece (``Ġthe``), else the text exactly one id decodes to (what vLLM sends without
-    ``return_tokens_as_token_ids``). The tokenizer is loaded on first need."""
+    """Token strings of an OpenAI answer -> teacher ids: ``"token_id:<id>"``, else the text exactly
+    one id decodes to (what vLLM sends without ``return_tokens_as_token_ids``), else a vocabulary
+    piece (``Ġthe``). The decoded text comes first: a byte-level piece such as ``é`` (one byte,
+    0xE9) is also the decoded text of another id, and servers send decoded text. The tokenizer is
+    loaded on first need, once, whichever of the server's row threads needs it first."""
 
     def __init__(self, load_tokenizer):
         self._load = load_tokenizer
-        self._pieces: dict[str, int] | None = None
-        self._decoded: dict[str, int] = {}   # text -> id, or -1 when several ids decode to it
+        self._lock = threading.Lock()
+        self._tables_built: tuple[dict[str, int], dict[str, int]] | None = None
 
-    def _tables(self) -> None:
-        tok = self._load()
-        self._pieces = dict(tok.get_vocab())
-        for i in range(len(tok)):
-            text = tok.decode([i])
-            self._decoded[text] = -1 if text in self._decoded else i
+    def _tables(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(pieces: piece -> id, decoded: text -> id or -1 when several ids decode to it)."""
+        with self._lock:
+            if self._tables_built is None:
+                tok = self._load()
+                decoded: dict[str, int] = {}
+                for i in range(len(tok)):
+                    text = tok.decode([i])
+                    decoded[text] = -1 if text in decoded else i
+                self._tables_built = (dict(tok.get_vocab()), decoded)
+            return self._tables_built
 
     def __call__(self, key: str) -> int:
         if key.startswith(_ID_PREFIX):
@@ -93,11 +101,10 @@ class TokenMap:
                 return int(key[len(_ID_PREFIX):])
             except ValueError:
                 raise AnswerError(f"token key {key!r} has no integer id") from None
-        if self._pieces is None:
-            self._tables()
-        if key in self._pieces:
-            return self._pieces[key]
-        found = self._decoded.get(key)
+        pieces, decoded = self._tables_built or self._tables()
+        found = decoded.get(key)
+        if (found is None or found < 0) and key in pieces:
+            return pieces[key]
         if found is None:
             raise AnswerError(f"token {key!r} is neither a vocabulary entry of the teacher's "
                               "tokenizer nor the text of one of its ids (set served.token_ids: "
@@ -143,13 +150,14 @@ def _top(entry, k: int, key_to_id, where: str, V: int) -> tuple[list[float], lis
     return [p[0] for p in pairs[:k]], [p[1] for p in pairs[:k]]
 
 
-def _row(dists: list, token_lp: list[float], k: int, key_to_id, V: int,
+def _row(dists: list, token_lp: list[float], k: int, keys: list, V: int,
          names: list[str]) -> RowTopK:
+    """``keys[j]``: the key -> id function of position ``j``'s entry."""
     L = len(dists)
     logp_LK = np.empty((L, k), dtype=np.float64)
     idx_LK = np.empty((L, k), dtype=np.int64)
     for j, entry in enumerate(dists):
-        logp_LK[j], idx_LK[j] = _top(entry, k, key_to_id, names[j], V)
+        logp_LK[j], idx_LK[j] = _top(entry, k, keys[j], names[j], V)
     top = logp_LK.max(axis=1, keepdims=True)
     lse_L = (top + np.log(np.exp(logp_LK - top).sum(axis=1, keepdims=True)))[:, 0]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -180,7 +188,10 @@ def parse_vllm(body, ids_L: list[int], k: int, V: int, key_to_id) -> RowTopK:
                               f"{ids_L[j]}")
         token_lp.append(_value(entry[str(ids_L[j])], f"prompt_logprobs[{j}]"))
     names = [f"prompt_logprobs[{j + 1}]" for j in range(L - 1)] + ["logprobs.top_logprobs[0]"]
-    return _row(plp[1:] + gen[:1], token_lp, k, _int_key(key_to_id), V, names)
+    # prompt_logprobs are keyed by id ("8" is id 8); the generated token's top_logprobs by token
+    # string like the echo form ("8" is the text of the digit's id)
+    keys = [_int_key(key_to_id)] * (L - 1) + [key_to_id]
+    return _row(plp[1:] + gen[:1], token_lp, k, keys, V, names)
 
 
 def _int_key(key_to_id):
@@ -210,7 +221,7 @@ def parse_echo(body, ids_L: list[int], k: int, V: int, key_to_id) -> RowTopK:
                                   f"is {ids_L[j]}")
     token_lp = [0.0] + [_value(tok_lp[j], f"logprobs.token_logprobs[{j}]") for j in range(1, L)]
     names = [f"logprobs.top_logprobs[{j + 1}]" for j in range(L)]
-    return _row(top[1:L + 1], token_lp, k, key_to_id, V, names)
+    return _row(top[1:L + 1], token_lp, k, [key_to_id] * L, V, names)
 
 
 PARSERS = {"vllm": parse_vllm, "echo": parse_echo}
