@@ -168,3 +168,30 @@ def test_support_output_needs_a_projection_that_fits(tmp_path):
     with pytest.raises(TeacherError, match="400 teacher columns but the teacher model emits "
                                            "only 300"):
         TeacherWorker(TeacherConfig(name="t", model=path, output="support"), wide.to_sparse_csr())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("output", ["logits", "topk", "support"])
+def test_a_gpu_teacher_writes_into_host_buffers(tmp_path, output):
+    """A CUDA teacher behind the shm or Ray transport writes into host (CPU) slot buffers: each
+    block is computed on the GPU and copied, the same values as into GPU buffers. (Needs a GPU:
+    the device mismatch it guards against cannot occur on a CPU-only machine.)"""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    V = 300
+    path = _save(tmp_path, "llama", LLAMA, V)
+    proj = None
+    if output == "support":
+        proj = torch.zeros(V // 3, V)
+        proj[torch.arange(V // 3), torch.arange(V // 3) * 3 + 1] = 1.0
+        proj = proj.to_sparse_csr()
+    worker = TeacherWorker(TeacherConfig(name="t", model=path, output=output, top_k=7,
+                                         device="cuda", dtype="float32", micro_batch_size=2), proj)
+    assert worker.split is not None
+    ids = torch.randint(0, V, (3, 11), generator=torch.Generator().manual_seed(1))
+    request = TeacherRequest(0, ids, torch.ones_like(ids, dtype=torch.bool))
+    on_host, on_gpu = worker.forward(request, device="cpu"), worker.forward(request)
+    for name, value in vars(on_host).items():
+        if isinstance(value, torch.Tensor):
+            assert value.device.type == "cpu", name
+            torch.testing.assert_close(value, getattr(on_gpu, name).cpu(), rtol=1e-5, atol=1e-5)

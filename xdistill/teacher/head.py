@@ -103,7 +103,7 @@ class SplitHead:
             z = torch.nn.functional.linear(h, w, bias)
             if out_NV is not None:
                 z = out_NV.copy_(z)
-        elif out_NV.dtype == w.dtype:
+        elif out_NV.dtype == w.dtype and out_NV.device == h.device:
             z = torch.matmul(h, w.t(), out=out_NV)
         elif h.is_cuda and out_NV.dtype == torch.float32 and _MM_OUT_DTYPE[0]:
             try:
@@ -155,7 +155,9 @@ def fill_from_hidden(split: SplitHead, kind: str, h_nTH: torch.Tensor, ids_nT: t
     step = min(block_rows(V), max(1, (N + 1) // 2))
     for a in range(0, N, step):
         b = min(a + step, N)
-        direct = dst_NV is not None and temperature == 1.0
+        # straight into the output rows when they are on the model's device (a GPU teacher writing
+        # into host buffers, shm or Ray transport, computes each block on its device first)
+        direct = dst_NV is not None and temperature == 1.0 and dst_NV.device == h_NH.device
         # float32 logits of the block (bfloat16 weights included), or the output rows themselves
         block = dst_NV[a:b] if direct else torch.empty(b - a, V, device=h_NH.device)
         zf = split.logits(h_NH[a:b], block).float()
@@ -188,8 +190,9 @@ def _fill_logits(split: SplitHead, h_NH: torch.Tensor, dst_NV: torch.Tensor,
     step = min(block_rows(V), max(1, (N + 1) // 2))
     for a in range(0, N, step):
         b = min(a + step, N)
-        if temperature == 1.0:
+        if temperature == 1.0 and dst_NV.device == h_NH.device:
             split.logits(h_NH[a:b], dst_NV[a:b])
         else:
             block = torch.empty(b - a, V, device=h_NH.device)
-            dst_NV[a:b].copy_(split.logits(h_NH[a:b], block).div_(temperature))
+            z = split.logits(h_NH[a:b], block)
+            dst_NV[a:b].copy_(z if temperature == 1.0 else z.div_(temperature))
