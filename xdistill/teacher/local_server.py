@@ -39,16 +39,32 @@ class LocalServer:
     log: Path
 
     def stop(self, grace_s: float = 30.0) -> None:
-        """End the server's process group; a no-op when it has already exited."""
-        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(self.proc.pid, sig)
-                self.proc.wait(wait_s)
+        """End the server's whole process group: SIGTERM, then SIGKILL to whatever of the group
+        is left after ``grace_s`` (the leader may exit before its workers, e.g. vLLM's engine
+        core); a no-op when the group has already exited."""
+        pgid = self.proc.pid
+        if not self._signal_group(pgid, signal.SIGTERM):
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            self.proc.poll()  # reap the leader: a zombie still counts as a group member
+            if not self._signal_group(pgid, 0):
                 return
-            except ProcessLookupError:
-                return
-            except subprocess.TimeoutExpired:
-                continue
+            time.sleep(0.05)
+        self._signal_group(pgid, signal.SIGKILL)
+        try:
+            self.proc.wait(10.0)
+        except subprocess.TimeoutExpired:
+            pass
+
+    @staticmethod
+    def _signal_group(pgid: int, sig: int) -> bool:
+        """Send ``sig`` to the group; False when no process of it is left."""
+        try:
+            os.killpg(pgid, sig)
+            return True
+        except ProcessLookupError:
+            return False
 
 
 def free_port() -> int:
