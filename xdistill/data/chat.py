@@ -17,7 +17,8 @@ it is a special token without bytes (``<|im_end|>``, ``<|eot_id|>``, ``</s>``): 
 where a turn stops, and every tokenizer marks its own end-of-turn token.
 
 Mapping byte offsets between two renderings (:func:`map_offset`): an offset inside a content maps
-to the same offset inside that content in the other rendering; an offset in template text between
+to the same offset inside that content in the other rendering (counted from the content's stripped
+core, since a template may trim it, and kept inside the other rendering's content); an offset in template text between
 contents (a "gap") maps to the start of the other rendering's gap if it is at the gap's start, else
 to the gap's end. The map is monotone, so consecutive windows of one rendering map to consecutive,
 non-overlapping windows of the other.
@@ -81,11 +82,15 @@ class RenderedChat:
     """A conversation rendered by one tokenizer's template."""
 
     text: str
-    # byte span [start, end) of each message's content in text.encode("utf-8"), [M, 2]
+    # byte span [start, end) of each message's content in text.encode("utf-8"), [M, 2] (a
+    # template may have trimmed the content: the span is what the rendering holds)
     spans_M2: np.ndarray
     roles: tuple[str, ...]
     # True when the tokenizer's own template was used (False: the plain template)
     own_template: bool
+    # byte span of each content's stripped core (no leading/trailing whitespace) in the text,
+    # [M, 2]: where the same byte of a content sits in two renderings (:func:`map_offset`)
+    core_M2: np.ndarray | None = None
 
     @property
     def n_bytes(self) -> int:
@@ -104,19 +109,85 @@ def _chat_template(tok) -> str | None:
     return template if isinstance(template, str) and template else None
 
 
-def _locate(text: str, conv) -> list[tuple[int, int]] | None:
-    """Char spans of each content in ``text``, searched in order; None if one is missing."""
-    spans, cursor = [], 0
+def _probes(content: str) -> list[str]:
+    """What a template may put in place of ``content``: itself, or trimmed on one or both sides."""
+    out = []
+    for probe in (content, content.strip(), content.lstrip(), content.rstrip()):
+        if probe not in out:
+            out.append(probe)
+    return out
+
+
+def _core(content: str, probe: str, start: int) -> tuple[int, int]:
+    """Char span of ``content.strip()`` inside ``probe`` placed at ``start``."""
+    a = start + len(probe) - len(probe.lstrip())
+    return a, a + len(content.strip())
+
+
+def _walk(text: str, skeleton: list[str], conv):
+    """Char spans and cores of the contents, reading ``text`` as ``skeleton[0] content_0
+    skeleton[1] ... content_M-1 skeleton[M]`` (the template's own text around each message, from
+    a rendering with placeholders); None if ``text`` is not that."""
+    if not text.startswith(skeleton[0]):
+        return None
+    spans, cores, cursor = [], [], len(skeleton[0])
+    for i, (_, content) in enumerate(conv):
+        after = skeleton[i + 1]
+        for probe in _probes(content):
+            end = cursor + len(probe)
+            if text.startswith(probe, cursor) and text.startswith(after, end) and (
+                    i + 1 < len(conv) or end + len(after) == len(text)):
+                spans.append((cursor, end))
+                cores.append(_core(content, probe, cursor))
+                cursor = end + len(after)
+                break
+        else:
+            return None
+    return spans, cores
+
+
+def _search(text: str, conv):
+    """Fallback when the template renders placeholders differently from real contents: each
+    content searched in order (it may then match template text that equals it)."""
+    spans, cores, cursor = [], [], 0
     for _, content in conv:
         for probe in (content, content.strip()):
             pos = text.find(probe, cursor)
             if pos >= 0:
                 spans.append((pos, pos + len(probe)))
+                cores.append(_core(content, probe, pos))
                 cursor = pos + len(probe)
                 break
         else:
             return None
-    return spans
+    return spans, cores
+
+
+def _skeleton(render, conv) -> list[str] | None:
+    """The template's text around each message: ``conv`` rendered with a placeholder for every
+    content, cut at the placeholders (None when the template rejects or alters them)."""
+    marks = [f"XDISTILLMSG{i:05d}Z" for i in range(len(conv))]
+    try:
+        text = render(tuple((role, mark) for (role, _), mark in zip(conv, marks)))
+    except Exception:  # noqa: BLE001 - a template that rejects the placeholders: search instead
+        return None
+    pieces = []
+    for mark in marks:
+        if not isinstance(text, str) or text.count(mark) != 1:
+            return None
+        head, text = text.split(mark)
+        pieces.append(head)
+    return pieces + [text]
+
+
+def _locate(text: str, conv, render=None):
+    """(char spans, char core spans) of each content in ``text``; None if one is missing. With
+    ``render`` (the template), the contents are read between the template's own pieces of text
+    (:func:`_skeleton`), so that a content equal to template text (``assistant``, ``a``) is not
+    found there instead."""
+    skeleton = _skeleton(render, conv) if render is not None else None
+    found = _walk(text, skeleton, conv) if skeleton is not None else None
+    return found if found is not None else _search(text, conv)
 
 
 def _char_to_byte_spans(text: str, char_spans) -> np.ndarray:
@@ -132,16 +203,18 @@ def _char_to_byte_spans(text: str, char_spans) -> np.ndarray:
 
 
 def render_plain(conv) -> RenderedChat:
-    parts, char_spans, pos = [], [], 0
+    parts, char_spans, cores, pos = [], [], [], 0
     for role, content in conv:
         piece = PLAIN_CHAT_TEMPLATE.format(role=role, content=content)
         start = pos + len(role) + 2
         char_spans.append((start, start + len(content)))
+        cores.append(_core(content, content, start))
         parts.append(piece)
         pos += len(piece)
     text = "".join(parts)
     return RenderedChat(text, _char_to_byte_spans(text, char_spans),
-                        tuple(r for r, _ in conv), own_template=False)
+                        tuple(r for r, _ in conv), own_template=False,
+                        core_M2=_char_to_byte_spans(text, cores))
 
 
 def render_chat(tok, conv) -> RenderedChat:
@@ -153,21 +226,28 @@ def render_chat(tok, conv) -> RenderedChat:
     """
     template = _chat_template(tok)
     if template is not None:
-        try:
-            text = tok.hf.apply_chat_template([{"role": r, "content": c} for r, c in conv],
+        def render(c):
+            return tok.hf.apply_chat_template([{"role": r, "content": x} for r, x in c],
                                               tokenize=False)
+        try:
+            text = render(conv)
         except Exception:  # noqa: BLE001 - template rejects the conversation: plain fallback
             text = None
-        if isinstance(text, str):
-            spans = _locate(text, conv)
-            if spans is not None:
-                return RenderedChat(text, _char_to_byte_spans(text, spans),
-                                    tuple(r for r, _ in conv), own_template=True)
+        found = _locate(text, conv, render) if isinstance(text, str) else None
+        if found is not None:
+            spans, cores = found
+            return RenderedChat(text, _char_to_byte_spans(text, spans),
+                                tuple(r for r, _ in conv), own_template=True,
+                                core_M2=_char_to_byte_spans(text, cores))
     return render_plain(conv)
 
 
-def map_offset(pos: int, src_M2: np.ndarray, dst_M2: np.ndarray, src_len: int, dst_len: int) -> int:
-    """Map byte offset ``pos`` of one rendering to the other (see the module docstring)."""
+def map_offset(pos: int, src_M2: np.ndarray, dst_M2: np.ndarray, src_len: int, dst_len: int,
+               src_core_M2: np.ndarray | None = None, dst_core_M2: np.ndarray | None = None) -> int:
+    """Map byte offset ``pos`` of one rendering to the other (see the module docstring). Inside a
+    content the offset keeps its distance from the content's stripped core (``*_core_M2``; the
+    span start without them), so whitespace a template trimmed does not shift it, and it is
+    clamped to the other rendering's content span: it never lands in template text."""
     if pos <= 0:
         return 0
     if pos >= src_len:
@@ -175,7 +255,9 @@ def map_offset(pos: int, src_M2: np.ndarray, dst_M2: np.ndarray, src_len: int, d
     m = len(src_M2)
     i = int(np.searchsorted(src_M2[:, 0], pos, side="right")) - 1  # last content starting <= pos
     if i >= 0 and pos < src_M2[i, 1]:
-        return int(dst_M2[i, 0]) + (pos - int(src_M2[i, 0]))
+        src_ref = int((src_M2 if src_core_M2 is None else src_core_M2)[i, 0])
+        dst_ref = int((dst_M2 if dst_core_M2 is None else dst_core_M2)[i, 0])
+        return min(max(dst_ref + (pos - src_ref), int(dst_M2[i, 0])), int(dst_M2[i, 1]))
     gap_start = int(src_M2[i, 1]) if i >= 0 else 0
     if pos == gap_start:
         return int(dst_M2[i, 1]) if i >= 0 else 0

@@ -213,8 +213,9 @@ class CrossTokenizerCollator:
                 if seg.doc not in renders:
                     renders[seg.doc] = render_chat(tok, seg.chat.conversation)
                 r = renders[seg.doc]
-                a = map_offset(seg.byte_start, seg.chat.spans_M2, r.spans_M2, seg.chat.n_bytes, r.n_bytes)
-                e = map_offset(seg.byte_end, seg.chat.spans_M2, r.spans_M2, seg.chat.n_bytes, r.n_bytes)
+                to_teacher = (seg.chat.spans_M2, r.spans_M2, seg.chat.n_bytes, r.n_bytes,
+                              seg.chat.core_M2, r.core_M2)
+                a, e = map_offset(seg.byte_start, *to_teacher), map_offset(seg.byte_end, *to_teacher)
                 text = r.text.encode("utf-8")[a:e].decode("utf-8", errors="replace")
                 spans = np.clip(r.loss_spans(self.loss_roles), a, e) - a
                 per.append((text, spans[spans[:, 1] > spans[:, 0]], (a, e, r)))
@@ -237,7 +238,7 @@ class CrossTokenizerCollator:
                 a, e, r = chat
                 t_abs = a + t_cut if t_cut is not None else e
                 s_cut = map_offset(t_abs, r.spans_M2, seg.chat.spans_M2, r.n_bytes,
-                                   seg.chat.n_bytes) - seg.byte_start
+                                   seg.chat.n_bytes, r.core_M2, seg.chat.core_M2) - seg.byte_start
             if s_cut >= seg_len:
                 return k, int(seg.ids_T.size)
             i = int(np.searchsorted(seg.starts_T, s_cut))

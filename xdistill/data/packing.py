@@ -50,6 +50,8 @@ class ChatInfo:
     spans_M2: np.ndarray
     # byte length of the student's rendering
     n_bytes: int
+    # byte spans of each content's stripped core there, [M, 2] (RenderedChat.core_M2)
+    core_M2: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -183,7 +185,8 @@ def encode_document(student, doc_index: int, doc, *, loss_roles=DEFAULT_LOSS_ROL
                                                 loss_roles))
         rendered = render_chat(student, doc)
         text = rendered.text
-        chat = (ChatInfo(tuple(doc), rendered.spans_M2, rendered.n_bytes), rendered)
+        chat = (ChatInfo(tuple(doc), rendered.spans_M2, rendered.n_bytes, rendered.core_M2),
+                rendered)
     ids_T, starts_T, ends_T, phantom = encode_text(student, text)
     if ids_T.size == 0:
         return None
