@@ -37,6 +37,59 @@ def test_behaviour_logprobs_equal_recomputed_forward(setup, temperature, top_p):
     assert bool(torch.isfinite(ro.behaviour_logp_BTr).all())
 
 
+def _sliced_logprobs(tok, model, ro):
+    """Recomputed behaviour log-probs at T = 1 over the tokenizer's ids only [B, Tr]."""
+    from xdistill.losses.onpolicy import input_token_logprobs
+    from xdistill.rollout import RolloutScorer
+
+    batch = RolloutScorer(tok)(ro).batch
+    with torch.no_grad():
+        z = model(input_ids=batch.input_ids_BTs,
+                  attention_mask=batch.attention_mask_BTs.long()).logits[..., :tok.vocab_size]
+    lp_BTs = input_token_logprobs(z, batch.input_ids_BTs)
+    out = torch.zeros_like(ro.behaviour_logp_BTr)
+    for b in range(ro.batch_size):
+        p, r = int(ro.prompt_len_B[b]), int(ro.response_len_B[b])
+        out[b, :r] = lp_BTs[b, p:p + r]
+    return out
+
+
+def test_a_padded_vocabulary_is_never_sampled(get_tokenizer):
+    """A logit width beyond the tokenizer's ids (Qwen2.5: 151,936 rows for 151,665 ids), with the
+    extra rows made likely: only tokenizer ids are sampled, and the behaviour log-probs are the
+    softmax over those ids."""
+    tok = get_tokenizer("gpt2")
+    V, extra = tok.vocab_size, 300
+    model = tiny_llama(V + extra, seed=0, logit_scale=30.0)
+    with torch.no_grad():
+        model.lm_head.weight[V:] = 3.0 * model.lm_head.weight[:extra]
+    ro = HFGenerateEngine(model, tok, max_prompt_len=64).generate(
+        PROMPTS, SamplingParams(1.0, 1.0, 10, seed=5))
+    m = ro.response_mask_BTr
+    assert m.sum() > 0 and int(ro.response_ids_BTr[m].max()) < V
+    ref = _sliced_logprobs(tok, model, ro)
+    assert torch.allclose(ro.behaviour_logp_BTr[m], ref[m], atol=2e-4)
+
+
+def test_the_model_folder_generation_config_is_set_aside(setup):
+    """A model folder's generation_config.json (Qwen2.5-Instruct ships repetition_penalty 1.05)
+    does not reshape the sampling distribution: behaviour log-probs stay the student's own, and
+    the model's config is back in place afterwards."""
+    tok, model = setup
+    own = model.generation_config
+    own.repetition_penalty, own.no_repeat_ngram_size = 1.5, 2
+    try:
+        ro = HFGenerateEngine(model, tok, max_prompt_len=64).generate(
+            PROMPTS, SamplingParams(1.0, 1.0, 10, seed=5))
+        assert model.generation_config is own and own.repetition_penalty == 1.5
+    finally:
+        own.repetition_penalty, own.no_repeat_ngram_size = 1.0, 0
+    m = ro.response_mask_BTr
+    ref = _sliced_logprobs(tok, model, ro)
+    assert torch.allclose(ro.behaviour_logp_BTr[m], ref[m], atol=2e-4), \
+        (ro.behaviour_logp_BTr[m] - ref[m]).abs().max()
+
+
 def test_seeded_reproducible_and_global_rng_untouched(setup):
     tok, model = setup
     eng = HFGenerateEngine(model, tok, max_prompt_len=64)

@@ -199,7 +199,11 @@ class HFGenerateEngine(RolloutEngine):
     temperature/top-p and ``top_k=0`` (no hidden top-k), under a forked RNG seeded with
     ``sampling.seed`` (the global RNG is left untouched, so rollouts are reproducible and do not
     shift the trainer's RNG). Behaviour log-probs come from ``output_scores`` (the processed
-    logits the sampler drew from): ``log_softmax(scores)[y_t]``.
+    logits the sampler drew from): ``log_softmax(scores)[y_t]``. Only these settings apply: the
+    model folder's own ``generation_config`` (a repetition penalty, min-p, ...) is set aside while
+    sampling, so the behaviour log-probs are the student's. A logit width beyond the tokenizer's
+    ids (a padded vocabulary, e.g. Qwen2.5's 151,936 rows for 151,665 ids) is never sampled: those
+    columns are suppressed before temperature and top-p (the trainer drops them too).
     """
 
     def __init__(self, model, tokenizer, *, max_prompt_len: int = 1024, add_bos: bool | None = None,
@@ -223,8 +227,14 @@ class HFGenerateEngine(RolloutEngine):
 
     @torch.no_grad()
     def _sample(self, ids, attn, sampling: SamplingParams):
-        was_training = self.model.training
+        # deferred: transformers' generation module (heavy) only when sampling with HF
+        from transformers import GenerationConfig
+
+        was_training, own_config = self.model.training, self.model.generation_config
+        width = int(self.model.get_output_embeddings().weight.shape[0])
+        padded = list(range(self.tok.vocab_size, width)) or None
         self.model.eval()
+        self.model.generation_config = GenerationConfig()   # library defaults + what is passed
         devices = [ids.device] if ids.device.type == "cuda" else []
         try:
             with torch.random.fork_rng(devices=devices):
@@ -234,8 +244,9 @@ class HFGenerateEngine(RolloutEngine):
                     temperature=float(sampling.temperature), top_p=float(sampling.top_p), top_k=0,
                     max_new_tokens=int(sampling.max_new_tokens), output_scores=True,
                     return_dict_in_generate=True, pad_token_id=self.pad_id,
-                    eos_token_id=list(self.stop_ids))
+                    eos_token_id=list(self.stop_ids), suppress_tokens=padded)
         finally:
+            self.model.generation_config = own_config
             self.model.train(was_training)
         return out
 

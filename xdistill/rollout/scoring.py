@@ -136,6 +136,11 @@ def response_bytes(table, ids_T: np.ndarray, mask_T: np.ndarray) -> tuple[bytes,
     """(the response's raw bytes, LLM byte spans ``[K, 2]``: maximal runs of mask-1 tokens)."""
     if ids_T.size == 0:
         return b"", np.zeros((0, 2), dtype=np.int64)
+    beyond = ids_T[ids_T >= table.lengths_V.size]
+    if beyond.size:
+        raise ValueError(f"a rollout holds token id {int(beyond[0])}, beyond the student "
+                         f"tokenizer's {table.lengths_V.size} ids (the engine sampled a padded "
+                         "logit column; it must not sample ids the tokenizer lacks)")
     ends = np.cumsum(table.lengths_V[ids_T])
     starts = ends - table.lengths_V[ids_T]
     spans = []

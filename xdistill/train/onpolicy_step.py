@@ -282,6 +282,7 @@ def onpolicy_losses(plan, logits_BTsVs, batch, outputs, num_valid, metrics, *,
     term (summed), weight (averaged), clamp counters and log-ratio sums (summed) in
     ``metrics`` (a :class:`xdistill.train.metrics.StepMetrics`, :func:`_record_teacher`)."""
     total = None
+    logits_BTsVs = tokenizer_columns(logits_BTsVs, plan.student_tok)
     for name, spec in plan.specs.items():
         view = batch.teacher(name)
         align, kw = teacher_inputs(plan, name, view, outputs[name], logits_BTsVs.shape[-1])
@@ -369,8 +370,16 @@ def scored_step(run, scored, num_valid, timers, metrics, *, backward: bool = Tru
 def reference_logprobs(run, batch) -> torch.Tensor:
     """log q_init(y_i) of the sampled tokens at input positions (the frozen initial student kept
     by the mode for simple_opd's reference KL)."""
-    logits = student_logits(run.mode.reference, batch)
+    logits = tokenizer_columns(student_logits(run.mode.reference, batch), run.plan.student_tok)
     return input_token_logprobs(logits.float(), batch.input_ids_BTs, batch.loss_mask_BTs)
+
+
+def tokenizer_columns(logits_BTsV: torch.Tensor, student_tok) -> torch.Tensor:
+    """The student's logits at its tokenizer's ids only: a padded vocabulary's extra columns are
+    never sampled (the rollout engine suppresses them), so the policy they are scored under is
+    the softmax over the tokenizer's ids."""
+    V = int(student_tok.vocab_size)
+    return logits_BTsV[..., :V] if logits_BTsV.shape[-1] > V else logits_BTsV
 
 
 # ----------------------------------------------------------------------------- off-policy mixing
