@@ -236,3 +236,37 @@ print(json.dumps({"growth": peak_rss_mb() - before, "docs": len(src), "tokens": 
     assert out["whole"]["docs"] == 1 and out["split"]["docs"] >= 8, out
     assert out["split"]["tokens"] == out["whole"]["tokens"], out   # cut before spaces: same ids
     assert out["split"]["growth"] * 4 < out["whole"]["growth"], out
+
+
+def test_a_table_with_text_and_chat_columns_keeps_both_kinds(tmp_path):
+    """Mixed data (prepare's own output, or a dataset with both columns): a row whose text is null
+    is read from its messages; it was dropped as empty."""
+    from xdistill.data.prepare import SCHEMA
+
+    table = pa.table({"text": pa.array(["a text document", None, None], pa.large_string()),
+                      "messages": pa.array([None, CHAT["messages"], None],
+                                           SCHEMA.field("messages").type)})
+    with pa.ipc.new_file(str(tmp_path / "mixed.arrow"), table.schema) as writer:
+        writer.write_table(table)
+    index, _ = prepare([tmp_path / "mixed.arrow"], tmp_path / "out", progress=False)
+    assert (index["documents"], index["chat_documents"], index["skipped_empty"]) == (2, 1, 1)
+    assert [DocumentSource(tmp_path / "out").get(i) for i in range(2)] == [
+        "a text document", (("user", "Hi?"), ("assistant", "Hello!"))]
+    shards = sorted((tmp_path / "out").glob("*.arrow"))           # prepare's own output as input
+    again, _ = prepare(shards, tmp_path / "again", progress=False)
+    assert again["documents"] == 2 and again["chat_documents"] == 1
+
+
+def test_a_text_column_of_numbers_names_the_column(tmp_path):
+    pq.write_table(pa.table({"text": [1, 2]}), tmp_path / "i.parquet")
+    with pytest.raises(DataError, match=r"i.parquet: text column 'text' has type int64, "
+                                        r"expected string or binary"):
+        prepare([tmp_path / "i.parquet"], tmp_path / "out", progress=False)
+
+
+def test_a_lone_surrogate_is_replaced_by_u_fffd_and_counted(tmp_path):
+    (tmp_path / "s.jsonl").write_text('{"text": "caf\\ud800e ok"}\n')
+    index, _ = prepare([tmp_path / "s.jsonl"], tmp_path / "out", invalid_utf8="replace",
+                       progress=False)
+    assert DocumentSource(tmp_path / "out").get(0) == "caf\ufffde ok"
+    assert index["replaced_invalid_utf8"] == 1

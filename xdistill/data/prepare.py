@@ -43,6 +43,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -52,7 +53,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from xdistill.data.chat import as_conversation, is_empty_conversation
-from xdistill.data.source import decode_utf8
+from xdistill.data.source import as_binary, decode_utf8
 from xdistill.errors import DataError
 
 FORMAT_VERSION = 1
@@ -98,6 +99,8 @@ def detect_format(path: Path, fmt: str) -> str:
 
 # ---------------------------------------------------------------------------- readers
 UTF8_HINT = "pass --invalid-utf8 replace to substitute U+FFFD"
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _decode(raw: bytes, opts, where: str) -> tuple[str, bool]:
@@ -167,32 +170,32 @@ def _read_table_batches(path, fmt):
 
 
 def _read_table(path, opts, fmt):
+    """Rows of an arrow/parquet table: the text column's value where it is not null, else the
+    chat column's (a table may hold both, as prepared shards of mixed data do), else empty."""
     batches = _read_table_batches(path, fmt)
     names = next(batches)
-    if opts["text_column"] in names:
-        column, chat = opts["text_column"], False
-    elif opts["messages_column"] in names:
-        column, chat = opts["messages_column"], True
-    else:
+    text_col, chat_col = opts["text_column"], opts["messages_column"]
+    text_col, chat_col = (c if c in names else None for c in (text_col, chat_col))
+    if text_col is None and chat_col is None:
         raise DataError(f"{path} has no text column {opts['text_column']!r} (nor a chat column "
                         f"{opts['messages_column']!r}); columns found: {', '.join(names)}")
     row = 0
     for batch in batches:
-        arr = batch.column(batch.schema.get_field_index(column))
-        yield arr.nbytes, None
-        if not chat and pa.types.is_string(arr.type):
-            arr = arr.cast(pa.binary())
-        elif not chat and pa.types.is_large_string(arr.type):
-            arr = arr.cast(pa.large_binary())
-        for value in arr.to_pylist():
+        columns = [batch.column(batch.schema.get_field_index(c)) if c else None
+                   for c in (text_col, chat_col)]
+        yield sum(c.nbytes for c in columns if c is not None), None
+        texts, chats = (None if c is None else
+                        (as_binary(c, path, text_col) if k == 0 else c).to_pylist()
+                        for k, c in enumerate(columns))
+        for i in range(batch.num_rows):
             where = f"{path} row {row}"
             row += 1
-            if value is None:
-                yield 0, ("", False)
-            elif chat:
-                yield 0, (as_conversation(value, where), False)
+            if texts is not None and texts[i] is not None:
+                yield 0, _decode(texts[i], opts, where)
+            elif chats is not None and chats[i] is not None:
+                yield 0, (as_conversation(chats[i], where), False)
             else:
-                yield 0, _decode(value, opts, where)
+                yield 0, ("", False)
 
 
 def _read_text(path, opts, per_line: bool):
@@ -266,17 +269,18 @@ class _ShardWriter:
 
 
 def _doc_bytes(doc, where: str, policy: str):
-    """(document with encodable text, its UTF-8 byte count); lone surrogates follow the policy."""
+    """(document with encodable text, its UTF-8 byte count, whether lone surrogates were
+    replaced): under ``replace`` each becomes U+FFFD, as invalid UTF-8 bytes do."""
     texts = [doc] if isinstance(doc, str) else [c for _, c in doc]
     try:
-        return doc, sum(len(t.encode("utf-8")) for t in texts)
+        return doc, sum(len(t.encode("utf-8")) for t in texts), False
     except UnicodeEncodeError:
         if policy != "replace":
             raise DataError(f"{where}: text is not valid Unicode (lone surrogate); "
                             f"{UTF8_HINT}") from None
-        fix = lambda t: t.encode("utf-8", "replace").decode("utf-8")  # noqa: E731
+        fix = lambda t: _SURROGATE.sub("\ufffd", t)  # noqa: E731
         doc = fix(doc) if isinstance(doc, str) else tuple((r, fix(c)) for r, c in doc)
-        return _doc_bytes(doc, where, "error")
+        return _doc_bytes(doc, where, "error")[:2] + (True,)
 
 
 def split_long_text(text: str, max_bytes: int) -> list[str]:
@@ -333,10 +337,11 @@ def _up_to_date(out: Path, fingerprint: str) -> dict | None:
     return index
 
 
-def _add_document(writer: _ShardWriter, doc, src: dict, totals: dict, opts: dict) -> None:
-    """Write one non-empty document, split into pieces when it is a long text (see above)."""
-    doc, n_bytes = _doc_bytes(doc, f"{src['path']} document {src['documents'] + 1}",
-                              opts["invalid_utf8"])
+def _add_document(writer: _ShardWriter, doc, src: dict, totals: dict, opts: dict) -> bool:
+    """Write one non-empty document, split into pieces when it is a long text (see above);
+    True when lone surrogates in it were replaced."""
+    doc, n_bytes, fixed = _doc_bytes(doc, f"{src['path']} document {src['documents'] + 1}",
+                                     opts["invalid_utf8"])
     limit = opts["max_doc_bytes"]
     pieces = split_long_text(doc, limit) if isinstance(doc, str) and limit and n_bytes > limit \
         else [doc]
@@ -352,6 +357,7 @@ def _add_document(writer: _ShardWriter, doc, src: dict, totals: dict, opts: dict
         src["documents"] += 1
         src["bytes"] += size
         totals["text" if isinstance(piece, str) else "chat"] += 1
+    return fixed
 
 
 def _convert(files, fmt, tmp: Path, opts: dict, shard_bytes: int, progress: bool) -> dict:
@@ -372,8 +378,8 @@ def _convert(files, fmt, tmp: Path, opts: dict, shard_bytes: int, progress: bool
                 if (not doc.strip()) if isinstance(doc, str) else is_empty_conversation(doc):
                     src["skipped_empty"] += 1
                     continue
-                _add_document(writer, doc, src, totals, opts)
-                totals["replaced"] += int(replaced)
+                fixed = _add_document(writer, doc, src, totals, opts)
+                totals["replaced"] += int(replaced or fixed)
             sources.append(src)
             totals["documents"] += src["documents"]
             totals["bytes"] += src["bytes"]

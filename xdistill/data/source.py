@@ -150,7 +150,8 @@ class _Shard:
     chunk_offsets: np.ndarray  # [n_chunks + 1] row offsets
 
 
-def _as_binary(arr, path: Path, column: str):
+def as_binary(arr, path, column: str):
+    """A text column as (large) binary; DataError naming the column when it holds no text."""
     if pa.types.is_large_string(arr.type):
         return arr.cast(pa.large_binary())
     if pa.types.is_string(arr.type):
@@ -205,7 +206,7 @@ class DocumentSource:
                             f"{self.messages_column!r}); columns found: {', '.join(names) or 'none'}")
         text = chat = None
         if self.text_column in names:
-            arr = _as_binary(table.column(self.text_column), path, self.text_column)
+            arr = as_binary(table.column(self.text_column), path, self.text_column)
             text = tuple(arr.chunks)
         if self.messages_column in names:
             chat = tuple(table.column(self.messages_column).chunks)
