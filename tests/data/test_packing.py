@@ -71,6 +71,37 @@ def test_empty_documents_skipped_and_counted(tiny_tok):
     assert ds.state_dict()["skipped_empty"] == 4
 
 
+def test_a_shard_of_only_empty_documents_is_an_error_not_an_endless_loop(tiny_tok, tmp_path):
+    """With epochs=None (what trainers use) a shard whose documents are all empty (e.g. the text
+    column is null on every row, the text is in another column) spun through epochs for ever."""
+    import threading
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from xdistill.errors import DataError
+
+    pq.write_table(pa.table({"text": pa.array([None] * 4, pa.string()), "body": list("abcd")}),
+                   tmp_path / "null_text.parquet")
+    ds = PackedDataset(DocumentSource(tmp_path / "null_text.parquet"), tiny_tok, 16, epochs=None)
+    got = []
+    thread = threading.Thread(target=lambda: got.append(_first_or_error(ds)), daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "next() still spinning over empty epochs"
+    assert isinstance(got[0], DataError)
+    assert "all 4 documents of data shard 0" in str(got[0]) and "null_text.parquet" in str(got[0])
+    # finite epochs: a dataset of empty documents simply has no window (not an error)
+    assert list(PackedDataset(["", " "], tiny_tok, 16, epochs=2)) == []
+
+
+def _first_or_error(ds):
+    try:
+        return next(iter(ds))
+    except Exception as exc:  # noqa: BLE001 - the test inspects it
+        return exc
+
+
 def test_shuffle_is_seeded_and_changes_per_epoch(corpus_dir, tiny_tok):
     path, _ = corpus_dir
     src = DocumentSource(path)

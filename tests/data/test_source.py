@@ -65,3 +65,19 @@ def test_binary_column_invalid_utf8_policy(tmp_path):
 def test_nonexistent_path(tmp_path):
     with pytest.raises(DataError, match="missing shard .*nope.arrow"):
         DocumentSource(tmp_path / "nope.arrow")
+
+
+def test_a_large_list_messages_column_reads_like_a_list_one(tmp_path):
+    """Polars writes ``large_list`` by default: its 64-bit offsets were read as 32-bit ones and
+    the valid shard reported as corrupt."""
+    struct = pa.struct([("role", pa.string()), ("content", pa.string())])
+    rows = [[{"role": "user", "content": "hi " * k}, {"role": "assistant", "content": "yo " * k}]
+            for k in range(1, 6)]
+    got = {}
+    for name, typ in (("list", pa.list_(struct)), ("large", pa.large_list(struct))):
+        table = pa.table({"messages": pa.array(rows, typ)})
+        with pa.ipc.new_file(str(tmp_path / f"{name}.arrow"), table.schema) as writer:
+            writer.write_table(table)
+        src = DocumentSource(tmp_path / f"{name}.arrow")
+        got[name] = [src.get(i) for i in range(len(src))]
+    assert got["large"] == got["list"] and got["list"][4][1] == ("assistant", "yo " * 5)

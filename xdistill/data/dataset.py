@@ -90,8 +90,14 @@ class PackedDataset(ShardedSourceDataset):
         budget = self.window_len - int(self.add_bos)
         while self.epochs is None or st["epoch"] < self.epochs:
             order = self.order(st["epoch"], shard, num_shards)
+            whole, windows = st["pos"] == 0 and st["off"] == 0, st["windows"]
             yield from pack(order, self._fetch, self._encode, st, budget, self.add_bos,
                             key=(st["epoch"], shard), bos_id=self.student.bos_id)
             st["epoch"], st["pos"], st["off"] = st["epoch"] + 1, 0, 0
             if len(order) == 0 and self.epochs is None:
                 return  # more shards than documents: this shard never gets any
+            if self.epochs is None and whole and len(order) and st["windows"] == windows:
+                raise DataError(f"all {len(order)} documents of data shard {shard} (of "
+                                f"{num_shards}: ranks x loader workers) are empty, so it can "
+                                f"yield no window ({doc_where(self.source, int(order[0]))}: is "
+                                "the text column the right one?)")

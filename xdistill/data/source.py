@@ -77,7 +77,8 @@ def _chat_row_ok(chunk, j: int) -> bool:
     values = chunk.values
     if not _offsets_ok(chunk, j, j + 1, len(values)):
         return False
-    offs = np.frombuffer(chunk.buffers()[1], dtype=np.int32)
+    large = pa.types.is_large_list(chunk.type)   # polars writes large_list by default
+    offs = np.frombuffer(chunk.buffers()[1], dtype=np.int64 if large else np.int32)
     lo, hi = int(offs[chunk.offset + j]), int(offs[chunk.offset + j + 1])
     return all(_offsets_ok(values.field(k), values.offset + lo, values.offset + hi)
                for k in range(values.type.num_fields)
