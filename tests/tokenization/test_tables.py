@@ -147,3 +147,30 @@ def test_qwen2_table_builds_in_a_few_seconds(get_tokenizer):
     assert elapsed < 5.0, elapsed
     assert np.array_equal(table.offsets_V1, tok.table.offsets_V1)
     assert np.array_equal(table.data, tok.table.data)
+
+
+def test_an_added_token_of_byte_alphabet_characters_is_its_utf8(tmp_path):
+    """An added (non-special) token holds raw text: ``°C`` added to GPT-2 is the bytes C2 B0 43,
+    although ``°`` is also the byte-alphabet character of the single byte 0xB0. Read through the
+    alphabet, the table had one byte too few and every later offset of the text was shifted."""
+    import json
+    import shutil
+
+    from xdistill.assets.paths import tokenizer_dir
+    from xdistill.tokenization import load_tokenizer
+
+    folder = tmp_path / "gpt2_added"
+    shutil.copytree(tokenizer_dir("gpt2"), folder)
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    spec["added_tokens"].append({"id": 50257, "content": "°C", "single_word": False,
+                                 "lstrip": False, "rstrip": False, "normalized": False,
+                                 "special": False})
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    tok = load_tokenizer(folder)
+    text = "It is 21°C today"
+    enc = tok.encode(text)
+    assert 50257 in enc.ids.tolist() and tok.table.token_bytes(50257) == "°C".encode()
+    raw = text.encode()
+    assert tok.table.concat(enc.ids) == raw
+    assert [raw[s:e] for s, e in zip(enc.starts, enc.ends)] == [
+        tok.table.token_bytes(int(i)) for i in enc.ids]

@@ -109,14 +109,17 @@ def _segment_sums(values_N: np.ndarray, char_len_V: np.ndarray) -> np.ndarray:
 
 
 def build_table_arrays(tokens: list[str | None], family: str, zero_mask_V: np.ndarray,
-                       byte_fallback: bool) -> tuple[np.ndarray, np.ndarray]:
+                       byte_fallback: bool, added_V: np.ndarray | None = None
+                       ) -> tuple[np.ndarray, np.ndarray]:
     """``(offsets_V1, data)`` for id -> token string ``tokens`` (``None`` = hole).
 
-    Ids in ``zero_mask_V`` (role tokens and holes) contribute no bytes.
+    Ids in ``zero_mask_V`` (role tokens and holes) contribute no bytes. Ids in ``added_V`` (added
+    tokens) hold raw text: in a byte-level vocabulary their bytes are their UTF-8, even when every
+    character is also in the byte alphabet (``°`` there is the byte 0xB0, in ``°C`` the text).
     """
     strings = ["" if (t is None or z) else t for t, z in zip(tokens, zero_mask_V.tolist())]
     if family == "byte_bpe":
-        return _byte_level(strings)
+        return _byte_level(strings, added_V)
     if family == "wordpiece":
         strings = [s[2:] if s.startswith("##") else s for s in strings]
         return _utf8(strings)
@@ -141,14 +144,17 @@ def _utf8(strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return _offsets_from_lengths(byte_len), data
 
 
-def _byte_level(strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Map GPT-2 alphabet characters back to bytes; a string with foreign characters (an added
-    non-marker token such as a literal word) falls back to its UTF-8."""
+def _byte_level(strings: list[str], raw_V: np.ndarray | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Map GPT-2 alphabet characters back to bytes; an added token (``raw_V``) or a string with
+    foreign characters (a literal word) is its UTF-8."""
     joined = "".join(strings)
     cp = _codepoints(joined)
     char_len = np.fromiter(map(len, strings), dtype=np.int64, count=len(strings))
     mapped = np.where(cp < _LUT.size, _LUT[np.minimum(cp, _LUT.size - 1)], -1)
     bad_tok = _segment_sums((mapped < 0).astype(np.int64), char_len) > 0
+    if raw_V is not None:
+        bad_tok |= raw_V
     if not bad_tok.any():
         return _offsets_from_lengths(char_len), mapped.astype(np.uint8)
     pieces = []

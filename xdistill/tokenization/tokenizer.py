@@ -111,8 +111,10 @@ class Tokenizer:
         roles = role_tokens(added, special_ids, declared, id2tok.get, self.family)
         roles_V = roles_array(V, roles, holes)
         byte_fallback = bool((self._spec.get("model") or {}).get("byte_fallback"))
+        added_V = np.zeros(V, dtype=bool)
+        added_V[[i for i in added if 0 <= i < V]] = True
         offsets_V1, data = build_table_arrays(tokens, self.family, holes | (roles_V != ROLE_TEXT),
-                                              byte_fallback)
+                                              byte_fallback, added_V)
         missing = b"" if self.lossy else bytes_without_token(offsets_V1, data, roles_V)
         return TokenByteTable(offsets_V1, data, roles_V, self.lossy, missing)
 
