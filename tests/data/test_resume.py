@@ -90,3 +90,31 @@ def test_worker_start_method_auto_spawns_only_with_cuda_state(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # no GPU here: simulated
     assert worker_start_method("auto") == "spawn"
     assert worker_start_method("fork") == "fork" and worker_start_method("forkserver") == "forkserver"
+
+
+def test_resume_refuses_a_changed_shuffle_window_length_or_tokenizer(tiny_tok, get_tokenizer):
+    """A saved position is a (document, token offset) in one order of documents and one window
+    size: resumed under another shuffle, window length or student tokenizer it points elsewhere,
+    and is refused naming the setting. A layout saved before these entries existed still loads."""
+    from xdistill.data.dataset import PackedDataset
+    from xdistill.errors import DataError
+
+    docs = [f"doc{i} " * 20 for i in range(30)]
+    first = PackedDataset(docs, tiny_tok, 32, seed=3)
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    for changed, key in ((dict(shuffle=False), "shuffle = True"),
+                         (dict(window_len=48), r"the window length \(data.seq_len\) = 32")):
+        kw = dict(dict(source=docs, student=tiny_tok, window_len=32, seed=3), **changed)
+        with pytest.raises(DataError, match=f"saved with {key}"):
+            PackedDataset(**kw).load_state_dict(state)
+    gpt2 = get_tokenizer("gpt2")
+    saved = PackedDataset(docs, gpt2, 32, seed=3, add_bos=False)
+    with pytest.raises(DataError, match="saved with the student tokenizer"):
+        PackedDataset(docs, get_tokenizer("qwen2"), 32, seed=3, add_bos=False).load_state_dict(
+            saved.state_dict())
+    old = dict(state, layout=state["layout"][:4])      # written before shuffle etc. were saved
+    again = PackedDataset(docs, tiny_tok, 32, seed=3)
+    again.load_state_dict(old)
+    assert next(iter(again)).segments[0].doc == next(it).segments[0].doc

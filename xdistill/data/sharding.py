@@ -8,8 +8,11 @@ permutation starting at ``r*W + w``, so every row is read exactly once per epoch
 (rank, worker) pair.
 
 Resume: the state is a dict of counters owned by the subclass (``_fresh_state``) plus a ``layout``
-entry ``[shard, shards, seed, rows]``; torchdata's ``StatefulDataLoader`` keeps one state per
-worker. A state saved under another layout is refused (the row split would differ).
+entry ``[shard, shards, seed, rows, shuffle, ...]`` (the subclass may add what its positions
+depend on: :meth:`ShardedSourceDataset._position_basis`); torchdata's ``StatefulDataLoader`` keeps
+one state per worker. A state saved under another layout is refused (the row split, or what a
+position inside it means, would differ). A layout saved before the later entries existed is
+compared on the entries it has.
 """
 
 from __future__ import annotations
@@ -56,7 +59,24 @@ class ShardedSourceDataset(IterableDataset):
 
     # ------------------------------------------------------------------ state
     def _layout(self) -> list:
-        return list(self.shard()) + [self.seed, len(self.source)]
+        return list(self.shard()) + [self.seed, len(self.source), self.shuffle] + [
+            value for _, value in self._position_basis()]
+
+    def _position_basis(self) -> list[tuple[str, object]]:
+        """Hook: (config key, value) pairs a saved position depends on besides the row order."""
+        return []
+
+    def _basis_error(self, layout: list, expected: list) -> DataError | None:
+        """The error naming the first setting (shuffle, then the hook's) that changed."""
+        what, _, _ = self._words
+        keys = ["shuffle"] + [key for key, _ in self._position_basis()]
+        for key, saved, now in zip(keys, layout[4:], expected[4:]):
+            if saved != now:
+                return DataError(f"cannot resume: the checkpoint's {what} state was saved with "
+                                 f"{key} = {saved!r}, the run now has {now!r}: a saved position "
+                                 f"means another place; keep {key} unchanged to resume, or "
+                                 "start afresh (--resume none)")
+        return None
 
     def state_dict(self) -> dict:
         state = copy.deepcopy(self._resume if self._resume is not None else self._state)
@@ -67,8 +87,10 @@ class ShardedSourceDataset(IterableDataset):
         state = dict(state)
         layout = state.pop("layout", None)
         expected = self._layout()
-        if layout is not None and list(layout) != expected:
+        if layout is not None and list(layout) != expected[:len(layout)]:
             what, rows, keep = self._words
+            if list(layout[:4]) == expected[:4]:
+                raise self._basis_error(list(layout), expected)
             if layout[3] != expected[3]:
                 raise DataError(f"cannot resume: the checkpoint's {what} state is a position in "
                                 f"{layout[3]} {rows}, the {what} now has {expected[3]}; resume on "
