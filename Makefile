@@ -68,7 +68,10 @@ test-vllm: $(VLLM_STAMP)
 assets: $(STAMP)
 	$(PYTHON) tools/fetch_assets.py
 
+# the aligner's numba kernels are compiled into their on-disk cache once first (~1 min on a fresh
+# install), not in every test process at once
 test: assets
+	@$(PYTHON) -c "from xdistill.align.api import compile_kernels as c; c() and print('aligner kernels compiled into the numba cache')"
 	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow and not gpu and not multigpu" $(PYTEST_ARGS)
 
 # the demo: (1) real tokenizer pairs compared by bytes vs raw strings; (2) the real pair:

@@ -215,3 +215,12 @@ def test_kernels_cached_is_false_on_an_empty_numba_cache(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_compile_kernels_is_a_no_op_once_they_are_cached():
+    """``make test`` compiles both kernels first (a no-op there when already cached); asking
+    again compiles nothing, and both stay cached."""
+    from xdistill.align.api import compile_kernels, kernels_cached
+
+    compile_kernels()   # compiles only under plain pytest on a fresh install
+    assert kernels_cached() and compile_kernels() is False

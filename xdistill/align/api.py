@@ -229,6 +229,25 @@ def kernels_cached() -> bool:
         return True
 
 
+def compile_kernels() -> bool:
+    """Compile both aligner kernels into numba's on-disk cache now (a no-op when cached); returns
+    whether they were compiled. ``make test`` calls it before starting its test processes, which
+    would otherwise each compile them at once on a fresh install."""
+    if kernels_cached():
+        return False
+    roles = np.zeros(3, dtype=np.int8)
+    table = TokenByteTable(np.array([0, 1, 2, 4], dtype=np.int64),
+                           np.frombuffer(b"abab", dtype=np.uint8).copy(), roles)
+    saved = _THREAD_CAP[0]
+    try:
+        for cap in (1, 0):   # the serial kernel, then the prange one
+            _THREAD_CAP[0] = cap
+            align_pair([2], [0, 1], table, table)
+    finally:
+        _THREAD_CAP[0] = saved
+    return True
+
+
 def _allocate(B: int, Ts: int, Tt: int, C: int) -> tuple:
     return (np.empty((B, Ts), np.int32), np.empty((B, Tt), np.int32),
             np.zeros((B, C), np.int32), np.zeros((B, C), np.int32), np.zeros((B, C), np.int32),
