@@ -87,6 +87,26 @@ def test_no_grad_copies_are_cached_until_the_weights_change():
         assert torch.equal(c, ref(input_ids=ids).logits)  # the fresh weights, not a stale copy
 
 
+def test_a_fused_optimizer_step_invalidates_the_no_grad_copies():
+    """torch's fused AdamW (``optim.implementation: auto`` on one process) updates the weights
+    without bumping their version counters: with no grad-mode forward in between (gradients from
+    elsewhere), a no-grad forward after the step used the pre-step copies."""
+    model, _ = _pair("llama")
+    ids = torch.randint(0, 120, (1, 8), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        before = model(input_ids=ids).logits             # fills the cache
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05, fused=True)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    with torch.no_grad():
+        after = model(input_ids=ids).logits
+    model._xdistill_mixed_precision._cache.clear()
+    with torch.no_grad():
+        fresh = model(input_ids=ids).logits
+    assert not torch.equal(before, after) and torch.equal(after, fresh)
+
+
 def test_activation_checkpointing_through_the_casts():
     cfg = StudentConfig(param_dtype="bfloat16", activation_checkpointing=True)
     plain, _ = build_tiny()

@@ -13,7 +13,9 @@ optimizer, its state, checkpoints and exports see only them), and every module c
   master parameter's ``.grad`` (micro-batches add in float32, like FSDP2's sharded gradients);
 * activation checkpointing recomputes a layer through the same hooks (a fresh cast);
 * without autograd (evaluation, generation) the copies are cached until a parameter changes
-  (its version counter or storage), so a generate loop casts the weights once, not per token.
+  (its version counter or storage) or any optimizer steps (torch's fused AdamW updates the
+  parameters without bumping their version counters), so a generate loop casts the weights once,
+  not per token.
 
 An embedding table is not cast: its module looks up float32 rows and casts only them (the same
 values as rows of a cast table), so a step never copies the whole table for the few rows it reads
@@ -29,10 +31,12 @@ Buffers are not cast (rotary frequencies stay float32), as in FSDP2.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 _ATTR = "_xdistill_mixed_precision"
 
@@ -46,6 +50,17 @@ class ShadowCast:
         self._cache: dict[int, tuple[tuple, torch.Tensor]] = {}
         self._handles = []
         self._install()
+        # any optimizer step may have changed the weights, version counter or not (a global hook:
+        # it holds this object weakly and goes away with it)
+        me = weakref.ref(self)
+
+        def clear_after_step(*_):
+            shadow = me()
+            if shadow is not None:
+                shadow._cache.clear()
+
+        self._step_hook = register_optimizer_step_post_hook(clear_after_step)
+        weakref.finalize(self, self._step_hook.remove)
 
     def _install(self) -> None:
         for module in self._model.modules():
@@ -94,6 +109,7 @@ class ShadowCast:
             h.remove()
         self._handles.clear()
         self._cache.clear()
+
 
     @contextlib.contextmanager
     def suspended(self) -> Iterator[None]:
