@@ -217,3 +217,81 @@ def test_auto_adamw_is_fused_on_plain_tensors_and_matches_foreach():
     assert auto_implementation(meta) == "foreach"          # no fused kernel there
     half_cpu = [{"params": [nn.Parameter(torch.zeros(3)), nn.Parameter(torch.zeros(2))]}]
     assert auto_implementation(half_cpu) == "fused"
+
+
+def _checkpointed(optim_cfg: OptimConfig, sched_cfg: SchedulerConfig) -> tuple[dict, dict]:
+    """Optimizer and scheduler states after 2 AdamW steps on Tiny (a checkpoint's contents)."""
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = build_optimizer(model, optim_cfg)
+    sched = build_scheduler(opt, sched_cfg)
+    for _ in range(2):
+        model(torch.arange(5)).pow(2).mean().backward()
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+    return opt.state_dict(), sched.state_dict()
+
+
+def _resumed(states: tuple[dict, dict], optim_cfg: OptimConfig, sched_cfg: SchedulerConfig):
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = build_optimizer(model, optim_cfg)
+    sched = build_scheduler(opt, sched_cfg)
+    opt.load_state_dict(states[0])
+    sched.load_state_dict(states[1])
+    return model, opt, sched, reapply_config(opt, sched, optim_cfg, sched_cfg)
+
+
+@pytest.mark.parametrize("old, new", [(0.0, 0.1), (0.1, 0.0), (0.1, 0.05), (0.0, 0.0)])
+def test_resume_gives_the_decay_group_the_configs_weight_decay(old, new):
+    """A checkpoint written with optim.weight_decay 0 has its decay group at 0, like the no-decay
+    group: resumed with 0.1 the decay group once stayed at 0 and no change was logged. The groups
+    are told apart by role: decay -> the config's value (reported), no-decay -> 0."""
+    sched_cfg = SchedulerConfig(total_steps=10)
+    states = _checkpointed(OptimConfig(lr=0.1, weight_decay=old), sched_cfg)
+    model, opt, _, changes = _resumed(states, OptimConfig(lr=0.1, weight_decay=new), sched_cfg)
+    assert [g["weight_decay"] for g in opt.param_groups] == [new, 0.0]
+    assert changes == ([f"optim.weight_decay: {old:g} -> {new:g}"] if old != new else [])
+    # the next update decays the matrices by lr * weight_decay, the norm/bias not at all
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    state = {n: {k: v.clone() for k, v in opt.state[p].items()} for n, p in
+             model.named_parameters() if p in opt.state}
+    lr = opt.param_groups[0]["lr"]
+    opt.step()
+    for name, p in model.named_parameters():
+        if name not in state:
+            continue
+        decay = new if name in ("embed.weight", "proj.weight", "head.weight") else 0.0
+        st, (b1, b2) = state[name], (opt.param_groups[0]["betas"])
+        t = float(st["step"]) + 1
+        m, v = b1 * st["exp_avg"], b2 * st["exp_avg_sq"]
+        want = before[name] * (1 - lr * decay) - lr * (m / (1 - b1 ** t)) / (
+            (v / (1 - b2 ** t)).sqrt() + opt.param_groups[0]["eps"])
+        torch.testing.assert_close(p.detach(), want, rtol=1e-5, atol=1e-7)
+
+
+def _kernel(group: dict) -> tuple:
+    return group["fused"], group["foreach"]
+
+
+@pytest.mark.parametrize("old, new", [("fused", "for_loop"), ("for_loop", "fused"),
+                                      ("foreach", "fused"), ("fused", "foreach")])
+def test_resume_keeps_the_configured_adamw_kernel(old, new):
+    """``load_state_dict`` restores the checkpoint's fused/foreach flags, so a resume once ran the
+    checkpoint's AdamW kernel whatever optim.implementation said: the flags go back to what the
+    builder chose for this run (reported), and the step counts to where that kernel keeps them."""
+    sched_cfg = SchedulerConfig(total_steps=10)
+    states = _checkpointed(OptimConfig(implementation=old), sched_cfg)
+    fresh = build_optimizer(Tiny(), OptimConfig(implementation=new))
+    _, opt, _, changes = _resumed(states, OptimConfig(implementation=new), sched_cfg)
+    assert [_kernel(g) for g in opt.param_groups] == [_kernel(g) for g in fresh.param_groups]
+    assert f"optim.implementation: {old} -> {new}" in changes, changes
+    for p, st in opt.state.items():
+        assert st["step"].dtype == torch.float32 and st["step"].device == p.device
+    opt.step()   # the configured kernel accepts the loaded state
+    _, same, _, unchanged = _resumed(states, OptimConfig(implementation=old), sched_cfg)
+    assert unchanged == [] and [_kernel(g) for g in same.param_groups] == [
+        _kernel(g) for g in build_optimizer(Tiny(), OptimConfig(implementation=old)).param_groups]

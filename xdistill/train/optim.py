@@ -165,14 +165,20 @@ def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool =
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
     """AdamW over ``model``'s trainable parameters with the decay/no-decay split."""
     cfg.validate()
+    kept = [(role, g) for role, g in zip(("decay", "no_decay"), param_groups(
+        model, cfg.weight_decay, cfg.decay_embeddings)) if g["params"]]
     groups = [{k: v for k, v in g.items() if k != "names"}  # names stay out of optimizer state
-              for g in param_groups(model, cfg.weight_decay, cfg.decay_embeddings) if g["params"]]
+              for _, g in kept]
     if not groups:
         raise ConfigError(f"optim: {type(model).__name__} has no trainable parameters")
     impl = {"foreach": {"foreach": True}, "fused": {"fused": True}, "for_loop": {"foreach": False}}
     name = cfg.implementation if cfg.implementation != "auto" else auto_implementation(groups)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                             **impl[name])
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                                  **impl[name])
+    # each group's role, by position (an attribute: load_state_dict replaces the group dicts,
+    # and a decay group at weight_decay 0 looks like the no-decay one)
+    optimizer.xdistill_group_roles = tuple(role for role, _ in kept)
+    return optimizer
 
 
 def auto_implementation(groups: list[dict]) -> str:
@@ -216,7 +222,10 @@ def reapply_config(optimizer: torch.optim.Optimizer, scheduler, optim_cfg: Optim
     ``optimizer.load_state_dict`` / ``scheduler.load_state_dict`` restore the peak lr, betas, eps
     and the schedule of the run that wrote the checkpoint, so an ``optim.lr=...`` override on
     resume would be silently ignored. This sets them from the config again (keeping the step
-    count and the moments) and returns one ``"key: old -> new"`` line per change.
+    count and the moments) and returns one ``"key: old -> new"`` line per change. The decay group
+    gets ``optim.weight_decay`` and the no-decay group 0 (told apart by the roles
+    :func:`build_optimizer` recorded, not by their values), and every group gets back the AdamW
+    kernel ``optim.implementation`` chose for this run (the checkpoint's ``fused``/``foreach``).
     """
     changes = []
     new_sched = LrSchedule(sched_cfg)
@@ -237,10 +246,8 @@ def reapply_config(optimizer: torch.optim.Optimizer, scheduler, optim_cfg: Optim
         if group["eps"] != optim_cfg.eps:
             changes.append(f"optim.eps: {group['eps']:g} -> {optim_cfg.eps:g}")
             group["eps"] = optim_cfg.eps
-        if group["weight_decay"] not in (0.0, optim_cfg.weight_decay):
-            changes.append(f"optim.weight_decay: {group['weight_decay']:g} -> "
-                           f"{optim_cfg.weight_decay:g}")
-            group["weight_decay"] = optim_cfg.weight_decay
+    changes += _reapply_weight_decay(optimizer, optim_cfg.weight_decay)
+    changes += _reapply_kernel(optimizer)
     if not changes:
         return []
     step = scheduler.last_epoch
@@ -249,3 +256,46 @@ def reapply_config(optimizer: torch.optim.Optimizer, scheduler, optim_cfg: Optim
         group["initial_lr"] = base
     scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
     return list(dict.fromkeys(changes))
+
+
+def _kernel_name(group: dict) -> str:
+    if group.get("fused"):
+        return "fused"
+    return {True: "foreach", False: "for_loop"}.get(group.get("foreach"), "default")
+
+
+def _reapply_weight_decay(optimizer: torch.optim.Optimizer, weight_decay: float) -> list[str]:
+    """Decay group at ``weight_decay``, no-decay group at 0 (roles: :func:`build_optimizer`; an
+    optimizer built elsewhere has none: a group at 0 is then taken for a no-decay group)."""
+    roles = getattr(optimizer, "xdistill_group_roles", None) or tuple(
+        "no_decay" if g["weight_decay"] == 0.0 else "decay" for g in optimizer.param_groups)
+    changes = []
+    for group, role in zip(optimizer.param_groups, roles):
+        want = weight_decay if role == "decay" else 0.0
+        if group["weight_decay"] != want:
+            key = "optim.weight_decay" if role == "decay" else "optim.weight_decay (no-decay group)"
+            changes.append(f"{key}: {group['weight_decay']:g} -> {want:g}")
+            group["weight_decay"] = want
+    return changes
+
+
+def _reapply_kernel(optimizer: torch.optim.Optimizer) -> list[str]:
+    """Every group's ``fused``/``foreach`` back to the constructor's (``optimizer.defaults``: the
+    kernel ``optim.implementation`` chose for this run; ``load_state_dict`` restored the
+    checkpoint's). A fused kernel keeps its step counts as float32 on the parameter's device, the
+    others on the CPU: they move with the flags."""
+    changes = []
+    for group in optimizer.param_groups:
+        old = _kernel_name(group)
+        for key in ("fused", "foreach"):
+            group[key] = optimizer.defaults.get(key)
+        if old == _kernel_name(group):
+            continue
+        changes.append(f"optim.implementation: {old} -> {_kernel_name(group)}")
+        on_device = bool(group["fused"] or group.get("capturable"))
+        for p in group["params"]:
+            step = optimizer.state.get(p, {}).get("step")
+            if isinstance(step, torch.Tensor):
+                optimizer.state[p]["step"] = (step.to(p.device, torch.float32) if on_device
+                                              else step.to("cpu"))
+    return changes
