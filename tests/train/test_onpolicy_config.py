@@ -62,6 +62,22 @@ def test_validation_names_the_key(tmp_path):
         from_dict(OnPolicyConfig, {"teachers": [{"loss": {"kind": "forward_kl"}}]})
 
 
+@pytest.mark.parametrize("chunk_size", [-1, 0])
+def test_loss_chunk_size_below_one_is_refused(tmp_path, chunk_size):
+    """-1 once trained silently on nothing in a k1/k3 step (the student's log-probs over no row:
+    loss 0, gradient 0); other losses failed inside the first step with a ValueError traceback.
+    null (one block) and >= 1 stay valid."""
+    for ok in (None, 1, 256):
+        cfg = _cfg(tmp_path, kind="k3")
+        cfg.loss.chunk_size = ok
+        validate_onpolicy(cfg)
+    cfg = _cfg(tmp_path, kind="k3")
+    cfg.loss.chunk_size = chunk_size
+    with pytest.raises(ConfigError, match=rf"^loss.chunk_size must be >= 1 or null .*got "
+                                          rf"{chunk_size}$"):
+        validate_onpolicy(cfg)
+
+
 def test_offpolicy_schedule(tmp_path):
     cfg = _cfg(tmp_path)
     cfg.loss.offpolicy_lambda = 0.25
@@ -104,3 +120,28 @@ def test_a_same_tokenizer_teacher_must_hold_the_longest_row(tmp_path):
         build_onpolicy_plan(cfg)
     cfg.teachers[0].tokenizer = "qwen2"  # another tokenizer: its prompt is cut instead
     build_onpolicy_plan(cfg)
+
+
+@pytest.mark.parametrize("seq_len", [700, 64])
+def test_mixed_in_windows_beyond_the_students_positions_fail_before_training(
+        tmp_path, tiny_assets, seq_len):
+    """loss.offpolicy_lambda > 0: offpolicy.data.seq_len (+ BOS) is checked against the student's
+    positions like data.seq_len off-policy (once it went unchecked: Llama extrapolated its rotary
+    positions silently); a length that fits builds."""
+    import onpolicy_helpers as H
+
+    from xdistill.train.onpolicy import build_onpolicy_run
+
+    teacher = H.save_lm(tmp_path / "t", tiny_assets["tok_s"], seed=1)
+    d = H.onpolicy_dict(tiny_assets["tok_s"], [H.teacher("same", tiny_assets["tok_s"], teacher)],
+                        H.write_prompts(tmp_path / "p.jsonl"), tmp_path / "run", steps=1)
+    d["loss"]["offpolicy_lambda"] = 1.0
+    d["offpolicy"] = {"data": {"paths": [tiny_assets["train"]], "seq_len": seq_len,
+                               "batch_size": 2, "num_workers": 0}}
+    if seq_len > H.TINY["max_position_embeddings"]:
+        with pytest.raises(ConfigError, match=r"^offpolicy.data.seq_len: 70[01] student tokens per "
+                                              r"sequence exceed the model's 512 positions$"):
+            build_onpolicy_run(from_dict(OnPolicyConfig, d))
+        return
+    run = build_onpolicy_run(from_dict(OnPolicyConfig, d))
+    run.mode.close()

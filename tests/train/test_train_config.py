@@ -129,7 +129,9 @@ def test_train_without_config_fails_with_one_line(capsys):
     ("loss.ce_weight=-1", "loss.ce_weight"), ("train.log_every=0", "train.log_every"),
     ("loss.label_smoothing=1.0", "loss.label_smoothing"),
     ("data.num_workers=-1", "data.num_workers"), ("data.prefetch_factor=0", "data.prefetch_factor"),
-    ("data.seq_len=1", "data.seq_len"), ("checkpoint.keep_last=-1", "checkpoint.keep_last")])
+    ("data.seq_len=1", "data.seq_len"), ("checkpoint.keep_last=-1", "checkpoint.keep_last"),
+    ("loss.chunk_size=-1", "loss.chunk_size"), ("loss.chunk_size=0", "loss.chunk_size"),
+    ("data.seed=-1", "data.seed")])
 def test_out_of_range_values_fail_before_compute(tmp_path, tiny_assets, capsys, override, key):
     """Each of these once trained silently (ce_weight -1 as 0) or crashed after compute started."""
     cfg = helpers.base_config(tiny_assets, tmp_path / "run")

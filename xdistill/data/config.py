@@ -67,7 +67,8 @@ def validate_data(cfg: DataConfig, key: str = "data") -> None:
               ("prefetch_factor", cfg.prefetch_factor >= 1, ">= 1"),
               ("timeout_s", cfg.timeout_s >= 0, ">= 0 (0 = wait forever)"),
               ("pad_to_multiple_of", cfg.pad_to_multiple_of >= 1, ">= 1"),
-              ("epochs", cfg.epochs is None or cfg.epochs >= 1, ">= 1 or null")]
+              ("epochs", cfg.epochs is None or cfg.epochs >= 1, ">= 1 or null"),
+              ("seed", cfg.seed >= 0, ">= 0 (numpy seeds are non-negative)")]
     for name, ok, want in checks:
         if not ok:
             raise ConfigError(f"{key}.{name} must be {want}, got {getattr(cfg, name)!r}")

@@ -80,7 +80,8 @@ class LossConfig:
     # label smoothing eps of that cross-entropy, in [0, 1): (1 - eps) * CE + eps * the CE to the
     # uniform distribution over the vocabulary (torch's definition); evaluation's `ce` includes it
     label_smoothing: float = 0.0
-    # sequence positions per block when computing losses (bounds memory); null = no blocking
+    # sequence positions per block when computing losses (bounds memory), >= 1; null = no
+    # blocking
     chunk_size: int | None = 256
 
 
@@ -140,6 +141,13 @@ def grad_accum_steps(cfg, world_size: int, micro_batch: int | None = None) -> in
     return total // per_step
 
 
+def check_chunk_size(value, key: str = "loss.chunk_size") -> None:
+    """A loss block size is null (one block) or a whole number >= 1 (a negative one computed
+    every loss over no row at all: zero loss, zero gradient)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError(f"{key} must be >= 1 or null (no blocking), got {value!r}")
+
+
 def validate_offpolicy(cfg: OffPolicyConfig, world_size: int = 1) -> OffPolicyConfig:
     """Checks that need no compute; raises ConfigError naming the key. Fills derived defaults."""
     validate_run_sections(cfg)
@@ -156,6 +164,7 @@ def validate_offpolicy(cfg: OffPolicyConfig, world_size: int = 1) -> OffPolicyCo
     if not 0.0 <= cfg.loss.label_smoothing < 1.0:
         raise ConfigError(f"loss.label_smoothing must lie in [0, 1), got "
                           f"{cfg.loss.label_smoothing}")
+    check_chunk_size(cfg.loss.chunk_size)
     for i, path in enumerate(cfg.data.paths):
         check_path(path, f"data.paths.{i}")
     for i, path in enumerate(cfg.eval.paths):

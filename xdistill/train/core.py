@@ -77,6 +77,17 @@ class TrainingError(XDistillError):
     """The run cannot go on (e.g. non-finite losses step after step)."""
 
 
+class DataExhausted(TrainingError):
+    """A loader ran out before step ``step`` could be filled (finite ``data.epochs`` /
+    ``prompts.epochs``), raised by a mode's ``micro_batches``; :func:`train_loop` checkpoints the
+    step before and stops with a :class:`TrainingError` saying what to change."""
+
+    def __init__(self, step: int, data: str, key: str):
+        super().__init__(f"step {step}: {data} ran out ({key})")
+        # the step that could not be filled, what ran out, the config key of its passes
+        self.step, self.data, self.key = step, data, key
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -317,6 +328,8 @@ def train_loop(run: Run, stop) -> dict:
             metrics = train_step(run, step)
         except TeacherError as exc:   # a teacher counts requests: name the training step too
             raise TeacherError(f"step {step}: {exc}") from exc
+        except DataExhausted as exc:
+            raise TrainingError(out_of_data(run, exc)) from None
         log_metrics(run, step, metrics)
         check_nonfinite(run, step)
         metrics.update(after_step(run, step))
@@ -328,6 +341,22 @@ def train_loop(run: Run, stop) -> dict:
                             f"({run.cfg.train.steps - run.start_step} steps); nothing was "
                             f"exported. {_last_checkpoint_text(run)}")
     return metrics
+
+
+def out_of_data(run: Run, exc: DataExhausted) -> str:
+    """Finite data ran out before ``train.steps``: checkpoint the last step this run finished
+    (unless written already), so a resume with more passes continues from it; returns the
+    error's line (the step reached, what ran out, the keys to change, the checkpoint)."""
+    done = exc.step - 1
+    saved = run.last_checkpoint is not None and run.last_checkpoint.name.endswith(f"{done:07d}")
+    if done > run.start_step and not saved:
+        save(run, done)
+    fix = f"raise {exc.key} (null = endless)" + (f" or set train.steps to {done}" if done else "")
+    where = (f"The checkpoint of step {done} is {run.last_checkpoint}: run again after the change "
+             "to resume from it." if run.last_checkpoint is not None and done > 0
+             else "No step was trained.")
+    return (f"step {exc.step}: {exc.data} ran out after step {done} of train.steps="
+            f"{run.cfg.train.steps} ({exc.key} is finite); {fix}. Nothing was exported. {where}")
 
 
 def _stop_on_signal(run: Run, step: int, signum: int) -> None:

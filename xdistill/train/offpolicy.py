@@ -88,7 +88,9 @@ class OffPolicyMode(TrainMode):
         _log_data_start(self.loaders)
         iters = [WatchedIterator(ld) for ld in self.loaders]
         self.stream = MicroBatchStream(iters, self.loaders, run.accum, self.pool, lookahead,
-                                       last_step=run.cfg.train.steps)
+                                       last_step=run.cfg.train.steps,
+                                       data="the training data (data.paths)",
+                                       epochs_key="data.epochs")
         self.stream.start(run.start_step + 1)
 
     def micro_batches(self, run: Run, step: int, timers) -> list:

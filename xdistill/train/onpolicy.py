@@ -35,11 +35,12 @@ from xdistill.data.loader import WatchedIterator, stateful_loader
 from xdistill.errors import ConfigError
 from xdistill.rollout import (PromptDataset, RolloutScorer, build_engine, collate_prompts,
                               open_prompts, sampling_for_step)
+from xdistill.student.build import check_positions
 from xdistill.student.model import load_student
 from xdistill.teacher import TeacherPool
 from xdistill.train import core
 from xdistill.train.config import grad_accum_steps
-from xdistill.train.core import seed_everything
+from xdistill.train.core import DataExhausted, seed_everything
 from xdistill.train.metrics import (GRAD_NORM_KEY, LR_KEY, TOK_PER_S_KEY, TOKENS, TOTAL, Metric,
                                     teacher_coverage, teacher_loss, time_key)
 from xdistill.train.mode import Run, TrainMode
@@ -117,6 +118,8 @@ class OnPolicyMode(TrainMode):
         self.loaders, self.iters = [], []
         self.pool = self.engine = self.scorer = self.mix = None
         self._plan = None
+        # (step, every loader's state when that step started pulling its micro-batches)
+        self._boundary: tuple[int, list] | None = None
         # the frozen initial student (simple_opd's reference KL), else None
         self.reference = None
 
@@ -138,6 +141,10 @@ class OnPolicyMode(TrainMode):
         cfg, env, plan = run.cfg, run.env, run.plan
         run.accum = grad_accum_steps(cfg, env.world_size, cfg.prompts.batch_size)
         if cfg.loss.offpolicy_lambda > 0:
+            # the mixed-in windows, as the off-policy trainer checks data.seq_len
+            data = cfg.offpolicy.data
+            check_positions(getattr(run.model, "module", run.model),
+                            data.seq_len + int(bool(data.add_bos)), "offpolicy.data.seq_len")
             self.mix = build_mix(cfg, plan, env)
         self.scorer = RolloutScorer(plan.student_tok, plan.tokenizations(),
                                     student_add_bos=cfg.rollout.add_bos, chunks=cfg.scoring.chunks,
@@ -163,11 +170,29 @@ class OnPolicyMode(TrainMode):
 
     # ------------------------------------------------------------------ micro-batches
     def micro_batches(self, run: Run, step: int, timers) -> list:
-        if self.mix is not None and is_offpolicy_step(run.cfg, step):
-            with timers("data"):
-                return [("offpolicy", next(self.iters[1])) for _ in range(run.accum)]
-        return [("rollout", rollout_batch(run, step, timers, m if run.accum > 1 else None))
-                for m in range(run.accum)]
+        """The step's micro-batches; :class:`DataExhausted` when finite prompts (or the mixed-in
+        corpus) run out before the step is filled (the loader states of its start are kept for
+        the checkpoint of the step before: :meth:`loader_states`)."""
+        self._boundary = (step, [ld.state_dict() for ld in self.loaders])
+        offpolicy = self.mix is not None and is_offpolicy_step(run.cfg, step)
+        try:
+            if offpolicy:
+                with timers("data"):
+                    return [("offpolicy", next(self.iters[1])) for _ in range(run.accum)]
+            return [("rollout", rollout_batch(run, step, timers, m if run.accum > 1 else None))
+                    for m in range(run.accum)]
+        except StopIteration:
+            if offpolicy:
+                raise DataExhausted(step, "the off-policy corpus (offpolicy.data.paths)",
+                                    "offpolicy.data.epochs") from None
+            raise DataExhausted(step, "the prompts (prompts.paths)", "prompts.epochs") from None
+
+    def loader_states(self, step: int) -> list:
+        """Every loader's state right after ``step``: the states recorded when step ``step + 1``
+        started pulling (it ran out of data), else the loaders' current ones."""
+        if self._boundary is not None and self._boundary[0] == step + 1:
+            return self._boundary[1]
+        return super().loader_states(step)
 
     def units(self, micros: list) -> dict[str, int]:
         if micros and micros[0][0] == "offpolicy":

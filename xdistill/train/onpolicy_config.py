@@ -17,6 +17,7 @@ from xdistill.errors import ConfigError
 from xdistill.losses.bytecredit import BYTE_CREDIT_KINDS
 from xdistill.losses.onpolicy import CROSS_ROUTES, ONPOLICY_LOSSES, SAMPLED_LOSSES
 from xdistill.rollout.engine import RolloutConfig
+from xdistill.train.config import check_chunk_size
 from xdistill.train.run_config import (RunConfig, RunTeacherConfig, check_loss_scale, check_path,
                                        check_teacher_names, default_out_dir, validate_run_sections,
                                        validate_student_source, validate_teacher_worker)
@@ -127,7 +128,8 @@ class OnPolicyLossConfig:
 
     # teacher weighting (static weights from each teacher's loss.weight)
     weighting: Literal["static"] = "static"
-    # sequence positions per block when computing losses (bounds memory); null = no blocking
+    # sequence positions per block when computing losses (bounds memory), >= 1; null = no
+    # blocking
     chunk_size: int | None = 256
     # k1/k3: floor of every sampled-token log-prob (both sides) before the log-ratio; null = off
     # (default: a floor makes a unit both models find impossible score ~0, the best advantage
@@ -240,6 +242,7 @@ def validate_onpolicy(cfg: OnPolicyConfig) -> OnPolicyConfig:
         raise ConfigError(f"prompts.num_workers must be >= 0, got {cfg.prompts.num_workers}")
     if cfg.loss.reward_beta < 0:
         raise ConfigError(f"loss.reward_beta must be >= 0, got {cfg.loss.reward_beta}")
+    check_chunk_size(cfg.loss.chunk_size)
     if cfg.loss.byte_units == "token":
         chunk_only = set(BYTE_CREDIT_KINDS) - set(SAMPLED_LOSSES)   # dpca, simple_opd
         bad = [t.loss.kind for t in cfg.teachers if t.loss.kind in chunk_only]

@@ -15,13 +15,22 @@ the same order meet the same teacher forwards; only the wall-clock overlap chang
 Checkpoints must not skip prefetched batches: before pulling the first micro-batch of a step the
 stream records every loader's ``state_dict()``, and :meth:`MicroBatchStream.state_after` gives the
 loader states right after a finished step (the recorded boundary when the next step was already
-prefetched, else the loaders' current state).
+prefetched, else the loaders' current state). Only the boundaries a checkpoint can still ask for
+are kept: those of the steps prefetched beyond the one being trained (and, while a step is being
+pulled, its own: the checkpoint of the step before needs it if the data runs out).
+
+Finite data (``data.epochs``): a loader that runs out while the stream prefetches ends the stream
+quietly (the steps already pulled still train); asking for a step it could not fill raises
+:class:`DataExhausted`, and :meth:`MicroBatchStream.state_after` of the step before still gives
+the loader states at that step's end, for the checkpoint written then.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+
+from xdistill.train.core import DataExhausted
 
 
 @dataclass
@@ -49,13 +58,18 @@ class MicroBatchStream:
     """
 
     def __init__(self, iters, loaders, accum: int, pool=None, lookahead: int = 0,
-                 last_step: int | None = None):
+                 last_step: int | None = None, data: str = "the data",
+                 epochs_key: str = "data.epochs"):
         self.iters, self.loaders, self.accum = list(iters), list(loaders), int(accum)
         self.last_step = last_step
         self.pool, self.lookahead = pool, max(0, int(lookahead))
+        # what the loaders read and the key of its passes (named when it runs out)
+        self.data, self.epochs_key = data, epochs_key
         self._queue: deque[PendingMicro] = deque()
         self._boundary: dict[int, list] = {}
         self._next_step: int | None = None
+        # the first step the loaders could not fill (None: not run out)
+        self._exhausted: int | None = None
 
     @property
     def per_step(self) -> int:
@@ -65,14 +79,23 @@ class MicroBatchStream:
         self._next_step = int(first_step)
 
     def _may_pull(self) -> bool:
-        return self.last_step is None or self._next_step <= self.last_step
+        return self._exhausted is None and (self.last_step is None
+                                            or self._next_step <= self.last_step)
 
     def _pull_step(self) -> None:
+        """Pull every micro-batch of the next step; a loader that runs out marks the stream
+        exhausted at that step and leaves none of its micro-batches queued."""
         step = self._next_step
         self._boundary[step] = [ld.state_dict() for ld in self.loaders]
-        for it in self.iters:
-            for _ in range(self.accum):
-                self._queue.append(PendingMicro(step, next(it)))
+        pulled = []
+        try:
+            for it in self.iters:
+                for _ in range(self.accum):
+                    pulled.append(PendingMicro(step, next(it)))
+        except StopIteration:
+            self._exhausted = step
+            return
+        self._queue.extend(pulled)
         self._next_step += 1
 
     def _submit_ahead(self, upto: int) -> None:
@@ -91,11 +114,21 @@ class MicroBatchStream:
         each to :meth:`consume`."""
         if self._next_step is None:
             self.start(step)
+        self._forget_boundaries(before=step)   # kept: the checkpoint of step - 1 if this fails
         while sum(1 for m in self._queue if m.step == step) < self.per_step:
+            if self._exhausted is not None and self._exhausted <= step:
+                raise DataExhausted(step, self.data, self.epochs_key)
             if self._next_step > step:
                 raise RuntimeError(f"step {step} is no longer in the micro-batch stream")
             self._pull_step()
+        self._forget_boundaries(before=step + 1)   # only state_after(>= step) can follow
         return [m for m in self._queue if m.step == step]
+
+    def _forget_boundaries(self, before: int) -> None:
+        """Drop the loader states recorded at the start of steps ``< before``: with the stream at
+        step ``before``, :meth:`state_after` is asked for step ``before - 1`` at the earliest."""
+        for s in [s for s in self._boundary if s < before]:
+            del self._boundary[s]
 
     def consume(self, micro: PendingMicro) -> PendingMicro:
         """Take ``micro`` (the next micro-batch, from :meth:`peek_step`) off the stream: it and the
@@ -111,8 +144,7 @@ class MicroBatchStream:
 
     def state_after(self, step: int) -> list:
         """Loader states right after ``step`` was consumed (for its checkpoint)."""
-        for s in [s for s in self._boundary if s <= step]:
-            del self._boundary[s]
+        self._forget_boundaries(before=step + 1)
         if step + 1 in self._boundary:
             return self._boundary[step + 1]
         return [ld.state_dict() for ld in self.loaders]
