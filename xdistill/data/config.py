@@ -42,7 +42,8 @@ class DataConfig:
     # shuffle documents each epoch (False: file order)
     shuffle: bool = True
     # passes over the data per iteration of the loader (null: repeat forever; trainers stop at
-    # their step budget -- use null for multi-rank runs so all ranks get the same step count)
+    # their step budget -- use null for multi-rank runs so all ranks get the same step count);
+    # finite passes that end before train.steps stop the run with a checkpoint of the last step
     epochs: int | None = None
     # prepend the student's BOS token to each window; null = the student model's own default
     # (its tokenizer's add_bos_token / post-processor, the GGUF's tokenizer.ggml.add_bos_token);

@@ -108,7 +108,8 @@ class PromptsConfig:
     shuffle: bool = True
     # loader worker processes (0 = in the training process)
     num_workers: int = 0
-    # passes over the prompts (null = endless)
+    # passes over the prompts (null = endless); finite passes that end before train.steps stop
+    # the run with a checkpoint of the last step (one process; use null with several ranks)
     epochs: int | None = None
 
 
