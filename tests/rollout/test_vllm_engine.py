@@ -112,6 +112,36 @@ def test_sync_after_an_optimizer_step(setup):
     assert m.sum() > 0 and err < ATOL, err
 
 
+def test_a_padded_vocabulary_is_never_sampled(get_tokenizer):
+    """A logit width beyond the tokenizer's ids (Qwen2.5: 151,936 rows for 151,665 ids), with the
+    extra rows made likely: vLLM samples only tokenizer ids (allowed_token_ids), and the behaviour
+    log-probs are the softmax over them, as the trainer scores them."""
+    from xdistill.losses.onpolicy import input_token_logprobs
+
+    tok = get_tokenizer("gpt2")
+    V, extra = tok.vocab_size, 300
+    model = tiny_llama(V + extra, seed=0, logit_scale=30.0, hidden_size=64, heads=2, kv_heads=1)
+    with torch.no_grad():
+        model.lm_head.weight[V:] = 3.0 * model.lm_head.weight[:extra]
+    engine = build_engine(_config(), model, tok)
+    try:
+        ro = engine.generate(PROMPTS, SamplingParams(1.0, 1.0, 12, seed=5))
+    finally:
+        engine.close()
+    m = ro.response_mask_BTr
+    assert m.sum() > 0 and int(ro.response_ids_BTr[m].max()) < V
+    batch = RolloutScorer(tok)(ro).batch
+    with torch.no_grad():
+        z = model(input_ids=batch.input_ids_BTs,
+                  attention_mask=batch.attention_mask_BTs.long()).logits[..., :V]
+    lp_BTs = input_token_logprobs(z, batch.input_ids_BTs)
+    ref = torch.zeros_like(ro.behaviour_logp_BTr)
+    for b in range(ro.batch_size):
+        p, r = int(ro.prompt_len_B[b]), int(ro.response_len_B[b])
+        ref[b, :r] = lp_BTs[b, p:p + r]
+    assert (ro.behaviour_logp_BTr[m] - ref[m]).abs().max().item() < ATOL
+
+
 def test_cpu_head_size_is_a_config_error(get_tokenizer):
     tok = get_tokenizer("gpt2")
     model = tiny_llama(tok.vocab_size)  # head size 8

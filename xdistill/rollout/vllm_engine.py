@@ -33,10 +33,12 @@ its V1 engine, whose model lives in a worker process behind an engine-core proce
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -177,6 +179,15 @@ def check_head_size(model_dir: str) -> None:
                           f"supports only {sizes}")
 
 
+def tokenizer_ids_if_padded(model_dir: str, vocab_size: int) -> list[int] | None:
+    """The tokenizer's ids when the model's logit width (``vocab_size`` of its config.json) is
+    larger (a padded vocabulary): the engine samples only those, as the HF engine does, and the
+    behaviour log-probs are over them (the trainer drops the padded columns). None otherwise."""
+    cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    width = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size") or 0
+    return list(range(int(vocab_size))) if int(width) > int(vocab_size) else None
+
+
 class VLLMEngine(RolloutEngine):
     """``vllm.LLM`` rollouts with in-process weight sync from the trainer (module doc)."""
 
@@ -203,6 +214,7 @@ class VLLMEngine(RolloutEngine):
                 tmp = tempfile.mkdtemp(prefix="xdistill-vllm-init-")
                 model_dir = str(export_hf(getattr(model, "_model", model), tmp, overwrite=True))
             check_head_size(model_dir)
+            self.allowed_ids = tokenizer_ids_if_padded(model_dir, self.tok.vocab_size)
             bind_cpu_threads(self.config)
             return vllm.LLM(**engine_kwargs(self.config, model_dir))
         finally:
@@ -215,7 +227,8 @@ class VLLMEngine(RolloutEngine):
                                     top_p=float(sampling.top_p), top_k=0,
                                     max_tokens=int(sampling.max_new_tokens), seed=int(s),
                                     logprobs=0, stop_token_ids=list(self.stop_ids),
-                                    detokenize=False, skip_special_tokens=False)
+                                    detokenize=False, skip_special_tokens=False,
+                                    allowed_token_ids=self.allowed_ids)
                 for s in seeds]
 
     def generate(self, prompts, sampling: SamplingParams) -> Rollouts:
