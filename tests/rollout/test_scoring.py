@@ -265,3 +265,45 @@ def test_identity_teacher_row_longer_than_its_max_len_is_an_error(student):
                                          rf"\d has {longest} tokens, more than its max_len "
                                          rf"{longest - 1}"):
         RolloutScorer(tok, [TeacherTokenization("same", tok, max_len=longest - 1)])(ro)
+
+
+LONG_PROMPTS = ["one two three four five six seven eight nine ten eleven twelve",
+                (("system", "Be brief, please."),
+                 ("user", "Count on: one two three four five six seven eight nine ten")),
+                (("user", "  Spaced café words, naïve ones, twelve or so of them here  "),)]
+
+
+@pytest.mark.parametrize("s_name,t_name", [("gpt2", "qwen2"), ("qwen2", "mistral"),
+                                           ("llama3", "gemma3-270m")])
+def test_a_cut_student_prompt_is_the_teachers_context_too(get_tokenizer, s_name, t_name):
+    """A prompt longer than rollout.max_prompt_len keeps its last student tokens; a
+    cross-tokenizer teacher reads its own rendering from the same place (it read the whole
+    prompt: context the student never saw), in the teacher row the scorer builds."""
+    from xdistill.rollout.render import prompt_cut_offset, render_prompt, teacher_prompt_text
+
+    s_tok, t_tok = get_tokenizer(s_name), get_tokenizer(t_name)
+    ro = rollouts_from_segments(s_tok, LONG_PROMPTS, [[(" Yes.", True)]] * 3, max_prompt_len=9,
+                                add_bos=False)
+    spec = TeacherTokenization("t", t_tok, add_bos=False)
+    view = RolloutScorer(s_tok, [spec], student_add_bos=False)(ro).batch.teacher("t")
+    uncut = rollouts_from_segments(s_tok, LONG_PROMPTS, [[(" Yes.", True)]] * 3, add_bos=False)
+    whole = RolloutScorer(s_tok, [spec], student_add_bos=False)(uncut).batch.teacher("t")
+    for b, prompt in enumerate(LONG_PROMPTS):
+        p = int(ro.prompt_len_B[b])
+        cut = prompt_cut_offset(s_tok, prompt, p)
+        s_raw = render_prompt(s_tok, prompt).encode()
+        assert cut > 0 and s_tok.hf.decode(ro.prompt_ids_BTp[b, :p].tolist()) == \
+            s_raw[cut:].decode()                          # where the student's kept row starts
+        assert prompt_cut_offset(s_tok, prompt, 10_000) == 0
+        t_text = teacher_prompt_text(t_tok, s_tok, prompt, cut)
+        full = render_prompt(t_tok, prompt)
+        assert full.endswith(t_text) and len(t_text) < len(full)
+        if isinstance(prompt, str):
+            assert t_text.encode() == s_raw[cut:]        # plain text: the very same bytes
+        else:  # the same words of the last message, in the teacher's own template around them
+            words = prompt[-1][1].split()
+            s_part = s_raw[cut:].decode()
+            first = next(i for i, w in enumerate(words) if " ".join(words[i:]) in s_part)
+            assert " ".join(words[first:]) in t_text and " ".join(words[first - 1:]) not in t_text
+        # the scorer's teacher row holds that prompt part, not the whole rendering
+        assert int(view.attention_mask_BTt[b].sum()) < int(whole.attention_mask_BTt[b].sum())

@@ -180,7 +180,7 @@ def _skeleton(render, conv) -> list[str] | None:
     return pieces + [text]
 
 
-def _locate(text: str, conv, render=None):
+def locate_contents(text: str, conv, render=None):
     """(char spans, char core spans) of each content in ``text``; None if one is missing. With
     ``render`` (the template), the contents are read between the template's own pieces of text
     (:func:`_skeleton`), so that a content equal to template text (``assistant``, ``a``) is not
@@ -190,7 +190,8 @@ def _locate(text: str, conv, render=None):
     return found if found is not None else _search(text, conv)
 
 
-def _char_to_byte_spans(text: str, char_spans) -> np.ndarray:
+def char_to_byte_spans(text: str, char_spans) -> np.ndarray:
+    """Char spans of ``text`` (sorted, disjoint) as byte spans of its UTF-8, ``[K, 2]``."""
     out = np.zeros((len(char_spans), 2), dtype=np.int64)
     byte_pos, char_pos = 0, 0
     for i, (a, b) in enumerate(char_spans):
@@ -212,9 +213,9 @@ def render_plain(conv) -> RenderedChat:
         parts.append(piece)
         pos += len(piece)
     text = "".join(parts)
-    return RenderedChat(text, _char_to_byte_spans(text, char_spans),
+    return RenderedChat(text, char_to_byte_spans(text, char_spans),
                         tuple(r for r, _ in conv), own_template=False,
-                        core_M2=_char_to_byte_spans(text, cores))
+                        core_M2=char_to_byte_spans(text, cores))
 
 
 def render_chat(tok, conv) -> RenderedChat:
@@ -233,12 +234,12 @@ def render_chat(tok, conv) -> RenderedChat:
             text = render(conv)
         except Exception:  # noqa: BLE001 - template rejects the conversation: plain fallback
             text = None
-        found = _locate(text, conv, render) if isinstance(text, str) else None
+        found = locate_contents(text, conv, render) if isinstance(text, str) else None
         if found is not None:
             spans, cores = found
-            return RenderedChat(text, _char_to_byte_spans(text, spans),
+            return RenderedChat(text, char_to_byte_spans(text, spans),
                                 tuple(r for r, _ in conv), own_template=True,
-                                core_M2=_char_to_byte_spans(text, cores))
+                                core_M2=char_to_byte_spans(text, cores))
     return render_plain(conv)
 
 

@@ -9,13 +9,20 @@ template rejects the conversation) with the plain template of :mod:`xdistill.dat
 ``"assistant:\\n"``, i.e. exactly the prefix :func:`xdistill.data.chat.render_plain` writes before
 an assistant message's content. Every tokenizer (student and each teacher) renders the same prompt
 with its own template; the response bytes are then appended verbatim.
+
+A prompt longer than ``max_prompt_len`` student tokens keeps its last tokens (:func:`encode_prompts`).
+A teacher then reads the same part of the prompt (:func:`teacher_prompt_text`): the student's cut,
+a byte offset in its rendering (:func:`prompt_cut_offset`), is mapped into the teacher's rendering
+through the message contents (:func:`xdistill.data.chat.map_offset`), so that no teacher conditions
+on context the student did not see.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from xdistill.data.chat import PLAIN_CHAT_TEMPLATE, as_conversation, render_chat, render_plain
+from xdistill.data.chat import (PLAIN_CHAT_TEMPLATE, as_conversation, char_to_byte_spans,
+                                 locate_contents, map_offset, render_chat, render_plain)
 from xdistill.errors import DataError
 from xdistill.tokenization.bos import resolve_add_bos
 from xdistill.tokenization.table import ROLE_TEXT
@@ -97,3 +104,50 @@ def encode_prompts(tok, prompts, max_len: int, *, add_bos: bool | None = None) -
             raise DataError(f"prompt {i} renders to no tokens for tokenizer {tok.name!r}")
         out.append(ids)
     return out
+
+
+def prompt_cut_offset(tok, prompt, kept_tokens: int) -> int:
+    """Byte offset in ``tok``'s rendering of ``prompt`` where its last ``kept_tokens`` tokens (a
+    left-cut prompt row without its BOS, :func:`encode_prompts`) start; 0 when nothing was cut."""
+    text = render_prompt(tok, prompt)
+    enc = tok.hf(text, add_special_tokens=False, return_offsets_mapping=True)
+    offsets = enc["offset_mapping"]
+    if tok.bos_id is not None and enc["input_ids"][:1] == [tok.bos_id]:
+        offsets = offsets[1:]        # a BOS the template wrote: encode_prompts drops it
+    first = len(offsets) - int(kept_tokens)
+    if first <= 0:
+        return 0
+    return len(text[:offsets[first][0]].encode("utf-8"))
+
+
+def _content_spans(tok, prompt, text: str):
+    """(byte spans, byte core spans) of the prompt's contents in ``text`` (``tok``'s rendering),
+    or None when they cannot be placed."""
+    if isinstance(prompt, str):
+        lead = len(prompt) - len(prompt.lstrip())
+        return (char_to_byte_spans(text, [(0, len(text))]),
+                char_to_byte_spans(text, [(lead, lead + len(prompt.strip()))]))
+    conv = as_conversation(prompt, "prompt")
+    found = locate_contents(text, conv, lambda c: render_prompt(tok, c))
+    if found is None:
+        return None
+    return char_to_byte_spans(text, found[0]), char_to_byte_spans(text, found[1])
+
+
+def teacher_prompt_text(teacher, student, prompt, student_cut: int) -> str:
+    """``teacher``'s rendering of ``prompt`` from the place the student's cut prompt starts
+    (``student_cut``: :func:`prompt_cut_offset` in the student's rendering; 0 = all of it)."""
+    t_text = render_prompt(teacher, prompt)
+    if student_cut <= 0:
+        return t_text
+    s_text = render_prompt(student, prompt)
+    s_spans, t_spans = _content_spans(student, prompt, s_text), _content_spans(teacher, prompt,
+                                                                                t_text)
+    if s_spans is None or t_spans is None:
+        return t_text  # contents not found in a rendering: nothing to map the cut through
+    raw = t_text.encode("utf-8")
+    cut = map_offset(student_cut, s_spans[0], t_spans[0], len(s_text.encode("utf-8")), len(raw),
+                     s_spans[1], t_spans[1])
+    while cut < len(raw) and raw[cut] & 0xC0 == 0x80:   # to the next character boundary
+        cut += 1
+    return raw[cut:].decode("utf-8")

@@ -46,7 +46,8 @@ from xdistill.data.batch import BatchStats, DistillBatch, TeacherView
 from xdistill.data.chat import token_loss_mask
 from xdistill.data.collator import resolve_teacher_bos
 from xdistill.rollout.engine import Rollouts, _right_pad
-from xdistill.rollout.render import encode_prompts, end_of_turn_id, is_chat, render_prompt
+from xdistill.rollout.render import (encode_prompts, end_of_turn_id, is_chat, prompt_cut_offset,
+                                     teacher_prompt_text)
 from xdistill.rollout.teacher_text import teacher_region
 from xdistill.tokenization.bos import resolve_add_bos
 from xdistill.tokenization.tokenizer import padding_id
@@ -232,7 +233,8 @@ class RolloutScorer:
             r = int(ro.response_len_B[b])
             raw, spans = response_bytes(s_table, ro.response_ids_BTr[b, :r].numpy(),
                                         ro.response_mask_BTr[b, :r].numpy())
-            reg = teacher_region(tok, render_prompt(tok, ro.prompts[b]), raw)
+            reg = teacher_region(tok, teacher_prompt_text(tok, self.student, ro.prompts[b],
+                                                          self._student_cut(ro, b)), raw)
             pre = reg.prefix_ids
             if spec.add_bos and not (pre.size and int(pre[0]) == int(tok.bos_id)):
                 pre = np.concatenate([[int(tok.bos_id)], pre])
@@ -304,6 +306,14 @@ class RolloutScorer:
                            s_unpaired_BTs=torch.from_numpy(unpaired))
         extra = {"unaligned_frac": frac, "missing_bytes": sum(reg[5] for reg in regions)}
         return view, tool, float(np.mean(res.used_dp_B)) if B else 0.0, extra
+
+    def _student_cut(self, ro: Rollouts, b: int) -> int:
+        """Byte offset in the student's rendering of prompt ``b`` where its (left-cut) prompt
+        row starts (0: not cut): a cross-tokenizer teacher reads the prompt from there."""
+        row = ro.prompt_ids_BTp[b, :int(ro.prompt_len_B[b])]
+        kept = row.numel() - int(self.student_add_bos and row.numel() > 0
+                                 and int(row[0]) == self.student.bos_id)
+        return prompt_cut_offset(self.student, ro.prompts[b], kept)
 
     def _stopped(self, ro: Rollouts, b: int) -> bool:
         """The student's response ``b`` ended with its own stop token (a zero-byte role token)."""
