@@ -124,6 +124,13 @@ def _core(content: str, probe: str, start: int) -> tuple[int, int]:
     return a, a + len(content.strip())
 
 
+def _place(spans: list, cores: list, content: str, probe: str, pos: int) -> int:
+    """Record ``probe`` (how ``content`` was rendered) at char ``pos``; returns its end."""
+    spans.append((pos, pos + len(probe)))
+    cores.append(_core(content, probe, pos))
+    return pos + len(probe)
+
+
 def _walk(text: str, skeleton: list[str], conv):
     """Char spans and cores of the contents, reading ``text`` as ``skeleton[0] content_0
     skeleton[1] ... content_M-1 skeleton[M]`` (the template's own text around each message, from
@@ -137,9 +144,7 @@ def _walk(text: str, skeleton: list[str], conv):
             end = cursor + len(probe)
             if text.startswith(probe, cursor) and text.startswith(after, end) and (
                     i + 1 < len(conv) or end + len(after) == len(text)):
-                spans.append((cursor, end))
-                cores.append(_core(content, probe, cursor))
-                cursor = end + len(after)
+                cursor = _place(spans, cores, content, probe, cursor) + len(after)
                 break
         else:
             return None
@@ -154,9 +159,7 @@ def _search(text: str, conv):
         for probe in (content, content.strip()):
             pos = text.find(probe, cursor)
             if pos >= 0:
-                spans.append((pos, pos + len(probe)))
-                cores.append(_core(content, probe, pos))
-                cursor = pos + len(probe)
+                cursor = _place(spans, cores, content, probe, pos)
                 break
         else:
             return None
