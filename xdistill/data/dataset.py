@@ -74,9 +74,9 @@ class PackedDataset(ShardedSourceDataset):
         return {"epoch": 0, "pos": 0, "off": 0, "windows": 0, "skipped_empty": 0}
 
     def _position_basis(self) -> list[tuple[str, object]]:
-        # a position is (document, student-token offset in it) and counts windows of this size
-        return [("the window length (data.seq_len)", self.window_len), ("data.add_bos", self.add_bos),
-                ("the student tokenizer", getattr(self.student, "fingerprint", None))]
+        # a position is (document, student-token offset in it): another window length or BOS
+        # setting continues at the next unread token (a supported resume), another tokenizer not
+        return [("the student tokenizer", getattr(self.student, "fingerprint", None))]
 
     # ------------------------------------------------------------------ iteration
     def _fetch(self, i: int):
