@@ -232,3 +232,18 @@ def test_a_range_error_after_loading_names_the_override_or_the_file(tmp_path, ca
     err = capsys.readouterr().err
     assert err.endswith("train.steps must be >= 1, got 0 (set by command-line override "
                         "'train.steps=0')\n") and err.count("\n") == 1
+
+
+def test_yaml_booleans_are_only_true_and_false(tmp_path):
+    """YAML 1.2 booleans: ``train.wandb: off`` (the documented default) is the string "off", as in
+    a file as on the command line; true/false stay booleans. YAML 1.1 read off/on/yes/no as
+    booleans, so `wandb: off` was refused as "got False"."""
+    from xdistill.train.config import OffPolicyConfig
+
+    cfg = load_config(OffPolicyConfig, None, ["train.wandb=off", "data.shuffle=false"])
+    assert cfg.train.wandb == "off" and cfg.data.shuffle is False
+    path = write(tmp_path, "train:\n  wandb: off\ndata:\n  shuffle: True\n")
+    cfg = load_config(OffPolicyConfig, path, [])
+    assert cfg.train.wandb == "off" and cfg.data.shuffle is True
+    with pytest.raises(ConfigError, match="data.shuffle"):
+        load_config(OffPolicyConfig, None, ["data.shuffle=yes"])

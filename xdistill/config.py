@@ -40,7 +40,7 @@ _FLOAT_WORDS = ("inf", "infinity", "nan")
 
 
 class _Loader(yaml.SafeLoader):
-    """Safe YAML with YAML 1.2 floats and an error on duplicate keys."""
+    """Safe YAML with YAML 1.2 floats and booleans and an error on duplicate keys."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict = {}
@@ -63,6 +63,13 @@ def _where(mark, other) -> str:
     return f"line {mark.line + 1}"
 
 
+# YAML 1.2 booleans: only true/false (any of the three casings). YAML 1.1 also read on/off/yes/no
+# as booleans, so `train.wandb: off`, the documented default, became False and was refused.
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool",
+                              re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 _Loader.add_implicit_resolver(  # after YAML 1.1's int and float: integers stay int
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?$"),
