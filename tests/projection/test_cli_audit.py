@@ -91,3 +91,24 @@ def test_output_folder_is_checked_before_the_build(capsys, tmp_path):
     assert rc == 2 and err.count("\n") == 1, err
     assert f"cannot create its folder '{tmp_path / 'a_file' / 'sub'}'" in err
     assert time.perf_counter() - t0 < 5                  # no tokenizer was loaded
+
+
+@pytest.mark.parametrize("flag,value,want", [
+    ("--multitoken-decay", "nan", ">= 0"), ("--multitoken-decay", "-1", ">= 0"),
+    ("--reverse-weight", "-5", ">= 0"), ("--top-k", "0", ">= 1"),
+    ("--corpus-max-texts", "-1", ">= 0 (0 = all)")])
+def test_out_of_range_build_options_fail_before_the_build(capsys, tmp_path, flag, value, want):
+    """A NaN decay or a negative reverse weight silently unmapped rows, a negative text limit read
+    one text, and --top-k 0 failed only after the whole build: now one line, before any work."""
+    rc = cli_main(["projection", "build", "--student", "gpt2", "--teacher", "bert", flag, value,
+                   "-o", str(tmp_path / "p.npz")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and f"{flag} must be {want}, got" in err, err
+    assert not (tmp_path / "p.npz").exists()
+
+
+def test_inspect_with_negative_examples_is_one_line(built, capsys):
+    rc = cli_main(["projection", "inspect", str(built), "--student", "mistral", "--teacher",
+                   "bert", "--examples", "-1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--examples must be >= 0, got -1" in err and err.count("\n") == 1

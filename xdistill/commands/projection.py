@@ -12,6 +12,7 @@ S and T are tokenizer specs (asset name such as gpt2/qwen2/llama3/mistral/bert, 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -65,6 +66,18 @@ def _output_folder(output: str) -> None:
         raise ProjectionError(f"output {output!r}: its folder {str(folder)!r} is not writable")
 
 
+def _check_numbers(args) -> None:
+    """Out-of-range build options as one ProjectionError (a NaN decay or a negative weight
+    silently unmapped rows; --top-k 0 failed only after the build)."""
+    checks = [("--multitoken-decay", args.multitoken_decay, ">= 0", lambda v: v >= 0),
+              ("--reverse-weight", args.reverse_weight, ">= 0", lambda v: v >= 0),
+              ("--top-k", args.top_k, ">= 1", lambda v: v >= 1),
+              ("--corpus-max-texts", args.corpus_max_texts, ">= 0 (0 = all)", lambda v: v >= 0)]
+    for flag, value, want, ok in checks:
+        if value is not None and not (math.isfinite(value) and ok(value)):
+            raise ProjectionError(f"{flag} must be {want}, got {value}")
+
+
 def _build(args) -> int:
     # deferred: scipy, numpy via xdistill.projection (keeps `xdistill projection --help` fast)
     from xdistill.projection import BuildConfig, build_projection, parse_methods, save_projection
@@ -73,8 +86,7 @@ def _build(args) -> int:
 
     if not args.output.endswith(".npz"):
         raise ProjectionError(f"output {args.output!r} must end in .npz")
-    if args.multitoken_decay < 0:
-        raise ProjectionError(f"--multitoken-decay must be >= 0, got {args.multitoken_decay}")
+    _check_numbers(args)                         # before the build, not after it
     _output_folder(args.output)                  # before the build, not after it
     t0 = time.perf_counter()
     methods = parse_methods(args.method)
@@ -103,6 +115,8 @@ def _inspect(args) -> int:
 
     student, teacher = load_tokenizer(args.student), load_tokenizer(args.teacher)
     proj = load_projection(args.path, student, teacher)
+    if args.examples < 0:
+        raise ProjectionError(f"--examples must be >= 0, got {args.examples}")
     print(format_report(proj, student.table, teacher.table, n_examples=args.examples))
     if args.plot:
         # deferred: scipy via xdistill.projection (keeps `xdistill projection --help` fast)
