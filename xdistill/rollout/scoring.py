@@ -196,6 +196,7 @@ class RolloutScorer:
         n_resp = int(real.sum())
         tool_ratio = float((real & ~ro.response_mask_BTr).sum()) / max(n_resp, 1)
         views, t_tool, cov, dp, unal, missing = [], {}, {}, {}, {}, {}
+        cuts = None   # where each student prompt row starts in its rendering: once per batch
         for spec in self.teachers:
             if (spec.tokenizer.fingerprint == self.student.fingerprint
                     and bool(spec.add_bos) == self.student_add_bos):
@@ -203,8 +204,9 @@ class RolloutScorer:
                 t_tool[spec.name], dp[spec.name] = tool_ratio, 0.0
                 unal[spec.name], missing[spec.name] = 0.0, 0
             else:
-                view, t_tool[spec.name], dp[spec.name], extra = self._teacher_view(spec, ro,
-                                                                                   ids.shape)
+                cuts = cuts or [self._student_cut(ro, b) for b in range(ro.batch_size)]
+                view, t_tool[spec.name], dp[spec.name], extra = self._teacher_view(
+                    spec, ro, ids.shape, cuts)
                 unal[spec.name], missing[spec.name] = extra["unaligned_frac"], extra["missing_bytes"]
             cov_mask = loss.clone()
             cov_mask[:, 0] = False
@@ -224,9 +226,9 @@ class RolloutScorer:
         return ScoredBatch(batch, blp, ro.prompt_len_B.clone(), ro.rewards_B, stats, stop)
 
     # ------------------------------------------------------------------ cross tokenizer
-    def _regions(self, spec, ro: Rollouts):
+    def _regions(self, spec, ro: Rollouts, cuts: list[int]):
         """Per sample: (prefix ids, region ids, region loss, region phantom, teacher stop,
-        missing bytes, LLM spans, region byte end)."""
+        missing bytes, LLM spans, region byte end); ``cuts``: :meth:`_student_cut` per sample."""
         tok, s_table = spec.tokenizer, self.student.table
         out = []
         for b in range(ro.batch_size):
@@ -234,7 +236,7 @@ class RolloutScorer:
             raw, spans = response_bytes(s_table, ro.response_ids_BTr[b, :r].numpy(),
                                         ro.response_mask_BTr[b, :r].numpy())
             reg = teacher_region(tok, teacher_prompt_text(tok, self.student, ro.prompts[b],
-                                                          self._student_cut(ro, b)), raw)
+                                                          cuts[b]), raw)
             pre = reg.prefix_ids
             if spec.add_bos and not (pre.size and int(pre[0]) == int(tok.bos_id)):
                 pre = np.concatenate([[int(tok.bos_id)], pre])
@@ -254,9 +256,9 @@ class RolloutScorer:
             out.append((pre, t_ids, t_loss, t_ph, t_stop and not cut, reg.missing_bytes, seen))
         return out
 
-    def _teacher_view(self, spec, ro: Rollouts, shape_BTs):
+    def _teacher_view(self, spec, ro: Rollouts, shape_BTs, cuts: list[int]):
         B, Ts = shape_BTs
-        regions = self._regions(spec, ro)
+        regions = self._regions(spec, ro, cuts)
         s_len = ro.response_len_B.numpy().astype(np.int64)
         t_len = np.array([reg[1].size for reg in regions], dtype=np.int64)
         s_ids = np.zeros((B, max(int(s_len.max()), 1)), dtype=np.int64)
