@@ -247,3 +247,37 @@ def test_yaml_booleans_are_only_true_and_false(tmp_path):
     assert cfg.train.wandb == "off" and cfg.data.shuffle is True
     with pytest.raises(ConfigError, match="data.shuffle"):
         load_config(OffPolicyConfig, None, ["data.shuffle=yes"])
+
+
+def test_string_fields_keep_the_text_yaml_reads_as_a_number(tmp_path):
+    """A ``str`` field keeps what the user wrote: YAML 1.1 reads ``0123`` as octal 83, ``1_000`` as
+    1000, ``0x1F`` as 31, ``1:30`` as 90 and ``1.10`` as 1.1, so a revision, a run name or a
+    folder named like a number was silently renamed. Numbers stay numbers in number fields."""
+
+    @dataclass
+    class Named:
+        # a name
+        name: str = ""
+        # an optional name
+        tag: str | None = None
+        # named values
+        table: dict[str, int] = field(default_factory=dict)
+        # anything
+        extra: dict = field(default_factory=dict)
+        # steps
+        steps: int = 1
+        # a scale
+        scale: float = 1.0
+
+    for text in ["0123", "1_000", "0x1F", "1:30", "1.10", "1e3", "007"]:
+        path = write(tmp_path, f"name: {text}\ntag: {text}\ntable:\n  {text}: 0x0F\n")
+        cfg = load_config(Named, path, [])
+        assert (cfg.name, cfg.tag, list(cfg.table)) == (text, text, [text]), text
+        assert cfg.table[text] == 15 and type(cfg.table[text]) is int
+        cfg = load_config(Named, None, [f"name={text}", f"tag={text}"])
+        assert (cfg.name, cfg.tag) == (text, text), text
+    cfg = load_config(Named, write(tmp_path, "steps: 1_000\nscale: 1.50\nextra: {a: [1, 2.5]}\n"), [])
+    assert (cfg.steps, cfg.scale) == (1000, 1.5) and type(cfg.steps) is int
+    assert type(cfg.scale) is float and cfg.extra == {"a": [1, 2.5]}
+    assert [type(v) for v in cfg.extra["a"]] == [int, float]
+    __import__("yaml").safe_dump(to_dict(cfg))  # plain Python values only: dumps without error

@@ -76,6 +76,49 @@ _Loader.add_implicit_resolver(  # after YAML 1.1's int and float: integers stay 
     list("-+.0123456789"))
 
 
+class _SourcedInt(int):
+    """An int read from YAML that remembers its text, so a ``str`` field given ``0123``, ``1_000``
+    or ``0x1F`` keeps what the user wrote rather than the number's repr (``83``, ``1000``, ``31``)."""
+    source: str
+
+
+class _SourcedFloat(float):
+    """A float read from YAML that remembers its text (``1.10`` stays ``1.10``, ``1e3`` ``1e3``)."""
+    source: str
+
+
+def _sourced(cls: type, convert):
+    def construct(loader, node):
+        value = cls(convert(loader, node))
+        value.source = node.value
+        return value
+    return construct
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int",
+                        _sourced(_SourcedInt, yaml.SafeLoader.construct_yaml_int))
+_Loader.add_constructor("tag:yaml.org,2002:float",
+                        _sourced(_SourcedFloat, yaml.SafeLoader.construct_yaml_float))
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every sourced number turned back into a plain int/float (recursively)."""
+    if isinstance(value, _SourcedInt):
+        return int(value)
+    if isinstance(value, _SourcedFloat):
+        return float(value)
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _text(value: Any) -> str:
+    """What the user wrote for a scalar read as a ``str`` (a number's YAML source text)."""
+    return getattr(value, "source", None) or str(value)
+
+
 def yaml_load(text: str, source: str):
     """``text`` parsed by :class:`_Loader`; errors name ``source`` and the line/column."""
     try:
@@ -155,8 +198,14 @@ def _type_name(tp: Any) -> str:
 def _convert(value: Any, tp: Any, key: str) -> Any:
     """Check/convert a YAML value to type ``tp``; ``key`` names it in errors."""
     origin = get_origin(tp)
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return _text(value)
+        raise ConfigError(f"{key}: expected str, got {value!r}")
     if tp is Any:
-        return value
+        return _plain(value)
     if origin in (typing.Union, types.UnionType):
         args = get_args(tp)
         if value is None and type(None) in args:
@@ -171,7 +220,7 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
     if origin is Literal:
         if value in get_args(tp):
-            return value
+            return _plain(value)
         raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
@@ -190,14 +239,14 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")
         val_tp = get_args(tp)[1] if get_args(tp) else Any
-        return {str(k): _convert(v, val_tp, f"{key}.{k}") for k, v in value.items()}
+        return {_text(k): _convert(v, val_tp, f"{key}.{_text(k)}") for k, v in value.items()}
     if tp is bool:
         if isinstance(value, bool):
             return value
         raise ConfigError(f"{key}: expected bool (true/false), got {value!r}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
-            return value
+            return int(value)
         raise ConfigError(f"{key}: expected int, got {value!r}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -205,14 +254,8 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, str) and value.strip().lower().lstrip("+-") in _FLOAT_WORDS:
             return float(value)  # Python's spellings: inf, -inf, Infinity, nan
         raise ConfigError(f"{key}: expected float, got {value!r}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(f"{key}: expected str, got {value!r}")
     if isinstance(tp, type) and isinstance(value, tp):
-        return value
+        return _plain(value)
     raise ConfigError(f"{key}: unsupported config type {_type_name(tp)}")
 
 
