@@ -112,3 +112,32 @@ def test_inspect_with_negative_examples_is_one_line(built, capsys):
                    "bert", "--examples", "-1"])
     err = capsys.readouterr().err
     assert rc == 2 and "--examples must be >= 0, got -1" in err and err.count("\n") == 1
+
+
+def test_build_does_not_replace_files_that_are_not_a_projection(built, capsys, tmp_path):
+    """``-o results.npz`` wrote ``results.json`` over whatever was there (a user's own results).
+    A sidecar that is not an xdistill sidecar, or an .npz without one, is refused before any work,
+    naming the file and --overwrite; a previous projection at the same path is replaced."""
+    import shutil
+
+    side = tmp_path / "results.json"
+    side.write_text('{"accuracy": 0.91}\n')
+    argv = ["projection", "build", "--student", "mistral", "--teacher", "bert", "--top-k", "3",
+            "-q", "-o", str(tmp_path / "results.npz")]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"'{side}' exists and is not an xdistill projection" in err
+    assert "--overwrite" in err and side.read_text() == '{"accuracy": 0.91}\n'
+    assert not (tmp_path / "results.npz").exists()
+    lone = tmp_path / "lone.npz"
+    lone.write_bytes(b"PK not a projection")
+    assert cli_main(argv[:-1] + [str(lone)]) == 2
+    assert "has no projection sidecar" in capsys.readouterr().err
+    assert lone.read_bytes() == b"PK not a projection"
+    again = tmp_path / "again.npz"                       # a previous projection is replaced
+    shutil.copy(built, again)
+    shutil.copy(built.with_suffix(".json"), again.with_suffix(".json"))
+    assert cli_main(argv[:-1] + [str(again)]) == 0
+    assert load_projection(again).meta["top_k"] == 3
+    assert cli_main(argv + ["--overwrite"]) == 0         # the user asked for it
+    assert json.loads(side.read_text())["format"] == "xdistill-projection"

@@ -44,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="also add teacher tokens that the student re-tokenizes into a single token")
     b.add_argument("--reverse-weight", type=float, default=1.0, help="weight of each reverse entry")
     b.add_argument("-o", "--output", required=True, help="output .npz (sidecar: same name, .json)")
+    b.add_argument("--overwrite", action="store_true",
+                   help="replace existing files at -o and its .json even when they are not a "
+                        "projection (a previous projection is always replaced)")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     i = sub.add_parser("inspect", help="coverage, example rows and entropy of a projection")
     i.add_argument("path", help="projection .npz")
@@ -81,6 +84,7 @@ def _check_numbers(args) -> None:
 def _build(args) -> int:
     # deferred: scipy, numpy via xdistill.projection (keeps `xdistill projection --help` fast)
     from xdistill.projection import BuildConfig, build_projection, parse_methods, save_projection
+    from xdistill.projection.artifact import check_output
     from xdistill.projection.corpus import resolve_corpus_files
     from xdistill.tokenization import load_tokenizer
 
@@ -88,6 +92,7 @@ def _build(args) -> int:
         raise ProjectionError(f"output {args.output!r} must end in .npz")
     _check_numbers(args)                         # before the build, not after it
     _output_folder(args.output)                  # before the build, not after it
+    check_output(args.output, args.overwrite)    # a user's out.json is not replaced silently
     t0 = time.perf_counter()
     methods = parse_methods(args.method)
     if "corpus" in methods and not args.corpus:

@@ -79,6 +79,29 @@ def sidecar_path(path: str | os.PathLike) -> Path:
     return p.with_suffix(".json") if p.suffix == ".npz" else Path(str(p) + ".json")
 
 
+def check_output(path: str | os.PathLike, overwrite: bool = False) -> None:
+    """Refuse to write a projection over files that are not one (before any work): ``out.npz``
+    or its sidecar ``out.json`` exists and the sidecar is not an xdistill projection sidecar, so
+    ``-o results.npz`` would replace a user's ``results.json``. A previous projection at the same
+    path is replaced; ``overwrite`` replaces anything."""
+    path = Path(path)
+    side = sidecar_path(path)
+    if overwrite or not (path.exists() or side.exists()):
+        return
+    if not side.is_file():
+        raise ProjectionError(f"output {str(path)!r} exists and has no projection sidecar "
+                              f"{str(side)!r}, so it is not a projection this would replace "
+                              "(pass --overwrite to replace it, or choose another -o)")
+    try:
+        meta = json.loads(side.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        meta = None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ProjectionError(f"{str(side)!r} exists and is not an xdistill projection sidecar; "
+                              f"writing {str(path)!r} would replace it (pass --overwrite to "
+                              "replace it, or choose another -o)")
+
+
 def _npz_bytes_members(proj: Projection) -> list[tuple[str, np.ndarray]]:
     m = proj.proj_VsVt
     return [("indptr", np.ascontiguousarray(m.indptr, dtype=np.int64)),
@@ -105,7 +128,9 @@ def save_projection(proj: Projection, path: str | os.PathLike) -> tuple[Path, Pa
     meta = dict(proj.meta)
     meta["npz_sha256"] = _sha256(path)
     side = sidecar_path(path)
-    side.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    side_tmp = side.with_name(side.name + ".tmp")
+    side_tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    os.replace(side_tmp, side)
     return path, side
 
 
