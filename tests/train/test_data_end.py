@@ -193,3 +193,32 @@ def test_onpolicy_prompts_that_run_out_checkpoint_and_resume_bitwise(tmp_path, t
         return {r["step"]: r["prompts"] for r in map(json.loads, lines)}
 
     assert samples(tmp_path / "cut") == samples(tmp_path / "whole")
+
+
+@pytest.mark.integration
+def test_two_ranks_whose_data_ends_at_different_steps_stop_together(tmp_path, tiny_assets):
+    """data.epochs 1 over 4 documents, 2 ranks: rank 0 reads the two long ones, rank 1 the two
+    short ones, so rank 1 runs out steps before rank 0. Rank 1 alone once went to checkpoint while
+    rank 0 waited in the step's collectives: the run hung. Now both ranks stop at the same step:
+    the checkpoint of the step before is written (by both) and the error names rank 1's data."""
+    import xdistill.tiny as mk
+    from xdistill.data.prepare import prepare
+
+    text = " ".join(mk.passages(limit=150))
+    docs = [text[:2400], text[3000:3500], text[4000:6400], text[7000:7500]]
+    raw = tmp_path / "uneven.jsonl"
+    raw.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs), encoding="utf-8")
+    prepare([raw], tmp_path / "uneven", progress=False, overwrite=True)
+    out = tmp_path / "run"
+    d = _offpolicy_cfg(tiny_assets, str(tmp_path / "uneven"), out, 40, epochs=1)
+    d["data"]["shuffle"] = False
+    cfg = T.write_config(tmp_path / "uneven.yaml", d)
+    proc = T.run_cli(["train", "offpolicy", "--config", str(cfg)], nproc=2, timeout=240)
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    done = max(r["step"] for r in T.train_records(out))
+    assert 1 <= done < 39, done
+    want = (f"step {done + 1}: the training data (data.paths) of rank 1 ran out after step {done} "
+            f"of train.steps=40 (data.epochs is finite)")
+    assert want in proc.stderr, proc.stderr[-3000:]
+    assert (out / "checkpoints" / f"step_{done:07d}" / "COMPLETE").is_file()
+    assert not (out / "export").exists()

@@ -216,7 +216,7 @@ def step_report(run: Run, step: int) -> StepReport:
     timers = Timers(sync=_device_sync(run.device))
     metrics = StepMetrics()
     t0 = time.perf_counter()
-    micros = run.mode.micro_batches(run, step, timers)
+    micros = agreed_micro_batches(run, step, timers)
     num_valid = all_reduce_counts(run.mode.units(micros))
     for i, micro in enumerate(micros):
         _set_sync(run.model, i == len(micros) - 1)
@@ -229,6 +229,28 @@ def step_report(run: Run, step: int) -> StepReport:
         run.mode.log_samples(run, step, micros)
     return StepReport(reduced, lr, norm, time.perf_counter() - t0, applied, dict(timers.seconds),
                       rss_mb())
+
+
+def agreed_micro_batches(run: Run, step: int, timers: Timers) -> list:
+    """The mode's micro-batches of ``step``; :class:`DataExhausted` on *every* rank when any
+    rank's finite data ran out. Ranks hold different shares of a finite corpus, so one rank can
+    run out a step before another: alone, it went to checkpoint while the others waited in the
+    step's collectives, and the run hung. One small all-reduce per step (distributed only)."""
+    try:
+        micros, ran_out = run.mode.micro_batches(run, step, timers), None
+    except DataExhausted as exc:
+        micros, ran_out = [], exc
+    if not xdist.is_distributed():
+        if ran_out is not None:
+            raise ran_out
+        return micros
+    world = xdist.get_world_size()
+    first = world - xdist.all_reduce_max(world - xdist.get_rank() if ran_out is not None else 0)
+    if first == world:                       # no rank ran out
+        return micros
+    what = xdist.broadcast_object(None if ran_out is None else (ran_out.data, ran_out.key), first)
+    data = what[0] if first == 0 else f"{what[0]} of rank {first}"
+    raise DataExhausted(step, data, what[1])
 
 
 def optimizer_step(run: Run, step: int, reduced: ReducedMetrics) -> tuple[float, float, bool]:

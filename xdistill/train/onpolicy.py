@@ -179,8 +179,10 @@ class OnPolicyMode(TrainMode):
             if offpolicy:
                 with timers("data"):
                     return [("offpolicy", next(self.iters[1])) for _ in range(run.accum)]
-            return [("rollout", rollout_batch(run, step, timers, m if run.accum > 1 else None))
-                    for m in range(run.accum)]
+            with timers("data"):   # every prompt before any generation: ranks agree on the end
+                prompts = [next(self.iters[0]) for _ in range(run.accum)]
+            return [("rollout", rollout_batch(run, step, timers, m if run.accum > 1 else None, p))
+                    for m, p in enumerate(prompts)]
         except StopIteration:
             if offpolicy:
                 raise DataExhausted(step, "the off-policy corpus (offpolicy.data.paths)",
@@ -265,12 +267,15 @@ def _frozen_initial_student(cfg, device):
     return model
 
 
-def rollout_batch(run: Run, step: int, timers, micro: int | None = None):
+def rollout_batch(run: Run, step: int, timers, micro: int | None = None, batch=None):
     """Prompts -> rollouts -> scored batch of ``step`` (micro-batch ``micro``); returns
-    (prompt indices, rollouts, scored batch)."""
+    (prompt indices, rollouts, scored batch). ``batch``: the prompt loader's ``(indices,
+    prompts)``, else the next one is read."""
     mode = run.mode
-    with timers("data"):
-        indices, prompts = next(mode.iters[0])
+    if batch is None:
+        with timers("data"):
+            batch = next(mode.iters[0])
+    indices, prompts = batch
     with timers("generation"):
         params = sampling_for_step(run.cfg.rollout, step, run.env.rank, micro)
         ro = mode.engine.generate(prompts, params)
