@@ -14,7 +14,8 @@ saved under another rank/worker layout or seed is refused (the document split wo
 
 One iteration of the dataset runs ``epochs`` passes (``None``: forever; trainers stop at their step
 budget). A new iteration starts at epoch 0 unless a state was loaded. With finite epochs, ranks may
-get different numbers of windows; distributed trainers should use ``epochs=None``.
+get different numbers of windows: the trainer stops every rank at the first step any rank cannot
+fill (``xdistill.train.core.agreed_micro_batches``).
 """
 
 from __future__ import annotations
