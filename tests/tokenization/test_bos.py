@@ -32,7 +32,7 @@ def warnings_seen(caplog):
         bos_mod._WARNED.clear()
 
 
-@pytest.mark.parametrize("name,adds", [("gemma3-270m", True), ("mistral", True),
+@pytest.mark.parametrize("name,adds", [("gemma3-270m", True), ("mistral", True), ("llama3", True),
                                        ("smollm2-135m", False), ("gpt2", False)])
 def test_default_follows_the_tokenizer(get_tokenizer, name, adds):
     tok = get_tokenizer(name)
@@ -41,6 +41,22 @@ def test_default_follows_the_tokenizer(get_tokenizer, name, adds):
     # it is what the tokenizer itself does when asked for its special tokens
     first = tok.hf.encode("Hello", add_special_tokens=True)[0]
     assert (first == tok.bos_id) is adds
+
+
+def test_llama3_rank_file_starts_with_its_bos_like_the_published_folder(get_tokenizer):
+    """Llama-3's published ``tokenizer.json`` puts ``<|begin_of_text|>`` first; the asset and a
+    raw ``tokenizer.model`` rank file converted by xdistill did not, so a Llama-3 student or
+    teacher loaded from them trained without the BOS it was trained with. Same ids otherwise."""
+    from xdistill.assets.paths import asset_dir
+    from xdistill.tokenization import load_tokenizer
+
+    folder = get_tokenizer("llama3")
+    raw = load_tokenizer(str(asset_dir() / "raw" / "llama3.tiktoken"))
+    for tok in (folder, raw):
+        assert tok.add_bos_default is True and tok.bos_id == 128000
+        assert tok.hf.encode("Hello world", add_special_tokens=True) == [128000, 9906, 1917]
+        assert tok.hf.encode("Hello world", add_special_tokens=False) == [9906, 1917]
+    assert raw.fingerprint == folder.fingerprint
 
 
 def test_tokenizer_config_flag_wins(tmp_path):

@@ -206,11 +206,12 @@ def _build_llama3(root: Path, arch: dict[str, Archive], out: Path) -> None:
     name = "llama3"
     raw = root / "raw" / "llama3.tiktoken"
     write_bytes_atomic(raw, arch["llama_models"].read("llama_models/llama3/tokenizer.model"))
-    hf = from_tiktoken(raw, LLAMA3_PATTERN, LLAMA3_SPECIALS, bos_token="<|begin_of_text|>",
-                        eos_token="<|end_of_text|>", pad_token="<|finetune_right_pad_id|>")
+    hf = from_tiktoken(raw, LLAMA3_PATTERN, LLAMA3_SPECIALS, bos_first=True,
+                       bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>",
+                       pad_token="<|finetune_right_pad_id|>")
     hf.chat_template = LLAMA3_CHAT_TEMPLATE
     _save_hf(hf, out, {"name": name, "source": f"{PACKAGES['llama_models'].requirement}: llama3/tokenizer.model",
-                       "conversion": "TikTokenConverter, Llama-3 pattern, 256 special tokens"})
+                       "conversion": "TikTokenConverter, Llama-3 pattern, 256 special tokens, BOS first"})
 
 
 def _build_mistral(root: Path, arch: dict[str, Archive], out: Path) -> None:

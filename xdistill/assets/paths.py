@@ -13,7 +13,7 @@ from xdistill.errors import XDistillError
 
 ASSETS_VERSION = 1
 # bump an entry when that tokenizer's conversion changes: only it is rebuilt on the next fetch
-BUILD_VERSIONS = {"mistral": 2}
+BUILD_VERSIONS = {"mistral": 2, "llama3": 2}
 ENV_VAR = "XDISTILL_ASSETS"
 TOKENIZER_NAMES = ("gpt2", "qwen2", "llama3", "mistral", "bert", "llama-spm", "phi3")
 GGUF_VOCABS = ("qwen2", "llama-spm", "phi-3", "llama-bpe", "gpt-2", "bert-bge")

@@ -6,7 +6,7 @@ A model's default is read, first match wins, from
 1. ``add_bos_token`` in the ``tokenizer_config.json`` of the folder the tokenizer came from;
 2. ``tokenizer.ggml.add_bos_token`` in the metadata of the ``.gguf`` it came from;
 3. the tokenizer itself: whether encoding a text with special tokens puts the BOS id first (the
-   ``tokenizer.json`` post-processor; Gemma, Llama-2, Mistral and Phi-3 do, GPT-2, Qwen2 and
+   ``tokenizer.json`` post-processor; Gemma, Llama-2, Llama-3, Mistral and Phi-3 do, GPT-2, Qwen2 and
    SmolLM2 do not).
 
 Every ``add_bos`` setting of xdistill (``data.add_bos``, a teacher's ``add_bos``,

@@ -68,14 +68,25 @@ def _is_tiktoken_file(path: Path) -> bool:
     return len(line) == 2 and line[1].isdigit() and all(c < 128 for c in head)
 
 
-def from_tiktoken(path: Path, pattern: str, specials: list[str], **roles):
-    """A fast HF tokenizer from a tiktoken rank file (GPT-2 byte alphabet, byte-level BPE)."""
-    # deferred: transformers (slow import; xdistill.tokenization stays numpy-only)
+def from_tiktoken(path: Path, pattern: str, specials: list[str], bos_first: bool = False,
+                  **roles):
+    """A fast HF tokenizer from a tiktoken rank file (GPT-2 byte alphabet, byte-level BPE).
+    ``bos_first``: encoding with special tokens puts ``roles["bos_token"]`` first, as the
+    published Llama-3 ``tokenizer.json`` does (its post-processor), so the model's BOS default
+    is the same whether it was loaded from that folder or from the rank file."""
+    # deferred: tokenizers, transformers (slow import; xdistill.tokenization stays numpy-only)
+    from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     tok = TikTokenConverter(vocab_file=str(path), pattern=pattern,
                             extra_special_tokens=specials).converted()
+    if bos_first:
+        bos = roles["bos_token"]
+        tok.post_processor = processors.Sequence([
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+                                          special_tokens=[(bos, tok.token_to_id(bos))])])
     return PreTrainedTokenizerFast(tokenizer_object=tok, **roles)
 
 
@@ -86,8 +97,9 @@ def _load_tiktoken(path: Path):
         return from_tiktoken(path, GPT2_PATTERN, ["<|endoftext|>"], bos_token="<|endoftext|>",
                              eos_token="<|endoftext|>", unk_token="<|endoftext|>")
     if n_ranks == 128000:
-        return from_tiktoken(path, LLAMA3_PATTERN, LLAMA3_SPECIALS, bos_token="<|begin_of_text|>",
-                             eos_token="<|end_of_text|>", pad_token="<|finetune_right_pad_id|>")
+        return from_tiktoken(path, LLAMA3_PATTERN, LLAMA3_SPECIALS, bos_first=True,
+                             bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>",
+                             pad_token="<|finetune_right_pad_id|>")
     return from_tiktoken(path, LLAMA3_PATTERN, [])
 
 
