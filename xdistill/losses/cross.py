@@ -216,7 +216,7 @@ def _support_chunk_loss(student_logits_BTsVs, teacher_logits_BTtVt, align, prep,
 
     def term(rows_nV, sl):
         if prep.n_support == 0:  # no teacher token reachable: both restrictions are empty
-            return rows_nV.sum() * 0.0
+            return rows_nV[:, :0].sum()   # 0, attached; a -inf logit must not make it NaN
         return rows_fn(rows_nV, teacher_logits_BTtVt, b_N[sl], t_row_N[sl])
 
     total = row_block_sum(student_logits_BTsVs, b_N, s_row_N, term, chunk_size)

@@ -310,7 +310,8 @@ class MultiTeacherLoss:
         scores = None
         if self.weighting != "static":
             scores = [teacher_score(inp, self.score, student_ids_BTs, student_loss_mask_BTs,
-                                    self.chunk_size) for inp in inputs]
+                                    self.chunk_size, spec.loss == "exact_kl")
+                      for spec, inp in zip(self.specs, inputs)]
         w = self.weights(scores)
         total, reports = None, {}
         zero = student_logits_BTsVs.new_zeros((), dtype=torch.float32)
@@ -339,5 +340,5 @@ class MultiTeacherLoss:
             total = self.ce_weight * ce if total is None else total + self.ce_weight * ce
             ce = ce.detach()
         if total is None:
-            total = (student_logits_BTsVs.sum() * 0.0).float()
+            total = student_logits_BTsVs[..., :0].sum().float()   # 0, attached; -inf rows kept out
         return total, LossReport(total.detach(), ce, reports)

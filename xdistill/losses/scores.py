@@ -20,14 +20,15 @@ from xdistill.losses.engine import (DEFAULT_CHUNK_SIZE, log1mexp, log_softmax_sa
                                     safe_logsumexp, xlogx_minus_xlogy)
 
 
-def scored_positions(inp, s_ids_BTs, s_loss_mask_BTs):
-    """(b_N, token position j_N, token id_N) of the teacher's scored positions (module doc)."""
+def scored_positions(inp, s_ids_BTs, s_loss_mask_BTs, exact_only: bool = False):
+    """(b_N, token position j_N, token id_N) of the teacher's scored positions (module doc);
+    ``exact_only``: only inside exact chunks (an ``exact_kl`` teacher's loss units)."""
     if inp.alignment is None:
         mask_BT = s_loss_mask_BTs.bool().clone()
         ids_BT = s_ids_BTs if inp.input_ids_BTt is None else inp.input_ids_BTt
     else:
         align = inp.alignment
-        ok_BC = loss_chunks(align, s_loss_mask_BTs, inp.loss_mask_BTt)
+        ok_BC = loss_chunks(align, s_loss_mask_BTs, inp.loss_mask_BTt, exact_only=exact_only)
         C = align.num_chunks
         padded_BC = torch.cat([ok_BC, torch.zeros_like(ok_BC[:, :1])], dim=1)
         idx_BT = torch.where(align.t_chunk_BTt >= 0, align.t_chunk_BTt,
@@ -51,19 +52,25 @@ def _row_stats(logq_nV: torch.Tensor, tok_n: torch.Tensor | None, kind: str) -> 
 
 
 def _topk_logq(inp, b, r):
-    """log-probs of the K+1 outcomes (top-k ids, tail bucket), [n, K+1]."""
+    """log-probs of the K+1 outcomes (top-k ids, tail bucket), [n, K+1]: the teacher's own tail
+    log-mass when it sent one (``1 - sum exp(top-k)`` rounds to 0 for a confident teacher)."""
     logq_K = inp.topk_logp_BTtK[b, r].float()
-    logq_R = log1mexp(safe_logsumexp(logq_K, -1).clamp_max(0.0))
+    if getattr(inp, "tail_logmass_BTt", None) is not None:
+        logq_R = inp.tail_logmass_BTt[b, r].float()
+    else:
+        logq_R = log1mexp(safe_logsumexp(logq_K, -1).clamp_max(0.0))
     return torch.cat([logq_K, logq_R.unsqueeze(1)], dim=1)
 
 
 @torch.no_grad()
 def teacher_score(inp, kind: str, s_ids_BTs, s_loss_mask_BTs,
-                  chunk_size: int | None = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
-    """Mean score of one teacher over its scored positions, a float32 0-d tensor (NaN if none)."""
+                  chunk_size: int | None = DEFAULT_CHUNK_SIZE, exact_only: bool = False
+                  ) -> torch.Tensor:
+    """Mean score of one teacher over its scored positions, a float32 0-d tensor (NaN if none);
+    ``exact_only``: score inside exact chunks only (an ``exact_kl`` teacher's loss units)."""
     if kind not in ("neg_ce", "neg_entropy", "confidence"):
         raise ValueError(f"unknown score {kind!r}; allowed: neg_ce, neg_entropy, confidence")
-    b_N, j_N, tok_N = scored_positions(inp, s_ids_BTs, s_loss_mask_BTs)
+    b_N, j_N, tok_N = scored_positions(inp, s_ids_BTs, s_loss_mask_BTs, exact_only)
     if b_N.numel() == 0:
         return torch.full((), math.nan, dtype=torch.float32, device=b_N.device)
     if kind == "neg_ce" and inp.token_logp_BTt is not None:
@@ -83,6 +90,8 @@ def teacher_score(inp, kind: str, s_ids_BTs, s_loss_mask_BTs,
                 hit = inp.topk_idx_BTtK[b, r].long() == tok.unsqueeze(1)
                 hit = torch.cat([hit, ~hit.any(1, keepdim=True)], dim=1)
                 vals = torch.where(hit, logq, torch.zeros_like(logq)).sum(1)
+            elif kind == "confidence":    # the top-1 token, never the tail bucket (not a token)
+                vals = torch.exp(logq[:, :-1].amax(-1))
             else:
                 vals = _row_stats(logq, None, kind)
         else:
