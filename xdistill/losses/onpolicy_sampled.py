@@ -108,16 +108,18 @@ def unit_token_counts(s_loss_mask_BTs, align: ChunkAlignment | None = None,
 
 
 def sampled_unit_losses(kind: str, s_unit_N: torch.Tensor, t_unit_N: torch.Tensor,
-                        clamps: Clamps, baseline: str = "none", tokens_N=None
+                        clamps: Clamps, baseline: str = "none", tokens_N=None, scored_N=None
                         ) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """(per-unit loss [N], log-ratio r [N] (detached), counters) of ``k1`` (PG) or ``k3``.
     ``baseline`` centres k1's advantages before the clamp (:func:`center_advantages`;
-    ``tokens_N``: each unit's student tokens, for ``"token_mean"``)."""
+    ``tokens_N``: each unit's student tokens, for ``"token_mean"``; ``scored_N``: the units the
+    baseline is computed over, all when None)."""
     r_N = t_unit_N - s_unit_N
     counts = {"exp_clip": 0, "loss_clamp": 0}
     hi = clamps.loss_max
     if kind == "k1":
-        adv_N = center_advantages(r_N.detach(), baseline, tokens_N=tokens_N, clip=hi)
+        adv_N = center_advantages(r_N.detach(), baseline, scored_N=scored_N, tokens_N=tokens_N,
+                                  clip=hi)
         if hi is not None:
             counts["loss_clamp"] = int((adv_N.abs() > hi).sum())
             adv_N = adv_N.clamp(-hi, hi)
@@ -164,9 +166,13 @@ def sampled_loss(kind: str, s_logp_BTs, t_logp_BTt, s_loss_mask_BTs, *, align=No
                                           t_loss_mask_BTt, clamps.logp_min, t_chunk_logp_BC)
     tokens_N = (unit_token_counts(s_loss_mask_BTs, align, t_loss_mask_BTt)
                 if baseline == "token_mean" else None)
-    loss_N, r_N, more = sampled_unit_losses(kind, s_N, t_N, clamps, baseline, tokens_N)
-    if zero_BTs is not None:
-        zero_N = unit_flags(zero_BTs, s_loss_mask_BTs, align, t_loss_mask_BTt)
+    zero_N = (None if zero_BTs is None
+              else unit_flags(zero_BTs, s_loss_mask_BTs, align, t_loss_mask_BTt))
+    # zeroed units stay out of the baseline too: the teacher's view of where to stop must not
+    # shift every other unit's advantage
+    loss_N, r_N, more = sampled_unit_losses(kind, s_N, t_N, clamps, baseline, tokens_N,
+                                            None if zero_N is None else ~zero_N)
+    if zero_N is not None:
         loss_N = torch.where(zero_N, torch.zeros_like(loss_N), loss_N)
         more["zero_stop"] = int(zero_N.sum())
     if sample_weight_B is not None:
