@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import shutil
@@ -64,7 +65,12 @@ def make_config(model_type: str, config_kwargs: dict[str, Any]):
         default = AutoConfig.for_model(model_type)
     except (ValueError, KeyError):
         raise ConfigError(f"student.model_type: unknown transformers model type {model_type!r}") from None
-    allowed = set(default.to_dict())
+    # the default's fields, the class's aliases (GPT-2's hidden_size -> n_embd) and its keyword
+    # arguments (rope_theta, folded into rope_parameters by transformers 5)
+    allowed = (set(default.to_dict()) | set(getattr(type(default), "attribute_map", {}))
+               | set(inspect.signature(type(default).__init__).parameters) - {"self", "kwargs"})
+    if "rope_parameters" in allowed:   # the legacy keys transformers 5 folds into it
+        allowed |= {"rope_theta", "rope_scaling"}
     unknown = sorted(k for k in config_kwargs if k not in allowed)
     if unknown:
         raise ConfigError(f"student.model_config: unknown key(s) {', '.join(map(repr, unknown))} for "
@@ -77,7 +83,9 @@ def build_causal_lm(model_type: str, config_kwargs: dict[str, Any], *, seed: int
     """A fresh random-init causal LM; identical weights for identical (config, seed).
 
     Weights are initialised in float32 under a forked RNG seeded with ``seed`` (so the caller's
-    global RNG stream is unchanged) and then cast to ``dtype``.
+    global RNG stream is unchanged) and then cast to ``dtype``: the parameters only. Buffers keep
+    their dtype (a 16-bit rotary ``inv_freq`` put every position off by up to 0.5 rad at 3,000
+    tokens, and the export, which recomputes it in float32 on load, computed differently).
     """
     # deferred: transformers (slow import; only building or loading a model needs it)
     from transformers import AutoModelForCausalLM
@@ -90,7 +98,10 @@ def build_causal_lm(model_type: str, config_kwargs: dict[str, Any], *, seed: int
             model = AutoModelForCausalLM.from_config(config, **kwargs)
         except ValueError as exc:
             raise ConfigError(f"student: cannot build a causal LM of type {model_type!r}: {exc}") from None
-    return model.to(dtype)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.data = param.data.to(dtype)
+    return model
 
 
 def _attention_kwargs(attn_implementation: str) -> dict[str, Any]:
@@ -208,6 +219,20 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
 
+def _cast_state(state: dict[str, torch.Tensor], cast: torch.dtype) -> dict[str, torch.Tensor]:
+    """Floating tensors of ``state`` cast to ``cast``, once per tensor object (the caller re-ties
+    the entries of a tied parameter: :func:`_share_tied`)."""
+    done: dict[int, torch.Tensor] = {}
+    out = {}
+    for key, value in state.items():
+        if value.is_floating_point():
+            if id(value) not in done:
+                done[id(value)] = value.to(cast)
+            value = done[id(value)]
+        out[key] = value
+    return out
+
+
 def _share_tied(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Make the entries of one shared (tied) parameter the same tensor again.
 
@@ -269,7 +294,7 @@ def export_hf(model: nn.Module, out_dir: str | os.PathLike, tokenizer: Any = Non
         xdist.barrier()
         return None
     if cast is not None:
-        state = {k: v.to(cast) if v.is_floating_point() else v for k, v in state.items()}
+        state = _share_tied(model, _cast_state(state, cast))
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -304,13 +329,22 @@ def _write_token_ids(folder: Path, tokenizer: Any, max_positions: int | None) ->
     for name in ("config.json", "generation_config.json"):
         path = folder / name
         data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-        data.update(ids)
+        data.update(_keep_extra_stops(data.get("eos_token_id"), ids))
         path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     tok_cfg = folder / "tokenizer_config.json"
     if max_positions is not None and tok_cfg.is_file():
         data = json.loads(tok_cfg.read_text(encoding="utf-8"))
         data["model_max_length"] = max_positions
         tok_cfg.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _keep_extra_stops(have: Any, ids: dict) -> dict:
+    """``ids`` with the model's list of stop ids kept when it holds the tokenizer's EOS (first):
+    an instruct model's end-of-turn (Gemma-3 ``[1, 106]``) otherwise stopped no generation."""
+    eos = ids.get("eos_token_id")
+    if isinstance(have, list) and eos in have and len(have) > 1:
+        return {**ids, "eos_token_id": [eos] + [i for i in have if i != eos]}
+    return ids
 
 
 @contextlib.contextmanager
