@@ -32,7 +32,6 @@ def _peaked_student(gap: float, V: int = 10, K: int = 3, seed: int = 0):
 
 
 @pytest.mark.parametrize("gap", [94.0, 100.0])
-@pytest.mark.xfail(strict=True, reason="known defect, not fixed yet: topk_tail_kl_block's tail mass underflows in float32 (fix: a separate maximum for the tail columns)")
 def test_fused_topk_gradient_is_finite_when_the_student_tail_mass_is_subnormal(gap):
     """The module promises finite values and gradients everywhere ("never inf/NaN, gradients
     too"). When the student's tail logits are ~93+ nats below its top-k (the tail mass
@@ -50,7 +49,6 @@ def test_fused_topk_gradient_is_finite_when_the_student_tail_mass_is_subnormal(g
     torch.testing.assert_close(g32.double(), g_ref, rtol=1e-3, atol=1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason="known defect, not fixed yet: topk_tail_kl_block's tail mass underflows in float32 (fix: a separate maximum for the tail columns)")
 def test_topk_forward_kl_gradient_is_not_nan_with_a_masked_column_and_a_far_tail():
     """End to end through :func:`topk_forward_kl` (float32, the trainer's dtype): a student row
     whose tail logits are 96 nats below its top-k, with one vocabulary-masked (-inf) column,
@@ -68,7 +66,6 @@ def test_topk_forward_kl_gradient_is_not_nan_with_a_masked_column_and_a_far_tail
     assert torch.isfinite(z.grad).all(), z.grad
 
 
-@pytest.mark.xfail(strict=True, reason="known defect, not fixed yet: topk_tail_kl_block's tail mass underflows in float32 (fix: a separate maximum for the tail columns)")
 def test_fused_topk_value_is_accurate_when_the_student_tail_mass_underflows():
     """With the tail 120 nats below the top-k, float32 ``S_R`` underflows to exactly 0 and the
     fused kernel treats ``p_R`` as 0, flooring ``log p_R`` at ``LOGP_FLOOR = -1e4``: the value is

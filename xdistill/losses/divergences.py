@@ -202,30 +202,37 @@ def topk_tail_kl_block(z_nV: torch.Tensor, tlogp_nK: torch.Tensor, tidx_nK: torc
     """Fused :func:`topk_tail_kl_rows`: (sum over rows, gradient w.r.t. ``z_nV`` or None).
 
     ``z_nV`` (tempered student logits, a private copy) is **overwritten** with the gradient.
-    Four passes over the block: max, ``e = exp(z - max)`` in place, ``S = sum e``, and, after
-    zeroing the top-k columns of ``e``, ``S_R = sum e`` (the tail mass without cancellation);
-    ``log p_k = z_k - max - log S``, ``log p_R = log S_R - log S``. With weights
-    ``w_k = q_k`` and ``w_R = q_R`` (0 where ``q = 0`` or ``log p`` is floored) and
-    ``W = sum_k w_k + w_R``, the gradient is ``d/dz_v = p_v W - sum_{k: id_k = v} w_k`` for top-k
-    ids and ``p_v (W - w_R / p_R)`` elsewhere: one more in-place pass plus two ``[n, K]`` scatters.
-    An empty tail (the top-k ids cover the vocabulary) has ``q_R = 0``: no term, no weight.
+    The tail is exponentiated against its *own* maximum ``m_R`` (the top-k columns set to
+    ``-inf``): ``e_v = exp(z_v - m_R)``, ``S_R = sum_tail e`` and ``S = exp(m_R - m) S_R +
+    sum_k exp(z_k - m)`` (each top-k id once), so a tail far below the top-k (about 90 nats in
+    float32) keeps an exact ``log p_R = m_R - m + log S_R - log S`` where ``exp(z - m)`` underflowed
+    and ``w_R / S_R`` overflowed. With weights ``w_k = q_k`` and ``w_R = q_R`` (0 where ``q = 0``
+    or ``log p`` is floored) and ``W = sum_k w_k + w_R``, the gradient is ``d/dz_v = p_v W -
+    sum_{k: id_k = v} w_k`` for top-k ids and ``e_v (exp(m_R - m) W / S - w_R / S_R)`` elsewhere
+    (the second term is at most ``w_R``). An empty tail (the top-k ids cover the vocabulary) has
+    ``q_R = 0``: no term, no weight.
     """
     dt = z_nV.dtype
     in_K, idx, logq_K, logq_R = _topk_teacher(tlogp_nK, tidx_nK, dt, z_nV.shape[1], ttail_n)
     m = z_nV.amax(-1, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # all -inf rows: p = 0
     z_K = z_nV.gather(1, idx)
-    e = z_nV.sub_(m).exp_()
-    S = e.sum(-1, keepdim=True)
-    e_K = e.gather(1, idx)
-    e.scatter_(1, idx, torch.where(in_K.any(1, keepdim=True), torch.zeros_like(e_K), e_K))
-    S_R = e.sum(-1)
+    has_K = in_K.any(1, keepdim=True)
+    z_nV.scatter_(1, idx, torch.where(has_K, torch.full_like(z_K, -math.inf), z_K))
+    m_R = z_nV.amax(-1, keepdim=True)
+    m_R = torch.where(torch.isfinite(m_R), m_R, m)              # no tail column: e = 0
+    e = z_nV.sub_(m_R).exp_()                                   # tail columns; top-k ones are 0
+    S_R = e.sum(-1, keepdim=True)
+    e_K = torch.exp(z_K - m)
+    S = torch.exp(m_R - m) * S_R + torch.where(_first_ids(in_K, idx), e_K,
+                                               torch.zeros_like(e_K)).sum(-1, keepdim=True)
     alive = S > 0
     log_S = torch.log(torch.where(alive, S, torch.ones_like(S)))
     logp_K = torch.where(alive, z_K - m - log_S, torch.full_like(z_K, -math.inf))
-    tail = alive.squeeze(1) & (S_R > 0)
-    S_R = torch.where(tail, S_R, torch.ones_like(S_R))  # rows without tail mass: log p_R = -inf
-    logp_R = torch.where(tail, torch.log(S_R) - log_S.squeeze(1), torch.full_like(S_R, -math.inf))
+    tail = (alive & (S_R > 0)).squeeze(1)
+    S_R = torch.where(tail, S_R.squeeze(1), torch.ones_like(S_R.squeeze(1)))  # else log p_R = -inf
+    logp_R = torch.where(tail, torch.log(S_R) + (m_R - m - log_S).squeeze(1),
+                         torch.full_like(S_R, -math.inf))
     term_K, w_K = _term_and_weight(logq_K, logp_K)
     term_R, w_R = _term_and_weight(logq_R, logp_R)
     value = term_K.sum() + term_R.sum()
@@ -235,10 +242,19 @@ def topk_tail_kl_block(z_nV: torch.Tensor, tlogp_nK: torch.Tensor, tidx_nK: torc
     W = (w_K.sum(-1) + w_R).unsqueeze(1)
     inv_S = torch.where(alive, 1.0 / S, torch.zeros_like(S))
     c_R = (w_R / S_R).unsqueeze(1)                    # w_R = 0 wherever S_R was replaced
-    g = e.mul_(W * inv_S - c_R)                       # tail columns; top-k columns are 0 here
-    top = torch.where(in_K.any(1, keepdim=True), e_K * (W * inv_S), g.gather(1, idx))
+    g = e.mul_(torch.exp(m_R - m) * W * inv_S - c_R)  # tail columns; top-k columns are 0 here
+    top = torch.where(has_K, e_K * (W * inv_S), g.gather(1, idx))
     g.scatter_(1, idx, top)
     return value, g.scatter_add_(1, idx, -w_K)
+
+
+def _first_ids(in_K: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """bool ``[n, K]``: real entries whose id no earlier real entry of the row has (each top-k
+    column counted once in a sum over the K entries)."""
+    K = idx.shape[1]
+    same = (idx.unsqueeze(2) == idx.unsqueeze(1)) & in_K.unsqueeze(1)
+    earlier = torch.ones(K, K, dtype=torch.bool, device=idx.device).tril(-1)
+    return in_K & ~(same & earlier).any(-1)
 
 
 def topk_forward_kl(student_logits_BTV, teacher_topk_logp_BTK, teacher_topk_idx_BTK, loss_mask_BT,
