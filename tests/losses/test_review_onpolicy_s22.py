@@ -98,10 +98,10 @@ def _digit_logits(ids, peak: float):
     return z
 
 
-@pytest.mark.xfail(strict=True, reason='known defect, not fixed yet: byte_bounds floors both sides at PROB_FLOOR=1e-30 (fix: a cancellation-aware floor, counted on both sides)')
 def test_byte_credit_keeps_the_logratio_of_a_unit_both_models_find_below_1e_30():
-    """Byte credit's lower bounds are floored at ``PROB_FLOOR = 1e-30`` before the log, on the
-    teacher *and* the student side. A unit whose bytes both models give less than 1e-30 (a long
+    """Byte credit's lower bounds were floored at ``PROB_FLOOR = 1e-30`` before the log, on the
+    teacher *and* the student side (fixed: the bounds are sums of probabilities computed in log
+    space, tests/losses/test_bytecredit_precision.py). A unit whose bytes both models give less than 1e-30 (a long
     chunk of a random digit / hex / base64 string, where two tokenizers rarely share a
     boundary: 35 digits at ~ -2.3 nats each) then scores ``r = log(1e-30) - log(1e-30) = 0``:
     exactly the failure the module doc of onpolicy.py gives for turning ``logp_min`` off by

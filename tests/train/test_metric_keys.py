@@ -27,7 +27,8 @@ OFFPOLICY_EVAL = [
     "eval/loss", "eval/bpb", "eval/tokens", "eval/bytes", "eval/cross/coverage",
     "eval/cross/loss", "eval/same/coverage", "eval/same/loss", "eval/distill_loss"]
 ONPOLICY_STEP = [
-    "cross/clamp/credit_floor", "cross/clamp/exp_clip", "cross/clamp/logp_floor_student",
+    "cross/clamp/credit_floor", "cross/clamp/credit_floor_student", "cross/clamp/exp_clip",
+    "cross/clamp/logp_floor_student",
     "cross/clamp/logp_floor_teacher", "cross/clamp/loss_clamp", "cross/clamp/unpaired",
     "cross/loss", "cross/missing_bytes", "forward_tokens", "loss", "response_tokens",
     "same/clamp/exp_clip", "same/clamp/logp_floor_student", "same/clamp/logp_floor_teacher",

@@ -60,25 +60,31 @@ from dataclasses import dataclass, fields
 import torch
 
 from xdistill.losses.chunks import ChunkAlignment, chunk_sum, loss_chunks
-from xdistill.losses.engine import DEFAULT_CHUNK_SIZE, shift_targets, token_logprobs
+from xdistill.losses.engine import DEFAULT_CHUNK_SIZE, LOGP_FLOOR, shift_targets, token_logprobs
 
-# mass kinds of a term
-MASS_RANGE, MASS_ID, MASS_ONE = 0, 1, 2
-# a probability below this is taken as this before its log (float64)
-PROB_FLOOR = 1e-30
+# mass kinds of a term: a range of the byte-sorted text tokens, one token id, 1, the tokens
+# outside the byte-sorted vocabulary (end, role and padding ids)
+MASS_RANGE, MASS_ID, MASS_ONE, MASS_OTHER = 0, 1, 2, 3
+# the log of a bound whose terms are all exactly 0 (every probability in it underflowed or had a
+# logit of -inf): a finite stand-in for log 0 (the losses' LOGP_FLOOR), counted (CreditStats)
+LOG_PROB_MIN = LOGP_FLOOR
+# a range mass below this, read as a difference of float64 cumulative sums (absolute error
+# ~1e-14 over a 262k vocabulary), is summed again directly to keep its relative precision
+RESUM_BELOW = 1e-4
+# at most this many probabilities gathered at once by that direct summation
+_RESUM_CHUNK = 1 << 22
 
 
 @dataclass(frozen=True)
 class ByteTerms:
-    """One side's terms: ``P_lb[n] = sum_{k: unit n, lb} sign_k pi_k mass_k``, ``gap[n]`` likewise.
+    """One side's terms: ``P_lb[n] = sum_{k: unit n, lb} pi_k mass_k``, ``gap[n]`` likewise;
+    every mass is a sum of probabilities (no term is subtracted).
 
     Built by :func:`xdistill.rollout.bytecredit.build_byte_terms`; int64 unless said.
     """
 
     # unit of each term, [K]
     unit_K: torch.Tensor
-    # +1 / -1 (float64), [K]
-    sign_K: torch.Tensor
     # True: the term belongs to the gap (upper bound only); False: the lower bound, bool [K]
     gap_K: torch.Tensor
     # path prefix pi = exp(sum of path log-probs P[start : start + len]), [K] each
@@ -175,29 +181,96 @@ def credit_units(align: ChunkAlignment, s_loss_mask_BTs=None, t_loss_mask_BTt=No
     return torch.nonzero(loss_chunks(align, s_loss_mask_BTs, t_loss_mask_BTt), as_tuple=True)
 
 
+def _resum(ps_nV, r_J, lo_J, hi_J) -> torch.Tensor:
+    """[J] ``sum ps_nV[r, lo:hi]`` summed directly (relative precision), in bounded chunks."""
+    out = ps_nV.new_zeros(r_J.numel())
+    len_J = hi_J - lo_J
+    ends = len_J.cumsum(0)
+    start = 0
+    while start < r_J.numel():
+        base = int(ends[start - 1]) if start else 0
+        stop = max(start + 1, int(torch.searchsorted(ends, base + _RESUM_CHUNK, right=True)))
+        n_J = len_J[start:stop]
+        slot = torch.repeat_interleave(torch.arange(stop - start, device=r_J.device), n_J)
+        first = torch.repeat_interleave(n_J.cumsum(0) - n_J, n_J)
+        col = lo_J[start:stop][slot] + torch.arange(slot.numel(), device=r_J.device) - first
+        vals = ps_nV[r_J[start:stop][slot], col]
+        out[start:stop] = torch.zeros(stop - start, dtype=vals.dtype,
+                                      device=vals.device).index_add_(0, slot, vals)
+        start = stop
+    return out
+
+
 def _masses(logits_BTV, terms: ByteTerms, tau: float, block: int) -> torch.Tensor:
-    """mass_K in float64 from the softmax of the distinct rows, ``block`` rows at a time."""
+    """mass_K in float64 from the distinct rows, ``block`` rows at a time (module doc).
+
+    Each mass is a sum of probabilities with its relative precision: a token's is ``exp(z -
+    logsumexp z)``, the tokens outside the sorted vocabulary are summed as a logsumexp of their
+    own, and a range is a difference of cumulative sums over the byte-sorted row (only rows with
+    a range term are sorted), summed again directly when below ``RESUM_BELOW``."""
     K = terms.unit_K.numel()
     mass_K = torch.ones(K, dtype=torch.float64, device=logits_BTV.device)
     R = terms.row_b_R.numel()
     sorted_V = terms.sorted_V
+    other = torch.ones(logits_BTV.shape[-1], dtype=torch.bool, device=logits_BTV.device)
+    other[sorted_V] = False
+    other_O = torch.nonzero(other, as_tuple=True)[0]
     for lo in range(0, R, block):
         hi = min(R, lo + block)
         sel = (terms.row_K >= lo) & (terms.row_K < hi) & (terms.kind_K != MASS_ONE)
         if not bool(sel.any()):
             continue
-        z = logits_BTV[terms.row_b_R[lo:hi], terms.row_t_R[lo:hi]].detach().double() / tau
-        p_nV = torch.softmax(z, dim=-1)
-        cs = torch.cat([torch.zeros_like(p_nV[:, :1]), p_nV.index_select(1, sorted_V)], 1)
-        cs = cs.cumsum(1)
+        raw_nV = logits_BTV[terms.row_b_R[lo:hi], terms.row_t_R[lo:hi]].detach()
+        z_nV = _scaled(raw_nV, tau)
+        lse_n = torch.logsumexp(z_nV, dim=-1)
         k = torch.nonzero(sel, as_tuple=True)[0]
-        r = terms.row_K[k] - lo
-        rng = terms.kind_K[k] == MASS_RANGE
-        val_rng = cs[r, terms.hi_K[k].clamp(max=cs.shape[1] - 1)] - cs[r, terms.lo_K[k].clamp(
-            max=cs.shape[1] - 1)]
-        val_id = p_nV[r, terms.lo_K[k].clamp(max=p_nV.shape[1] - 1)]
-        mass_K[k] = torch.where(rng, val_rng, val_id)
+        r, kind = terms.row_K[k] - lo, terms.kind_K[k]
+        val = torch.exp(z_nV[r, terms.lo_K[k].clamp(max=z_nV.shape[1] - 1)] - lse_n[r])
+        if bool((kind == MASS_OTHER).any()):
+            lse_o = torch.logsumexp(z_nV[:, other_O], dim=-1) if other_O.numel() else \
+                torch.full_like(lse_n, -math.inf)
+            val = torch.where(kind == MASS_OTHER, torch.exp(lse_o - lse_n)[r], val)
+        rng = torch.nonzero(kind == MASS_RANGE, as_tuple=True)[0]
+        if rng.numel():
+            val[rng] = _range_masses(raw_nV, tau, lse_n, sorted_V, r[rng], terms.lo_K[k[rng]],
+                                     terms.hi_K[k[rng]])
+        mass_K[k] = val
     return mass_K
+
+
+def _scaled(raw_nV, tau: float) -> torch.Tensor:
+    """float64 logits over the temperature."""
+    z_nV = raw_nV.double()
+    return z_nV.div_(tau) if tau != 1.0 else z_nV
+
+
+def _range_masses(raw_nV, tau: float, lse_n, sorted_V, r_J, lo_J, hi_J) -> torch.Tensor:
+    """[J] probability of the sorted positions ``[lo, hi)`` of row ``r`` (``raw_nV``: the rows'
+    logits in their own dtype; sorted before the float64 copy, which is elementwise)."""
+    rows, inv = torch.unique(r_J, return_inverse=True)
+    raw_uV = raw_nV if rows.numel() == raw_nV.shape[0] else raw_nV[rows]
+    ps_uV = _scaled(torch.gather(raw_uV, 1, sorted_V.expand(rows.numel(), -1)), tau)
+    ps_uV.sub_(lse_n[rows, None]).exp_()
+    cs = ps_uV.cumsum(1)                               # cs[:, j] = sum of ps[:, :j + 1]
+    top = cs.shape[1]
+    a, b = lo_J.clamp(max=top), hi_J.clamp(max=top)
+    before = lambda j: torch.where(j > 0, cs[inv, (j - 1).clamp(min=0)], 0.0)  # noqa: E731
+    val = before(b) - before(a)
+    fix = torch.nonzero((val < RESUM_BELOW) & (b > a), as_tuple=True)[0]
+    if fix.numel():
+        val[fix] = _resum(ps_uV, inv[fix], a[fix], b[fix])
+    return val
+
+
+def _log_sums(log_val_K, unit_K, sel_K, N: int) -> torch.Tensor:
+    """[N] ``log sum exp(log_val_K)`` over each unit's selected terms, -inf for none (scaled by
+    each unit's largest term, so a sum far below float64's range keeps its value)."""
+    v, u = log_val_K[sel_K], unit_K[sel_K]
+    top_N = torch.full((N,), -math.inf, dtype=torch.float64, device=log_val_K.device)
+    top_N = top_N.scatter_reduce(0, u, v, reduce="amax", include_self=True)
+    shift_N = torch.where(torch.isfinite(top_N), top_N, torch.zeros_like(top_N))
+    s_N = torch.zeros_like(top_N).index_add_(0, u, torch.exp(v - shift_N[u]))
+    return shift_N + torch.log(s_N)
 
 
 def byte_logprob(logits_BTV, token_logp_BT, terms: ByteTerms, *, temperature: float = 1.0,
@@ -205,17 +278,19 @@ def byte_logprob(logits_BTV, token_logp_BT, terms: ByteTerms, *, temperature: fl
     """(``log P_lb`` [N], ``log P_ub`` [N]) of one side, float64, no gradient (module doc).
 
     ``token_logp_BT``: that side's log-probs of its own tokens at input positions (at the same
-    temperature). ``P_lb`` is floored at ``PROB_FLOOR`` before the log.
+    temperature). Computed in log space; a ``P_lb`` of 0 is replaced by ``P_ub`` and a ``P_ub``
+    of 0 by ``exp(LOG_PROB_MIN)`` (:func:`byte_bounds` flags them).
     """
-    lb, ub, _ = byte_bounds(logits_BTV, token_logp_BT, terms, temperature=temperature,
+    lb, ub, _, _ = byte_bounds(logits_BTV, token_logp_BT, terms, temperature=temperature,
                             block=block)
     return lb, ub
 
 
 def byte_bounds(logits_BTV, token_logp_BT, terms: ByteTerms, *, temperature: float = 1.0,
-                block: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`byte_logprob`'s two bounds and ``log P_ub'`` [N]: the upper bound without the
-    re-spelling terms (``respell_K``). An untrained model can give a byte-fallback id with the
+                block: int = 64
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`byte_logprob`'s two bounds, ``log P_ub'`` [N] and which units' ``P_lb`` was 0
+    (bool [N]). ``P_ub'`` is the upper bound without the re-spelling terms (``respell_K``). An untrained model can give a byte-fallback id with the
     bytes of a digit as much as a wrong digit, which makes ``P_ub`` loose although a path through
     it is one the tokenizer never writes; ``log P_ub' - log P_lb`` is the gap left by the other
     segmentations the one forward did not follow."""
@@ -223,20 +298,15 @@ def byte_bounds(logits_BTV, token_logp_BT, terms: ByteTerms, *, temperature: flo
         lp_P = token_logp_BT.detach().double()[terms.path_b_P, terms.path_t_P]
         cum = torch.cat([lp_P.new_zeros(1), lp_P.cumsum(0)])
         log_pi_K = cum[terms.path_start_K + terms.path_len_K] - cum[terms.path_start_K]
-        val_K = terms.sign_K * torch.exp(log_pi_K) * _masses(logits_BTV, terms, temperature,
-                                                             block)
-        N = terms.num_units
-        lb_N = torch.zeros(N, dtype=torch.float64, device=val_K.device)
-        gap_N = torch.zeros_like(lb_N)
-        lb_N.index_add_(0, terms.unit_K[~terms.gap_K], val_K[~terms.gap_K])
-        gap_N.index_add_(0, terms.unit_K[terms.gap_K], val_K[terms.gap_K])
-        lb_N = lb_N.clamp_min(PROB_FLOOR)
-        seg_N = gap_N
-        if terms.respell_K is not None:
-            seg = terms.gap_K & ~terms.respell_K.to(terms.gap_K.device)
-            seg_N = torch.zeros_like(lb_N).index_add_(0, terms.unit_K[seg], val_K[seg])
-        return (torch.log(lb_N), torch.log(lb_N + gap_N.clamp_min(0.0)),
-                torch.log(lb_N + seg_N.clamp_min(0.0)))
+        log_val_K = log_pi_K + torch.log(_masses(logits_BTV, terms, temperature, block))
+        N, gap = terms.num_units, terms.gap_K
+        lb_N = _log_sums(log_val_K, terms.unit_K, ~gap, N)
+        ub_N = torch.logaddexp(lb_N, _log_sums(log_val_K, terms.unit_K, gap, N))
+        seg = gap if terms.respell_K is None else gap & ~terms.respell_K.to(gap.device)
+        seg_N = torch.logaddexp(lb_N, _log_sums(log_val_K, terms.unit_K, seg, N))
+        zero = torch.isneginf(lb_N)
+        lb_N = torch.where(zero, ub_N, lb_N).clamp_min(LOG_PROB_MIN)
+        return lb_N, ub_N.clamp_min(LOG_PROB_MIN), seg_N.clamp_min(LOG_PROB_MIN), zero
 
 
 @dataclass(frozen=True)
@@ -245,13 +315,15 @@ class CreditStats:
 
     # units scored
     units: int
-    # units whose teacher lower bound hit PROB_FLOOR
+    # units whose teacher lower bound was 0 (byte_bounds: the upper bound stood in)
     teacher_floor: int
     # mean measured error log P_ub - log P_lb over the units, teacher / student side
     teacher_gap: float
     student_gap: float
     # the teacher's mean gap without the re-spelling terms (byte_bounds)
     teacher_gap_seg: float = math.nan
+    # units whose student lower bound was 0
+    student_floor: int = 0
 
 
 def chunk_teacher_logp(credit: ByteCredit, align: ChunkAlignment, s_loss_mask_BTs,
@@ -267,18 +339,22 @@ def chunk_teacher_logp(credit: ByteCredit, align: ChunkAlignment, s_loss_mask_BT
             raise ValueError(f"byte-credit terms for {side.num_units} units, the alignment has "
                              f"{N} loss units (build them from the same view, stop and masks)")
     tau = float(temperature)
-    t_lb, t_ub, t_seg = byte_bounds(teacher_logits_BTtV, teacher_token_logp_BTt,
-                                    credit.teacher, temperature=tau)
-    s_lb, s_ub = byte_logprob(student_logits_BTsV, student_token_logp_BTs, credit.student,
-                              temperature=tau)
+    t_lb, t_ub, t_seg, t_zero = byte_bounds(teacher_logits_BTtV, teacher_token_logp_BTt,
+                                            credit.teacher, temperature=tau)
+    s_lb, s_ub, _, s_zero = byte_bounds(student_logits_BTsV, student_token_logp_BTs,
+                                        credit.student, temperature=tau)
     s_tok_BC = chunk_sum(student_token_logp_BTs.detach().double(), align.s_chunk_BTs,
                          align.num_chunks)
     out_BC = torch.zeros(s_tok_BC.shape, dtype=torch.float64, device=s_tok_BC.device)
     out_BC[b_N, c_N] = t_lb - s_lb + s_tok_BC[b_N, c_N]
+    return out_BC, credit_stats(t_lb, t_ub, t_seg, t_zero, s_lb, s_ub, s_zero)
+
+
+def credit_stats(t_lb, t_ub, t_seg, t_zero, s_lb, s_ub, s_zero) -> CreditStats:
+    """:class:`CreditStats` of both sides' :func:`byte_bounds` over the same units."""
     mean = (lambda x: float(x.mean()) if x.numel() else math.nan)  # noqa: E731
-    stats = CreditStats(N, int((t_lb <= math.log(PROB_FLOOR) + 1e-9).sum()),
-                        mean(t_ub - t_lb), mean(s_ub - s_lb), mean(t_seg - t_lb))
-    return out_BC, stats
+    return CreditStats(int(t_lb.numel()), int(t_zero.sum()), mean(t_ub - t_lb),
+                       mean(s_ub - s_lb), mean(t_seg - t_lb), int(s_zero.sum()))
 
 
 def _input_logprobs(logits_BTV, ids_BT, mask_BT, tau, chunk_size) -> torch.Tensor:
@@ -331,6 +407,7 @@ def evaluate_byte_credit(kind: str, stop_advantage: str, credit: ByteCredit | No
     return merged, t_chunk_BC, stats
 
 
-__all__ = ["BYTE_CREDIT_KINDS", "BYTE_UNITS", "CREDITS", "ByteCredit", "ByteTerms", "CreditStats", "MASS_ID", "MASS_ONE", "MASS_RANGE",
-           "PROB_FLOOR", "byte_bounds", "byte_logprob", "evaluate_byte_credit", "chunk_teacher_logp", "credit_alignment", "credit_units",
+__all__ = ["BYTE_CREDIT_KINDS", "BYTE_UNITS", "CREDITS", "ByteCredit", "ByteTerms", "CreditStats", "MASS_ID", "MASS_ONE", "MASS_OTHER",
+           "MASS_RANGE", "LOG_PROB_MIN", "byte_bounds", "byte_logprob", "evaluate_byte_credit", "chunk_teacher_logp", "credit_alignment", "credit_stats",
+           "credit_units",
            "merge_stop_chunks", "prepare_byte_credit", "uses_byte_credit"]

@@ -33,12 +33,11 @@ teacher log-prob ``log p(a_j) + r_j`` per token.
 
 from __future__ import annotations
 
-import math
 
 import torch
 
-from xdistill.losses.bytecredit import (PROB_FLOOR, ByteCredit, CreditStats, byte_bounds,
-                                        byte_logprob, prepare_byte_credit)
+from xdistill.losses.bytecredit import (ByteCredit, CreditStats, byte_bounds, credit_stats,
+                                        prepare_byte_credit)
 from xdistill.losses.chunks import ChunkAlignment, chunk_bounds, loss_chunks
 from xdistill.losses.engine import DEFAULT_CHUNK_SIZE
 
@@ -80,19 +79,16 @@ def token_credit(credit: ByteCredit, align: ChunkAlignment, s_loss_mask_BTs, t_l
                              f"has {N} student tokens in its loss units (build them from the "
                              "same view, stop and masks)")
     tau = float(temperature)
-    t_lb, t_ub, t_seg = byte_bounds(teacher_logits_BTtV, teacher_token_logp_BTt, credit.teacher,
-                                    temperature=tau)
-    s_lb, s_ub = byte_logprob(student_logits_BTsV, student_token_logp_BTs, credit.student,
-                              temperature=tau)
+    t_lb, t_ub, t_seg, t_zero = byte_bounds(teacher_logits_BTtV, teacher_token_logp_BTt,
+                                            credit.teacher, temperature=tau)
+    s_lb, s_ub, _, s_zero = byte_bounds(student_logits_BTsV, student_token_logp_BTs,
+                                        credit.student, temperature=tau)
     d_N = t_lb - s_lb
     prev_N = torch.cat([d_N.new_zeros(1), d_N[:-1]])
     r_N = d_N - torch.where(first_BTs[b_N, i_N], torch.zeros_like(prev_N), prev_N)
     r_BTs = torch.zeros(in_BTs.shape, dtype=torch.float64, device=r_N.device)
     r_BTs[b_N, i_N] = r_N
-    mean = (lambda x: float(x.mean()) if x.numel() else math.nan)  # noqa: E731
-    stats = CreditStats(N, int((t_lb <= math.log(PROB_FLOOR) + 1e-9).sum()),
-                        mean(t_ub - t_lb), mean(s_ub - s_lb), mean(t_seg - t_lb))
-    return r_BTs, in_BTs, t_lb, stats
+    return r_BTs, in_BTs, t_lb, credit_stats(t_lb, t_ub, t_seg, t_zero, s_lb, s_ub, s_zero)
 
 
 def evaluate_token_credit(kind: str, stop_advantage: str, credit: ByteCredit | None, align,

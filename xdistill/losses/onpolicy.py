@@ -349,7 +349,8 @@ def _byte_credit(spec, byte_credit, align, stop_BTs, s_logits, s_ids, s_mask, t_
         t_logits, t_ids, t_mask, temperature=spec.temperature, chunk_size=chunk_size)
     gaps = ((cstats.teacher_gap * cstats.units, cstats.teacher_gap_seg * cstats.units)
             if cstats.units else (0.0, 0.0))
-    return first, second, {"credit_floor": cstats.teacher_floor}, gaps
+    return first, second, {"credit_floor": cstats.teacher_floor,
+                           "credit_floor_student": cstats.student_floor}, gaps
 
 
 def _unpaired_term(spec, s_logits, s_ids, s_mask, unpaired_BTs, sample_weight_B, chunk_size):
@@ -393,5 +394,5 @@ def counter_keys(spec: OnPolicyLossSpec, cross: bool) -> tuple[str, ...]:
     elif spec.kind in KINDS_2026:
         keys = KIND_COUNTERS[spec.kind]
     if cross and spec.credit == "byte" and spec.kind in _bc.BYTE_CREDIT_KINDS:
-        keys += ("credit_floor",)
+        keys += ("credit_floor", "credit_floor_student")
     return keys + (("unpaired",) if cross else ())

@@ -5,22 +5,26 @@ Legend: B batch, Ts/Tt student/teacher tokens, C chunks, N units, K terms, V voc
 :mod:`xdistill.losses.bytecredit` explains the event ("the unit's bytes, then the boundary the
 student's tokenization implies", or "then the end of the text" for a unit merged with the
 student's stop) and the bounded lookahead; this module enumerates, per unit and side, the terms
-``sign * pi_m * mass`` of the lower bound and of the gap:
+``pi_m * mass`` (every mass a sum of probabilities) of the lower bound and of the gap:
 
 * at on-path level ``m`` (remaining bytes ``rho``; ``pi_m`` = the path probability of the first
-  ``m`` tokens; mass read from the row predicting token ``m``): ``+ range(rho) - exact(rho)
-  - sum_e range(rho + e) - sum_r exact(rho + r)`` (tokens sticking out past the unit whose rest
-  meets the boundary; none with a stop) in the lower bound, and ``+ exact(rho + r)`` (rest still
-  open), ``+ exact(rho)`` off the path and ``+ exact(rho[:k])`` off the path (``0 < k <
-  |rho|``) in the gap;
-* after the whole unit (``pi_n``, the row after the last token): ``1 - sum_e range(e) -
-  sum_r exact(r)`` in the lower bound and ``+ sum_r exact(r)`` in the gap; with a stop, the path
-  through the stop token (``pi_{n+1}``) alone.
+  ``m`` tokens; mass read from the row predicting token ``m``): the tokens sticking out past the
+  unit whose rest meets the boundary (``range(rho)`` without ``exact(rho)``, the ``range(rho +
+  e)`` and the ``exact(rho + r)``; none with a stop) in the lower bound, and ``+ exact(rho +
+  r)`` (rest still open), ``+ exact(rho)`` off the path and ``+ exact(rho[:k])`` off the path
+  (``0 < k < |rho|``) in the gap;
+* after the whole unit (``pi_n``, the row after the last token): every token but the
+  ``range(e)`` and the ``exact(r)`` in the lower bound (the tokens outside the byte-sorted
+  vocabulary -- end, role and padding ids -- included) and ``+ sum_r exact(r)`` in the gap;
+  with a stop, the path through the stop token (``pi_{n+1}``) alone.
 
 ``range(x)`` = the text tokens whose bytes start with ``x`` (a contiguous range of the
-byte-sorted vocabulary), ``exact(x)`` = those whose bytes are ``x``, ``e`` ranges over ``E(a)``
-(minimal suffixes turning the unit's last student token ``a`` into a longer student token) and
-``r`` over the non-empty strict prefixes of those suffixes.
+byte-sorted vocabulary), ``exact(x)`` = those whose bytes are ``x`` (the start of ``range(x)``),
+``e`` ranges over ``E(a)`` (minimal suffixes turning the unit's last student token ``a`` into a
+longer student token) and ``r`` over the non-empty strict prefixes of those suffixes. Every term
+is a sum of probabilities (a set difference is written as the disjoint sorted ranges it leaves,
+never as a subtraction), so a bound far below the float64 resolution of ``1 - x`` keeps its
+relative precision.
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ from bisect import bisect_left, bisect_right
 import numpy as np
 import torch
 
-from xdistill.losses.bytecredit import (BYTE_UNITS, MASS_ID, MASS_ONE, MASS_RANGE, ByteCredit,
-                                        ByteTerms, credit_units)
+from xdistill.losses.bytecredit import (BYTE_UNITS, MASS_ID, MASS_ONE, MASS_OTHER, MASS_RANGE,
+                                        ByteCredit, ByteTerms, credit_units)
 from xdistill.losses.byteprefix_long import LongTokenTables
 from xdistill.tokenization.table import ROLE_TEXT
 
@@ -71,6 +75,25 @@ class VocabIndex:
     def exact(self, data: bytes) -> list[int]:
         return self.by_bytes.get(data, [])
 
+    def exact_span(self, data: bytes) -> tuple[int, int]:
+        """[lo, hi) in sorted order of the tokens whose bytes are ``data`` (empty if none)."""
+        lo = bisect_left(self.keys, data)
+        return lo, lo + len(self.by_bytes.get(data, ()))
+
+    def without(self, lo: int, hi: int, holes) -> list[tuple[int, int]]:
+        """The sorted ranges left of ``[lo, hi)`` after removing the ranges ``holes``."""
+        out, at = [], lo
+        for h_lo, h_hi in sorted(holes):
+            h_lo, h_hi = max(h_lo, at), min(h_hi, hi)
+            if h_hi <= h_lo:
+                continue
+            if h_lo > at:
+                out.append((at, h_lo))
+            at = h_hi
+        if hi > at:
+            out.append((at, hi))
+        return out
+
     def extensions(self, token_id: int) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
         """(``E``: minimal prefix-free suffixes making ``token_id`` a longer token of this
         vocabulary, ``R``: their distinct non-empty strict prefixes). Cached."""
@@ -92,7 +115,7 @@ class _Terms:
 
     def __init__(self, index: VocabIndex):
         self.index = index
-        self.cols = {k: [] for k in ("unit", "sign", "gap", "ps", "pl", "kind", "row", "lo", "hi",
+        self.cols = {k: [] for k in ("unit", "gap", "ps", "pl", "kind", "row", "lo", "hi",
                                      "respell")}
         self.rows: dict[tuple[int, int], int] = {}
         self.path_b: list[int] = []
@@ -101,27 +124,27 @@ class _Terms:
     def row(self, b: int, t: int) -> int:
         return self.rows.setdefault((b, t), len(self.rows))
 
-    def add(self, unit, sign, gap, ps, pl, kind, row=0, lo=0, hi=0, respell=False):
-        for k, v in zip(self.cols, (unit, sign, gap, ps, pl, kind, row, lo, hi, respell)):
+    def add(self, unit, gap, ps, pl, kind, row=0, lo=0, hi=0, respell=False):
+        for k, v in zip(self.cols, (unit, gap, ps, pl, kind, row, lo, hi, respell)):
             self.cols[k].append(v)
 
-    def add_range(self, unit, sign, gap, ps, pl, row, prefix: bytes):
-        lo, hi = self.index.range(prefix)
-        if hi > lo:
-            self.add(unit, sign, gap, ps, pl, MASS_RANGE, row, lo, hi)
+    def add_ranges(self, unit, ps, pl, row, spans) -> None:
+        """Lower-bound terms: the masses of the sorted ranges ``spans``."""
+        for lo, hi in spans:
+            self.add(unit, False, ps, pl, MASS_RANGE, row, lo, hi)
 
-    def add_exact(self, unit, sign, gap, ps, pl, row, data: bytes, skip: int = -1,
+    def add_exact(self, unit, gap, ps, pl, row, data: bytes, skip: int = -1,
                   respell: bool = False):
         for tid in self.index.exact(data):
             if tid != skip:
-                self.add(unit, sign, gap, ps, pl, MASS_ID, row, tid, 0, respell)
+                self.add(unit, gap, ps, pl, MASS_ID, row, tid, 0, respell)
 
     def tensors(self, num_units: int) -> ByteTerms:
         c = self.cols
         long = lambda x: torch.as_tensor(np.asarray(x, dtype=np.int64))  # noqa: E731
         rows = sorted(self.rows.items(), key=lambda kv: kv[1])
-        return ByteTerms(long(c["unit"]), torch.as_tensor(np.asarray(c["sign"], np.float64)),
-                         torch.as_tensor(np.asarray(c["gap"], dtype=bool)), long(c["ps"]),
+        return ByteTerms(long(c["unit"]), torch.as_tensor(np.asarray(c["gap"], dtype=bool)),
+                         long(c["ps"]),
                          long(c["pl"]), long(c["kind"]), long(c["row"]), long(c["lo"]),
                          long(c["hi"]), long([b for (b, _), _ in rows]),
                          long([t for (_, t), _ in rows]), long(self.path_b), long(self.path_t),
@@ -144,7 +167,7 @@ def _side_terms(T: _Terms, unit: int, b: int, ids: list[int], pos: list[int], st
     n = len(content)
     text = all(table.roles_V[i] == ROLE_TEXT and table.lengths_V[i] > 0 for i in content)
     if n == 0 or not text:                             # token credit: pi over every token
-        T.add(unit, 1.0, False, ps, 0 if limit is not None else len(ids), MASS_ONE)
+        T.add(unit, False, ps, 0 if limit is not None else len(ids), MASS_ONE)
         return
     pieces = [table.token_bytes(int(i)) for i in content]
     beta = b"".join(pieces)[:limit]
@@ -157,16 +180,18 @@ def _side_terms(T: _Terms, unit: int, b: int, ids: list[int], pos: list[int], st
     if starts[nl] > len(beta):                         # the last level's token sticks out
         return
     if stop:
-        T.add(unit, 1.0, False, ps, nl + 1, MASS_ONE)
+        T.add(unit, False, ps, nl + 1, MASS_ONE)
         return
     E, R = ext
-    T.add(unit, 1.0, False, ps, nl, MASS_ONE)
-    nxt = T.row(b, pos[nl - 1])
-    for e in E:
-        T.add_range(unit, -1.0, False, ps, nl, nxt, e)
+    if not E and not R:                                # nothing extends the last token
+        T.add(unit, False, ps, nl, MASS_ONE)
+        return
+    idx, nxt = T.index, T.row(b, pos[nl - 1])
+    T.add(unit, False, ps, nl, MASS_OTHER, nxt)
+    holes = [idx.range(e) for e in E] + [idx.exact_span(r) for r in R]
+    T.add_ranges(unit, ps, nl, nxt, idx.without(0, len(idx.keys), holes))
     for r in R:
-        T.add_exact(unit, -1.0, False, ps, nl, nxt, r)
-        T.add_exact(unit, 1.0, True, ps, nl, nxt, r)
+        T.add_exact(unit, True, ps, nl, nxt, r)
 
 
 def _level_terms(T: _Terms, unit, b, pos, content, pieces, m: int, rho: bytes, over: int,
@@ -177,19 +202,18 @@ def _level_terms(T: _Terms, unit, b, pos, content, pieces, m: int, rho: bytes, o
     E, R = ext
     row = T.row(b, pos[m] - 1)
     if not stop:
-        T.add_range(unit, 1.0, False, ps, m, row, rho)
-        T.add_exact(unit, -1.0, False, ps, m, row, rho)
-        for e in E:
-            T.add_range(unit, -1.0, False, ps, m, row, rho + e)
+        idx = T.index
+        holes = ([idx.exact_span(rho)] + [idx.range(rho + e) for e in E]
+                 + [idx.exact_span(rho + r) for r in R])
+        T.add_ranges(unit, ps, m, row, idx.without(*idx.range(rho), holes))
         for r in R:
-            T.add_exact(unit, -1.0, False, ps, m, row, rho + r)
-            T.add_exact(unit, 1.0, True, ps, m, row, rho + r)
+            T.add_exact(unit, True, ps, m, row, rho + r)
     # another id with the bytes of the path's own token m (a byte-fallback id, an added
     # duplicate) is a re-spelling: in the gap, and reported apart (``respell``)
-    T.add_exact(unit, 1.0, True, ps, m, row, rho, skip=content[m] if over == 0 else -1,
+    T.add_exact(unit, True, ps, m, row, rho, skip=content[m] if over == 0 else -1,
                 respell=over == 0)
     for k in range(1, len(rho)):
-        T.add_exact(unit, 1.0, True, ps, m, row, rho[:k], skip=content[m] if over < 0 else -1,
+        T.add_exact(unit, True, ps, m, row, rho[:k], skip=content[m] if over < 0 else -1,
                     respell=rho[:k] == pieces[m])
 
 
