@@ -60,7 +60,8 @@ Stop tokens (``stop_BTs``: the student's final EOS / end-of-turn token of respon
 stopped): with ``stop_advantage = "zero"`` (SimpleOPD) the units that contain one get zero
 advantage in the sampled estimators (they still count in the normalisation), so the teacher's
 view of where to stop cannot drive the length; ``"teacher"`` (default) treats them like any
-other unit (the scorer pairs them with the teacher's own end token).
+other unit (the scorer pairs them with the teacher's own end token). This applies to k1 and k3;
+simple_opd always zeroes its stop units and dpca scores the stop with the content it ends.
 
 Advantage baseline (``baseline = "mean"``; dpca / simple_opd: ``params.baseline``): the
 sampled-token advantages minus their mean over the micro-batch's units, before the clamp
@@ -128,7 +129,7 @@ class OnPolicyLossSpec:
     clamps: Clamps = field(default_factory=Clamps)
     # unpaired student tokens: "floor" (penalty at the log-prob floor) | "ignore" (module doc)
     unpaired: str = "floor"
-    # stop tokens in the sampled estimators: "teacher" (scored like any unit) | "zero" advantage
+    # stop tokens in k1/k3: "teacher" (scored like any unit) | "zero" advantage (module doc)
     stop_advantage: str = "teacher"
     # knobs of the 2026 kinds (strict_topk, dpca, simple_opd, bpm, escd)
     params: KindParams = field(default_factory=KindParams)

@@ -144,9 +144,10 @@ class OnPolicyLossConfig:
     # floor (a policy-gradient penalty as if the teacher gave them log-prob logp_min, or -10
     # when logp_min is null; one loss unit each) or ignore (no loss, not counted)
     unpaired: Literal["floor", "ignore"] = "floor"
-    # the student's stop token in the sampled estimators: teacher (scored against the teacher's
-    # own end token like any unit) or zero (zero advantage, SimpleOPD's guard against length
-    # blow-up)
+    # the student's stop token in k1 and k3: teacher (scored against the teacher's own end token
+    # like any unit) or zero (zero advantage, SimpleOPD's guard against length blow-up). Other
+    # kinds keep their own rule: simple_opd always zeroes its stop units, dpca scores the stop
+    # with the content it ends, full-distribution kinds treat it like any token
     stop_advantage: Literal["teacher", "zero"] = "teacher"
     # sampled-token kinds (k1, dpca, simple_opd): advantage baseline, none, mean (advantages
     # minus their mean over the micro-batch's units: same expected gradient, less variance when
