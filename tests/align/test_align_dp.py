@@ -253,3 +253,30 @@ def test_long_rows_with_scattered_edits_use_anchors():
     compare_with_reference(res, [s], [t], table, table, dp_band=4)
     check_invariants(res, 0, s, t, table, table)
     assert res.s_coverage_B[0] > 0.7
+
+
+def test_max_cells_counts_the_band_cells_inside_the_matrix():
+    """``max_cells`` limits the band's cells that lie inside the matrix: a gap of 200 student
+    bytes against 3 teacher bytes has (200 + 1) x (3 + 1) = 804 cells, although its band spans
+    W = 204 diagonals (the old charge, (Ls + 1) * W = 41,004, left such gaps unaligned for any
+    long student side). At 804 the Numba DP and the reference align it the same way; at 803
+    both refuse it (the row is then flagged, nothing is allocated)."""
+    from align_reference.dp import band_cells
+    from xdistill.align._dp import STATUS_OK, STATUS_TOO_BIG, banded_dp
+
+    rng = np.random.default_rng(5)
+    a = bytes(rng.integers(97, 100, 200).astype(np.uint8))
+    b = a[-3:]
+    sym_s, sym_t = list(a), list(b)
+    isb_s = [True] + [(k % 4) == 1 for k in range(1, 200)] + [True]    # a cut at 197
+    isb_t = [True, False, False, True]
+    assert band_cells(200, 3, -200, 204) == 804
+    args = (np.array(sym_s, np.int32), np.array(sym_t, np.int32), np.array(isb_s),
+            np.array(isb_t), 32)
+    moves, status = banded_dp(*args, 804)
+    assert status == STATUS_OK
+    assert moves.tolist() == banded_chunk_path(sym_s, sym_t, isb_s, isb_t, 32, 804)
+    assert _matched(moves.tolist()) == 3                      # the teacher's token, in place
+    moves, status = banded_dp(*args, 803)
+    assert status == STATUS_TOO_BIG and moves.size == 0
+    assert banded_chunk_path(sym_s, sym_t, isb_s, isb_t, 32, 803) is None

@@ -27,16 +27,16 @@ def _skewed_gap_rows(nx: int):
     return s, t, vocab.table(), nx // 5 - 1
 
 
-@pytest.mark.xfail(strict=True, reason='known defect, not fixed yet: banded_dp charges dp_max_cells for (Ls+1)*W band storage, not the (Ls+1)*(Lt+1) cells of the gap')
 def test_a_gap_with_one_short_side_is_aligned_whatever_the_long_side():
     """The first DP gap (before the first anchor in ``Y``) is the student's ``X`` (10,000 bytes)
     vs the teacher's ``X[-5:] + "~"`` (6 bytes): its full DP matrix has 10,001 x 7 = 70k cells,
     far below ``dp_max_cells`` (2**26), so the gap must be aligned optimally (the teacher's
     first token pairs with the student token holding ``X[-5:]``), as it is for ``nx = 8000``.
 
-    ``_dp.banded_dp`` charges the cap for its diagonal band layout, ``(Ls + 1) * W`` with
-    ``W = Ls + Lt + 1`` here (about Ls**2 = 1e8 cells), so it declares the gap TOO_BIG, leaves
-    it unaligned and warns "needs more than dp_max_cells". With the sides swapped (the long side
+    ``_dp.banded_dp`` charged the cap for its diagonal band layout, ``(Ls + 1) * W`` with
+    ``W = Ls + Lt + 1`` here (about Ls**2 = 1e8 cells), so it declared the gap TOO_BIG, left
+    it unaligned and warned "needs more than dp_max_cells" (fixed: the band's cells inside the
+    matrix are counted and stored, ``_dp._band_rows``). With the sides swapped (the long side
     as the teacher) the same gap is aligned: the result depends on which side is the student."""
     s, t, table, partner = _skewed_gap_rows(10_000)
     with warnings.catch_warnings(record=True) as caught:

@@ -97,9 +97,10 @@ def _skip_cost(sym, big):
 
 
 @njit
-def _band_fill(sym_s, sym_t, isb_s, isb_t, klo, W, big, R, ub, tb_LW):
+def _band_fill(sym_s, sym_t, isb_s, isb_t, klo, W, big, R, ub, tb, base_L):
     """Fill the banded chunk DP (cell (x, y) at row x, column y - x - klo, i.e. one column per
-    diagonal) and the F-state moves ``tb_LW``; returns the cost at the end (``_INF`` if pruned).
+    diagonal) and the F-state moves (``tb[base_L[x] + c]``: :func:`_band_rows`); returns the cost
+    at the end (``_INF`` if pruned).
 
     ``f[c]`` holds F of the current row (updated in place: column ``c + 1`` still holds the row
     above when ``c`` is computed) and ``h[c]`` the H of the diagonal's last cell. Pruning: a cell
@@ -124,7 +125,7 @@ def _band_fill(sym_s, sym_t, isb_s, isb_t, klo, W, big, R, ub, tb_LW):
                 acc += _skip_cost(sym_t[y - 1], big)
             f[c] = acc
             h[c] = acc if isb_s[0] and isb_t[y] else _INF
-            tb_LW[0, c] = MOVE_INS
+            tb[base_L[0] + c] = MOVE_INS
             if not _dead(acc, acc, _rest_bound(abs(Dk - c), big, R), ub):
                 if lo < 0:
                     lo = c
@@ -141,8 +142,27 @@ def _band_fill(sym_s, sym_t, isb_s, isb_t, klo, W, big, R, ub, tb_LW):
         c_hi = min(W - 1, Lt - x - klo)
         sx = sym_s[x - 1]
         lo, hi = _fill_row(sx, _skip_cost(sx, big), isb_s[x], x + klo, max(c_lo, lo - 1),
-                           min(c_hi, hi), c_hi, Dk, sym_t, isb_t, big, R, ub, f, h, tb_LW[x])
+                           min(c_hi, hi), c_hi, Dk, sym_t, isb_t, big, R, ub, f, h,
+                           tb[base_L[x]:base_L[x] + W])
     return f[Dk] if lo <= Dk <= hi and f[Dk] <= ub else _INF
+
+
+@njit
+def _band_rows(Ls, Lt, klo, W):
+    """(cells, ``base_L``): the band's cells inside the matrix (row ``x`` holds columns
+    ``max(0, -x - klo) .. min(W - 1, Lt - x - klo)``: at most ``Lt + 1``, so a gap between a
+    long and a short side costs ``(Ls + 1) * (Lt + 1)`` cells, not ``(Ls + 1) * W``), and where
+    row ``x``'s column ``c`` is stored: ``base_L[x] + c`` (the rows packed one after another,
+    ``W`` spare slots at each end)."""
+    base_L = np.empty(Ls + 1, np.int64)
+    at = W
+    for x in range(Ls + 1):
+        c_lo = max(0, -x - klo)
+        c_hi = min(W - 1, Lt - x - klo)
+        base_L[x] = at - c_lo
+        if c_hi >= c_lo:
+            at += c_hi - c_lo + 1
+    return at - W, base_L
 
 
 @njit(inline="always")
@@ -256,7 +276,8 @@ def banded_dp(sym_s, sym_t, isb_s, isb_t, w0, max_cells):
     big = R + 1
     w = max(w0, 1)
     ub = _INF                                 # cost of the best path found so far
-    best_tb = np.zeros((1, 1), np.uint8)
+    best_tb = np.zeros(1, np.uint8)
+    best_base = np.zeros(1, np.int64)
     best_klo = 0
     have = False
     status = STATUS_OK
@@ -264,21 +285,24 @@ def banded_dp(sym_s, sym_t, isb_s, isb_t, w0, max_cells):
         klo = max(min(0, D) - w, -Ls)
         khi = min(max(0, D) + w, Lt)
         W = khi - klo + 1
-        if (Ls + 1) * W > max_cells:
+        cells, base_L = _band_rows(Ls, Lt, klo, W)
+        if cells > max_cells:
             status = STATUS_CAPPED if have else STATUS_TOO_BIG
             break
         full = klo == -Ls and khi == Lt
         proof = big * (abs(D) + 2 * w + 2 - R)   # a banded cost below this is optimal
-        tb_LW = np.empty((Ls + 1, W), np.uint8)
+        tb = np.empty(cells + 2 * W, np.uint8)
         cost = _INF
         if not have and not full and proof > 0:
             # first band: pruned at the proof bound; a cost above it (the end pruned) refills
             # the band unpruned, as its exact cost is needed to widen it
-            cost = _band_fill(sym_s, sym_t, isb_s, isb_t, klo, W, big, R, proof - 1, tb_LW)
+            cost = _band_fill(sym_s, sym_t, isb_s, isb_t, klo, W, big, R, proof - 1, tb,
+                              base_L)
         if cost >= _INF:
-            cost = _band_fill(sym_s, sym_t, isb_s, isb_t, klo, W, big, R, ub, tb_LW)
+            cost = _band_fill(sym_s, sym_t, isb_s, isb_t, klo, W, big, R, ub, tb, base_L)
         ub = cost
-        best_tb = tb_LW
+        best_tb = tb
+        best_base = base_L
         best_klo = klo
         have = True
         if full or cost < proof:
@@ -287,13 +311,13 @@ def banded_dp(sym_s, sym_t, isb_s, isb_t, w0, max_cells):
         w = min(max(need, w + 1), 4 * w)
     if not have:
         return np.zeros(0, np.int8), status
-    return _traceback(isb_s, isb_t, best_tb, best_klo, Ls, Lt), status
+    return _traceback(isb_s, isb_t, best_tb, best_base, best_klo, Ls, Lt), status
 
 
 @njit
-def _traceback(isb_s, isb_t, tb_LW, klo, Ls, Lt):
-    """Moves from the end back to (0, 0): F cells follow ``tb_LW``; inside a run (G) the path
-    goes diagonally until it reaches a cut, where it is back in F."""
+def _traceback(isb_s, isb_t, tb, base_L, klo, Ls, Lt):
+    """Moves from the end back to (0, 0): F cells follow the stored moves (``tb[base_L[x] + c]``);
+    inside a run (G) the path goes diagonally until it reaches a cut, where it is back in F."""
     x = Ls
     y = Lt
     rev = np.empty(x + y, np.int8)
@@ -306,7 +330,7 @@ def _traceback(isb_s, isb_t, tb_LW, klo, Ls, Lt):
             y -= 1
             in_run = not (isb_s[x] and isb_t[y])
         else:
-            move = MOVE_INS if x == 0 else tb_LW[x, y - x - klo]
+            move = MOVE_INS if x == 0 else tb[base_L[x] + y - x - klo]
             if move == MOVE_MATCH:
                 in_run = True
                 continue
