@@ -278,8 +278,8 @@ def export_hf(model: nn.Module, out_dir: str | os.PathLike, tokenizer: Any = Non
 
     ``dtype``: "" keeps the training dtype; "bfloat16" etc. casts floating tensors (and records it
     in config.json). Every rank must call this for a sharded model; rank 0 writes and returns the
-    folder, other ranks return None. ``config.json``'s ``architectures`` names the transformers
-    class (never FSDP's wrapper), so vLLM resolves it.
+    folder, other ranks return None (or raise when rank 0's write failed). ``config.json``'s
+    ``architectures`` names the transformers class (never FSDP's wrapper), so vLLM resolves it.
     """
     out = Path(out_dir)
     problem = None
@@ -291,8 +291,21 @@ def export_hf(model: nn.Module, out_dir: str | os.PathLike, tokenizer: Any = Non
     cast = resolve_dtype(dtype, "export dtype")
     state = full_state_dict(model)  # collective when sharded
     if not xdist.is_main_process():
-        xdist.barrier()
+        failed = xdist.broadcast_object(None)  # rank 0's outcome: no rank waits on a dead peer
+        if failed:
+            raise XDistillError(f"export to {str(out)!r} failed on rank 0: {failed}")
         return None
+    try:
+        _write_export(model, out, state, cast, tokenizer)
+    except BaseException as exc:
+        xdist.broadcast_object(f"{type(exc).__name__}: {exc}")
+        raise
+    xdist.broadcast_object(None)
+    return out
+
+
+def _write_export(model: nn.Module, out: Path, state: dict, cast, tokenizer: Any) -> None:
+    """Rank 0's part of :func:`export_hf`: write to ``out.tmp``, then replace ``out``."""
     if cast is not None:
         state = _share_tied(model, _cast_state(state, cast))
     tmp = out.with_name(out.name + ".tmp")
@@ -308,8 +321,6 @@ def export_hf(model: nn.Module, out_dir: str | os.PathLike, tokenizer: Any = Non
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
-    xdist.barrier()
-    return out
 
 
 def _max_positions(model: nn.Module) -> int | None:
