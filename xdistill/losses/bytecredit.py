@@ -61,6 +61,7 @@ import torch
 
 from xdistill.losses.chunks import ChunkAlignment, chunk_sum, loss_chunks
 from xdistill.losses.engine import DEFAULT_CHUNK_SIZE, LOGP_FLOOR, shift_targets, token_logprobs
+from xdistill.losses.ranges import range_log_masses
 
 # mass kinds of a term: a range of the byte-sorted text tokens, one token id, 1, the tokens
 # outside the byte-sorted vocabulary (end, role and padding ids)
@@ -68,11 +69,6 @@ MASS_RANGE, MASS_ID, MASS_ONE, MASS_OTHER = 0, 1, 2, 3
 # the log of a bound whose terms are all exactly 0 (every probability in it underflowed or had a
 # logit of -inf): a finite stand-in for log 0 (the losses' LOGP_FLOOR), counted (CreditStats)
 LOG_PROB_MIN = LOGP_FLOOR
-# a range mass below this, read as a difference of float64 cumulative sums (absolute error
-# ~1e-14 over a 262k vocabulary), is summed again directly to keep its relative precision
-RESUM_BELOW = 1e-4
-# at most this many probabilities gathered at once by that direct summation
-_RESUM_CHUNK = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -181,35 +177,15 @@ def credit_units(align: ChunkAlignment, s_loss_mask_BTs=None, t_loss_mask_BTt=No
     return torch.nonzero(loss_chunks(align, s_loss_mask_BTs, t_loss_mask_BTt), as_tuple=True)
 
 
-def _resum(ps_nV, r_J, lo_J, hi_J) -> torch.Tensor:
-    """[J] ``sum ps_nV[r, lo:hi]`` summed directly (relative precision), in bounded chunks."""
-    out = ps_nV.new_zeros(r_J.numel())
-    len_J = hi_J - lo_J
-    ends = len_J.cumsum(0)
-    start = 0
-    while start < r_J.numel():
-        base = int(ends[start - 1]) if start else 0
-        stop = max(start + 1, int(torch.searchsorted(ends, base + _RESUM_CHUNK, right=True)))
-        n_J = len_J[start:stop]
-        slot = torch.repeat_interleave(torch.arange(stop - start, device=r_J.device), n_J)
-        first = torch.repeat_interleave(n_J.cumsum(0) - n_J, n_J)
-        col = lo_J[start:stop][slot] + torch.arange(slot.numel(), device=r_J.device) - first
-        vals = ps_nV[r_J[start:stop][slot], col]
-        out[start:stop] = torch.zeros(stop - start, dtype=vals.dtype,
-                                      device=vals.device).index_add_(0, slot, vals)
-        start = stop
-    return out
+def _log_masses(logits_BTV, terms: ByteTerms, tau: float, block: int) -> torch.Tensor:
+    """log mass_K in float64 from the distinct rows, ``block`` rows at a time (module doc).
 
-
-def _masses(logits_BTV, terms: ByteTerms, tau: float, block: int) -> torch.Tensor:
-    """mass_K in float64 from the distinct rows, ``block`` rows at a time (module doc).
-
-    Each mass is a sum of probabilities with its relative precision: a token's is ``exp(z -
-    logsumexp z)``, the tokens outside the sorted vocabulary are summed as a logsumexp of their
-    own, and a range is a difference of cumulative sums over the byte-sorted row (only rows with
-    a range term are sorted), summed again directly when below ``RESUM_BELOW``."""
+    Each mass is a sum of probabilities with its relative precision: a token's is ``z -
+    logsumexp z``, the tokens outside the sorted vocabulary are summed as a logsumexp of their
+    own, and a range by :func:`xdistill.losses.ranges.range_log_masses` over the byte-sorted row
+    (only rows with a range term are sorted)."""
     K = terms.unit_K.numel()
-    mass_K = torch.ones(K, dtype=torch.float64, device=logits_BTV.device)
+    log_mass_K = torch.zeros(K, dtype=torch.float64, device=logits_BTV.device)
     R = terms.row_b_R.numel()
     sorted_V = terms.sorted_V
     other = torch.ones(logits_BTV.shape[-1], dtype=torch.bool, device=logits_BTV.device)
@@ -225,17 +201,17 @@ def _masses(logits_BTV, terms: ByteTerms, tau: float, block: int) -> torch.Tenso
         lse_n = torch.logsumexp(z_nV, dim=-1)
         k = torch.nonzero(sel, as_tuple=True)[0]
         r, kind = terms.row_K[k] - lo, terms.kind_K[k]
-        val = torch.exp(z_nV[r, terms.lo_K[k].clamp(max=z_nV.shape[1] - 1)] - lse_n[r])
+        val = z_nV[r, terms.lo_K[k].clamp(max=z_nV.shape[1] - 1)] - lse_n[r]
         if bool((kind == MASS_OTHER).any()):
             lse_o = torch.logsumexp(z_nV[:, other_O], dim=-1) if other_O.numel() else \
                 torch.full_like(lse_n, -math.inf)
-            val = torch.where(kind == MASS_OTHER, torch.exp(lse_o - lse_n)[r], val)
+            val = torch.where(kind == MASS_OTHER, (lse_o - lse_n)[r], val)
         rng = torch.nonzero(kind == MASS_RANGE, as_tuple=True)[0]
         if rng.numel():
-            val[rng] = _range_masses(raw_nV, tau, lse_n, sorted_V, r[rng], terms.lo_K[k[rng]],
-                                     terms.hi_K[k[rng]])
-        mass_K[k] = val
-    return mass_K
+            val[rng] = _range_log_masses(raw_nV, tau, lse_n, sorted_V, r[rng],
+                                         terms.lo_K[k[rng]], terms.hi_K[k[rng]])
+        log_mass_K[k] = val
+    return log_mass_K
 
 
 def _scaled(raw_nV, tau: float) -> torch.Tensor:
@@ -244,22 +220,15 @@ def _scaled(raw_nV, tau: float) -> torch.Tensor:
     return z_nV.div_(tau) if tau != 1.0 else z_nV
 
 
-def _range_masses(raw_nV, tau: float, lse_n, sorted_V, r_J, lo_J, hi_J) -> torch.Tensor:
-    """[J] probability of the sorted positions ``[lo, hi)`` of row ``r`` (``raw_nV``: the rows'
-    logits in their own dtype; sorted before the float64 copy, which is elementwise)."""
+def _range_log_masses(raw_nV, tau: float, lse_n, sorted_V, r_J, lo_J, hi_J) -> torch.Tensor:
+    """[J] log-probability of the sorted positions ``[lo, hi)`` of row ``r`` (``raw_nV``: the
+    rows' logits in their own dtype; sorted before the float64 copy, which is elementwise)."""
     rows, inv = torch.unique(r_J, return_inverse=True)
     raw_uV = raw_nV if rows.numel() == raw_nV.shape[0] else raw_nV[rows]
-    ps_uV = _scaled(torch.gather(raw_uV, 1, sorted_V.expand(rows.numel(), -1)), tau)
-    ps_uV.sub_(lse_n[rows, None]).exp_()
-    cs = ps_uV.cumsum(1)                               # cs[:, j] = sum of ps[:, :j + 1]
-    top = cs.shape[1]
-    a, b = lo_J.clamp(max=top), hi_J.clamp(max=top)
-    before = lambda j: torch.where(j > 0, cs[inv, (j - 1).clamp(min=0)], 0.0)  # noqa: E731
-    val = before(b) - before(a)
-    fix = torch.nonzero((val < RESUM_BELOW) & (b > a), as_tuple=True)[0]
-    if fix.numel():
-        val[fix] = _resum(ps_uV, inv[fix], a[fix], b[fix])
-    return val
+    lp_uV = _scaled(torch.gather(raw_uV, 1, sorted_V.expand(rows.numel(), -1)), tau)
+    lp_uV.sub_(lse_n[rows, None])
+    top = lp_uV.shape[1]
+    return range_log_masses(lp_uV, inv, lo_J.clamp(max=top), hi_J.clamp(max=top))
 
 
 def _log_sums(log_val_K, unit_K, sel_K, N: int) -> torch.Tensor:
@@ -298,7 +267,7 @@ def byte_bounds(logits_BTV, token_logp_BT, terms: ByteTerms, *, temperature: flo
         lp_P = token_logp_BT.detach().double()[terms.path_b_P, terms.path_t_P]
         cum = torch.cat([lp_P.new_zeros(1), lp_P.cumsum(0)])
         log_pi_K = cum[terms.path_start_K + terms.path_len_K] - cum[terms.path_start_K]
-        log_val_K = log_pi_K + torch.log(_masses(logits_BTV, terms, temperature, block))
+        log_val_K = log_pi_K + _log_masses(logits_BTV, terms, temperature, block)
         N, gap = terms.num_units, terms.gap_K
         lb_N = _log_sums(log_val_K, terms.unit_K, ~gap, N)
         ub_N = torch.logaddexp(lb_N, _log_sums(log_val_K, terms.unit_K, gap, N))

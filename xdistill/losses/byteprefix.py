@@ -36,9 +36,10 @@ completion set ``C(r_g)`` (student text tokens whose bytes start with the group'
 
 Groups with an empty ``C(r_g)`` are skipped and counted (with their mass). ``tau`` enters the child
 term only through the two softmaxes (no ``tau^2`` factor: it is a likelihood, not a KL); ``tau = 1``
-is the default and recommended setting. The completion sums are differences of a float64
-cumulative sum of ``q`` over the byte-sorted student tokens; each is floored at ``MASS_FLOOR``
-before its log.
+is the default and recommended setting. The completion sums keep their relative precision however
+small (:func:`xdistill.losses.ranges.range_log_masses`: a float64 cumulative-sum difference, or a
+logsumexp of the range's own log-probabilities below ``RESUM_BELOW``); only a completion set the
+student gives exactly 0 is floored, at ``LOGP_FLOOR``.
 
 **Student tokens longer than the teacher's** (``long`` tables given): the root term's target
 moves the teacher mass of "the on-path root token followed by a suffix that makes a longer
@@ -64,9 +65,8 @@ from xdistill.losses.chunks import ChunkAlignment, chunk_bounds, loss_chunks, re
 from xdistill.losses.engine import (DEFAULT_CHUNK_SIZE, LOGP_FLOOR, compute_dtype,
                                     log_softmax_safe, row_block_sum, safe_logsumexp,
                                     xlogx_minus_xlogy)
+from xdistill.losses.ranges import range_log_masses
 
-# floor of a completion mass before its log (float64; masses below it are rounding noise)
-MASS_FLOOR = 1e-30
 
 
 @dataclass(frozen=True)
@@ -319,13 +319,13 @@ def _child_term(tables, teacher_BTtVt, b_N, t_N, a_N, tau, stats):
         M_G = _group_mass(tables, z_nVt, row_G, g_G)
         lo, hi = tables.group_lo[g_G], tables.group_hi[g_G]
         used = hi > lo
-        q = torch.exp(log_softmax_safe(rows_nV / tau)).index_select(1, tables.sorted_s)
-        cs = torch.cat([torch.zeros_like(q[:, :1]), q], 1).double().cumsum(1)
-        mass = (cs[row_G, hi] - cs[row_G, lo]).clamp_min(MASS_FLOOR)
         stats[("child", sl.start)] = (int(used.sum()), int((~used).sum()),
                                       float(M_G[used].sum()), float(M_G[~used].sum()))
-        M_G = torch.where(used, M_G, torch.zeros_like(M_G)).double()
-        return -(M_G * torch.log(mass)).sum().to(rows_nV.dtype)
+        log_q = log_softmax_safe(rows_nV / tau)
+        log_q = torch.gather(log_q, 1, tables.sorted_s.expand(log_q.shape[0], -1))
+        log_mass = range_log_masses(log_q, row_G[used], lo[used], hi[used])
+        M_G = M_G[used].double()
+        return -(M_G * log_mass.clamp_min(LOGP_FLOOR)).sum().to(rows_nV.dtype)
     return term
 
 
@@ -432,5 +432,5 @@ def escd(student_logits_BTsVs, teacher_logits_BTtVt, align: ChunkAlignment,
                        long=long, teacher_ids_BTt=teacher_ids_BTt)
 
 
-__all__ = ["BytePrefixStats", "BytePrefixTables", "MASS_FLOOR", "bpm", "count_byteprefix_units",
+__all__ = ["BytePrefixStats", "BytePrefixTables", "bpm", "count_byteprefix_units",
            "escd"]
