@@ -40,7 +40,8 @@ _FLOAT_WORDS = ("inf", "infinity", "nan")
 
 
 class _Loader(yaml.SafeLoader):
-    """Safe YAML with YAML 1.2 floats and booleans and an error on duplicate keys."""
+    """Safe YAML with YAML 1.2 floats and booleans, no timestamps, and an error on duplicate
+    keys."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict = {}
@@ -65,8 +66,10 @@ def _where(mark, other) -> str:
 
 # YAML 1.2 booleans: only true/false (any of the three casings). YAML 1.1 also read on/off/yes/no
 # as booleans, so `train.wandb: off`, the documented default, became False and was refused.
+# YAML 1.1 timestamps are not read either (YAML 1.2 has none): `out_dir: 2024-06-01` is text.
 _Loader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    first: [(tag, rx) for tag, rx in resolvers
+            if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:timestamp")]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 _Loader.add_implicit_resolver("tag:yaml.org,2002:bool",
                               re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))

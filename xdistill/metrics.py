@@ -20,7 +20,9 @@ from xdistill.errors import XDistillError
 from xdistill.log import get_logger
 
 
-def _plain(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
+    """``value`` as metrics.jsonl writes it: tensors and numpy numbers as Python numbers or
+    lists, NaN and infinities as ``None`` (strict JSON), dict keys as text."""
     if hasattr(value, "item") and callable(value.item):
         try:
             value = value.item()
@@ -29,9 +31,9 @@ def _plain(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -43,13 +45,27 @@ def format_metrics(step: int, metrics: dict[str, Any], keys: list[str] | None = 
     parts = [f"eval step {step}" if evaluation else f"step {step}"]
     chosen = [] if evaluation else [k for k in keys or [] if k in metrics]
     for key in chosen or list(metrics):
-        value = _plain(metrics[key])
-        if isinstance(value, float):
+        value = _console_value(metrics[key])
+        if isinstance(value, float) and not math.isfinite(value):
+            text = str(value)                          # nan, inf, -inf (metrics.jsonl: null)
+        elif isinstance(value, float):
             text = f"{value:.4g}" if abs(value) < 1e4 else f"{value:.0f}"
         else:
             text = str(value)
         parts.append(f"{key} {text}")
     return " | ".join(parts)
+
+
+def _console_value(value: Any) -> Any:
+    """A scalar tensor or numpy number as a Python number (non-finite kept), else ``json_safe``."""
+    if hasattr(value, "item") and not isinstance(value, (int, float)):
+        try:
+            value = value.item()
+        except (ValueError, RuntimeError):             # not a one-element tensor / array
+            pass
+    if isinstance(value, float) and not math.isfinite(value):
+        return value
+    return json_safe(value)
 
 
 class MetricsWriter:
@@ -69,7 +85,7 @@ class MetricsWriter:
     def write(self, step: int, metrics: dict[str, Any], *, evaluation: bool = False
               ) -> dict[str, Any]:
         """Append one record (``evaluation``: an evaluation's figures, echoed as such)."""
-        record = {"step": int(step), "time": time.time(), **_plain(dict(metrics))}
+        record = {"step": int(step), "time": time.time(), **json_safe(dict(metrics))}
         if not self.enabled:
             return record
         if self._file is not None:

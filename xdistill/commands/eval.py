@@ -21,6 +21,7 @@ import sys
 
 from xdistill.commands import plain
 from xdistill.errors import ConfigError
+from xdistill.metrics import json_safe
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.model and args.overrides:
         raise ConfigError(f"dotted overrides {args.overrides} only apply with --config")
     out = score_run(args) if args.config else score_model(args)
-    print(json.dumps(out, sort_keys=True))
+    print(json.dumps(json_safe(out), sort_keys=True, allow_nan=False))  # strict JSON: NaN -> null
     if "bpb" in out:
         print(f"bits/byte {out['bpb']:.4f} over {out['bytes']} bytes", file=sys.stderr)
     elif "eval/bpb" in out:

@@ -39,13 +39,17 @@ def choose_keys(runs: dict[str, list[dict]], requested: list[str] | None) -> lis
 
 
 def plot_runs(runs: dict[str, list[dict]], keys: list[str], out: Path) -> None:
-    # deferred: matplotlib (optional extra `plot`)
-    import matplotlib
+    try:
+        # deferred: matplotlib (optional extra `plot`)
+        import matplotlib
 
-    matplotlib.use("Agg")
-    # deferred: matplotlib (optional extra `plot`)
-    # deferred: matplotlib.pyplot (side effect: only after matplotlib.use("Agg"))
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        # deferred: matplotlib (optional extra `plot`)
+        # deferred: matplotlib.pyplot (side effect: only after matplotlib.use("Agg"))
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise XDistillError("xdistill plot needs matplotlib (pip install 'xdistill[plot]')"
+                            ) from exc
 
     cols = min(3, len(keys))
     rows = (len(keys) + cols - 1) // cols

@@ -401,11 +401,11 @@ def open_metrics(cfg: RunConfig, keys: list[str]) -> MetricsWriter:
     return MetricsWriter(out / "metrics.jsonl", enabled=main, console_keys=keys)
 
 
-def _open_trackers(cfg: RunConfig) -> Trackers | None:
+def _open_trackers(cfg: RunConfig, start_step: int) -> Trackers | None:
     if not xdist.is_main_process():
         return None
 
-    return open_trackers(cfg, out_path(cfg), to_dict(cfg))
+    return open_trackers(cfg, out_path(cfg), to_dict(cfg), start_step)
 
 
 def export_final(run: Run) -> Path | None:
@@ -455,7 +455,7 @@ def _run_locked(run: Run) -> dict:
     trim_logs(out_path(cfg), run.start_step)
     set_aside_abandoned(run)
     run.writer = open_metrics(cfg, mode.console_keys(cfg))
-    run.trackers = _open_trackers(cfg)
+    run.trackers = _open_trackers(cfg, run.start_step)
     if xdist.is_main_process():
         log.info(start_line(run))
     t0 = time.perf_counter()

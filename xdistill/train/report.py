@@ -36,7 +36,8 @@ def start_line(run) -> str:
     procs = f"{env.world_size} process{'es' if env.world_size != 1 else ''}"
     where = f"{run.device}, {procs} x {torch.get_num_threads()} threads"
     first, last = run.start_step + 1, cfg.train.steps
-    steps = f"steps {first}..{last} of {last}" if first <= last else f"no steps left ({last} done)"
+    steps = (f"steps {first}..{last} of {last}" if first <= last
+             else f"no steps left ({run.start_step} done)")
     if run.start_step:
         steps += f" (resumed at step {run.start_step})"
     return " | ".join([f"start: train {run.mode.kind}", _student(run), _teachers(cfg), where,
@@ -46,7 +47,7 @@ def start_line(run) -> str:
 def end_line(run, metrics: dict, exported: Path | None, seconds: float) -> str:
     """The end-of-run summary: steps and time, final loss, where metrics, checkpoint and export
     are."""
-    steps = run.cfg.train.steps - run.start_step
+    steps = max(0, run.cfg.train.steps - run.start_step)
     parts = [f"done: {steps} step(s) in {seconds:.1f} s"]
     if "loss" in metrics:
         parts.append(f"final loss {metrics['loss']:.4g}")

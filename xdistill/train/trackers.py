@@ -45,11 +45,14 @@ class TensorBoardTracker(Tracker):
 
     name = "tensorboard"
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, start_step: int = 0):
         # deferred: tensorboard (optional extra `tracking`)
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(folder))
+        # the steps after start_step are (re)written by this run: earlier events of them (a run
+        # resumed from a checkpoint, a fresh run in a used folder) are purged, as metrics.jsonl
+        # is trimmed
+        self.writer = SummaryWriter(str(folder), purge_step=start_step + 1)
 
     def log(self, step: int, metrics: dict) -> None:
         for k, v in _numbers(metrics).items():
@@ -110,12 +113,14 @@ def _missing(key: str, package: str) -> None:
                 "(metrics.jsonl has every step)", key, package, EXTRA)
 
 
-def open_trackers(cfg, out_dir: Path, config: dict | None = None) -> Trackers:
-    """The trackers ``cfg.train`` asks for (call on rank 0 only; see the module docstring)."""
+def open_trackers(cfg, out_dir: Path, config: dict | None = None,
+                  start_step: int = 0) -> Trackers:
+    """The trackers ``cfg.train`` asks for (call on rank 0 only; see the module docstring);
+    ``start_step``: the step the run starts after (its resume step)."""
     tc, out = cfg.train, []
     if tc.tensorboard:
         try:
-            out.append(TensorBoardTracker(out_dir / "tb"))
+            out.append(TensorBoardTracker(out_dir / "tb", start_step))
         except ImportError:
             _missing("train.tensorboard", "tensorboard")
     mode = getattr(tc, "wandb", "off")
