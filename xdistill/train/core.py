@@ -305,9 +305,11 @@ def _last_checkpoint_text(run: Run) -> str:
 
 
 def log_metrics(run: Run, step: int, metrics: dict, *, evaluation: bool = False) -> None:
-    """Write a step's flat metrics (every ``train.log_every`` steps) or an evaluation's (always)."""
+    """Write a step's flat metrics (every ``train.log_every`` steps and the last step) or an
+    evaluation's (always); trackers get every step."""
     every = run.cfg.train.log_every
-    if run.writer is not None and (step % every == 0 or evaluation):
+    due = step % every == 0 or step == run.cfg.train.steps or evaluation
+    if run.writer is not None and due:
         run.writer.write(step, metrics, evaluation=evaluation)
     if run.trackers is not None:
         run.trackers.log(step, metrics)

@@ -37,7 +37,7 @@ class TrainConfig:
     global_batch_size: int = 0
     # global seed (python, numpy, torch; data and prompt order)
     seed: int = 0
-    # log a metrics line every this many steps
+    # log a metrics line every this many steps (and at the last step; trackers get every step)
     log_every: int = 1
     # run directory: metrics.jsonl, checkpoints/, export/ ("" = runs/offpolicy or runs/onpolicy)
     out_dir: str = ""

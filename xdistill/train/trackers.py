@@ -110,7 +110,7 @@ def _numbers(metrics: dict) -> dict:
 
 def _missing(key: str, package: str) -> None:
     log.warning("%s is on but the %s package is not installed (%s); the run goes on without it "
-                "(metrics.jsonl has every step)", key, package, EXTRA)
+                "(metrics.jsonl has the logged steps)", key, package, EXTRA)
 
 
 def open_trackers(cfg, out_dir: Path, config: dict | None = None,
