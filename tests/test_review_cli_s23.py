@@ -15,6 +15,23 @@ from xdistill import cli
 from xdistill.config import load_config
 
 
+def tiny_run_config(tmp_path: Path, out: Path, **train) -> dict:
+    """An off-policy run of a 1-layer student on a tiny corpus (seconds on a CPU)."""
+    import xdistill.tiny as mk
+
+    corpus, _ = mk.make_corpus(tmp_path / "corpus", n_train=20, n_eval=2, max_chars=300)
+    tok = mk.train_bpe(tmp_path / "tok", 300, mk.passages(limit=40))
+    return {"student": {"model_type": "llama", "model_config": dict(
+                hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=True)},
+            "student_tokenizer": str(tok),
+            "data": {"paths": [str(corpus)], "seq_len": 16, "batch_size": 1, "num_workers": 0},
+            "loss": {"ce_weight": 1.0},
+            "train": {"out_dir": str(out), **train},
+            "checkpoint": {"every": 0, "export_hf": False},
+            "eval": {"every": -1}}
+
+
 def _reject_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
@@ -142,23 +159,13 @@ def test_review_s23_tensorboard_does_not_keep_replayed_steps_after_resume(tmp_pa
     pytest.importorskip("torch.utils.tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    import xdistill.tiny as mk
     from xdistill.config import from_dict
     from xdistill.train.config import OffPolicyConfig
     from xdistill.train.offpolicy import run_offpolicy
 
-    train, _ = mk.make_corpus(tmp_path / "corpus", n_train=20, n_eval=2, max_chars=300)
-    tok = mk.train_bpe(tmp_path / "tok", 300, mk.passages(limit=40))
     out = tmp_path / "run"
-    cfg = {"student": {"model_type": "llama", "model_config": dict(
-               hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-               num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=True)},
-           "student_tokenizer": str(tok),
-           "data": {"paths": [str(train)], "seq_len": 16, "batch_size": 1, "num_workers": 0},
-           "loss": {"ce_weight": 1.0},
-           "train": {"steps": 4, "out_dir": str(out), "tensorboard": True, "num_threads": 1},
-           "checkpoint": {"every": 2, "keep_last": 0, "resume": "auto", "export_hf": False},
-           "eval": {"every": -1}}
+    cfg = tiny_run_config(tmp_path, out, steps=4, tensorboard=True, num_threads=1)
+    cfg["checkpoint"].update(every=2, keep_last=0, resume="auto")
     run_offpolicy(from_dict(OffPolicyConfig, cfg))
     cfg["checkpoint"]["resume"] = str(out / "checkpoints" / "step_0000002")
     run_offpolicy(from_dict(OffPolicyConfig, cfg))
@@ -169,3 +176,17 @@ def test_review_s23_tensorboard_does_not_keep_replayed_steps_after_resume(tmp_pa
     acc.Reload()
     tb_steps = [e.step for e in acc.Scalars("loss")]
     assert tb_steps == [1, 2, 3, 4], tb_steps
+
+
+def test_review_s23_the_last_step_is_logged_whatever_log_every(tmp_path):
+    """Defect: with ``train.log_every: 2`` a 5-step run ended without its final step's record
+    in metrics.jsonl (only 2 and 4). Fixed: the last step is always written."""
+    from xdistill.config import from_dict
+    from xdistill.train.config import OffPolicyConfig
+    from xdistill.train.offpolicy import run_offpolicy
+
+    out = tmp_path / "run"
+    cfg = tiny_run_config(tmp_path, out, steps=5, tensorboard=False, log_every=2, num_threads=2)
+    run_offpolicy(from_dict(OffPolicyConfig, cfg))
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [2, 4, 5]
