@@ -216,8 +216,8 @@ def _log_masses(logits_BTV, terms: ByteTerms, tau: float, block: int) -> torch.T
 
 def _scaled(raw_nV, tau: float) -> torch.Tensor:
     """float64 logits over the temperature."""
-    z_nV = raw_nV.double()
-    return z_nV.div_(tau) if tau != 1.0 else z_nV
+    z_nV = raw_nV.double()                             # not a copy when already float64:
+    return z_nV / tau if tau != 1.0 else z_nV          # never divided in place
 
 
 def _range_log_masses(raw_nV, tau: float, lse_n, sorted_V, r_J, lo_J, hi_J) -> torch.Tensor:
@@ -264,9 +264,7 @@ def byte_bounds(logits_BTV, token_logp_BT, terms: ByteTerms, *, temperature: flo
     it is one the tokenizer never writes; ``log P_ub' - log P_lb`` is the gap left by the other
     segmentations the one forward did not follow."""
     with torch.no_grad():
-        lp_P = token_logp_BT.detach().double()[terms.path_b_P, terms.path_t_P]
-        cum = torch.cat([lp_P.new_zeros(1), lp_P.cumsum(0)])
-        log_pi_K = cum[terms.path_start_K + terms.path_len_K] - cum[terms.path_start_K]
+        log_pi_K = _path_logprobs(token_logp_BT, terms)
         log_val_K = log_pi_K + _log_masses(logits_BTV, terms, temperature, block)
         N, gap = terms.num_units, terms.gap_K
         lb_N = _log_sums(log_val_K, terms.unit_K, ~gap, N)
@@ -275,7 +273,21 @@ def byte_bounds(logits_BTV, token_logp_BT, terms: ByteTerms, *, temperature: flo
         seg_N = torch.logaddexp(lb_N, _log_sums(log_val_K, terms.unit_K, seg, N))
         zero = torch.isneginf(lb_N)
         lb_N = torch.where(zero, ub_N, lb_N).clamp_min(LOG_PROB_MIN)
+        seg_N = torch.where(zero, ub_N, seg_N)         # lb <= P_ub' <= ub holds
         return lb_N, ub_N.clamp_min(LOG_PROB_MIN), seg_N.clamp_min(LOG_PROB_MIN), zero
+
+
+def _path_logprobs(token_logp_BT, terms: ByteTerms) -> torch.Tensor:
+    """[K] ``log pi`` of each term: its path tokens' summed log-probs, from one cumulative sum
+    over all path tokens; a ``-inf`` token makes only the terms whose path holds it ``-inf``
+    (its own count, not ``-inf - -inf = NaN`` in every later term)."""
+    lp_P = token_logp_BT.detach().double()[terms.path_b_P, terms.path_t_P]
+    dead_P = torch.isneginf(lp_P)
+    zero = lp_P.new_zeros(1)
+    cum = torch.cat([zero, torch.where(dead_P, 0.0, lp_P).cumsum(0)])
+    dead = torch.cat([zero, dead_P.double().cumsum(0)])
+    a, b = terms.path_start_K, terms.path_start_K + terms.path_len_K
+    return torch.where(dead[b] > dead[a], -math.inf, cum[b] - cum[a])
 
 
 @dataclass(frozen=True)
