@@ -281,3 +281,18 @@ def test_string_fields_keep_the_text_yaml_reads_as_a_number(tmp_path):
     assert type(cfg.scale) is float and cfg.extra == {"a": [1, 2.5]}
     assert [type(v) for v in cfg.extra["a"]] == [int, float]
     __import__("yaml").safe_dump(to_dict(cfg))  # plain Python values only: dumps without error
+
+
+def test_integers_are_read_as_yaml_1_2_reads_them(tmp_path):
+    """``train.steps=010`` is ten: YAML 1.1 read a leading zero as octal (8) and ``1:30`` as a
+    base-60 integer (90); YAML 1.2 reads decimal and text. Prefixed bases and ``1_000`` stay."""
+    from xdistill.train.config import OffPolicyConfig
+
+    for text, want in [("010", 10), ("007", 7), ("0o17", 15), ("0x1F", 31), ("0b101", 5),
+                       ("1_000", 1000), ("-3", -3)]:
+        cfg = load_config(OffPolicyConfig, None, [f"train.seed={text}"])
+        assert cfg.train.seed == want and type(cfg.train.seed) is int, text
+        cfg = load_config(OffPolicyConfig, write(tmp_path, f"train:\n  seed: {text}\n"), [])
+        assert cfg.train.seed == want, text
+    with pytest.raises(ConfigError, match="train.steps"):
+        load_config(OffPolicyConfig, None, ["train.steps=1:30"])

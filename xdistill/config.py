@@ -12,7 +12,8 @@ Supported field types: ``bool``, ``int``, ``float``, ``str``, ``Literal[...]``, 
 overrides address by index: ``teachers.0.weight=0.5``).
 
 YAML is read with YAML 1.2 floats (``1e-3``, ``5E4``, ``.5``: PyYAML's YAML 1.1 rules would
-take ``1e-3`` for a string; a float field also takes ``inf``, ``-inf`` and ``nan``), merge keys
+take ``1e-3`` for a string; a float field also takes ``inf``, ``-inf`` and ``nan``), YAML 1.2
+integers (``010`` is ten, ``1:30`` text), booleans (only true/false) and no timestamps, merge keys
 (``<<: *base``) work, a duplicate key is an error naming it with both lines, and a syntax
 error names ``file:line:column``. An override that breaks the config is reported as the
 command-line override it is, not as the file's fault.
@@ -67,13 +68,17 @@ def _where(mark, other) -> str:
 # YAML 1.2 booleans: only true/false (any of the three casings). YAML 1.1 also read on/off/yes/no
 # as booleans, so `train.wandb: off`, the documented default, became False and was refused.
 # YAML 1.1 timestamps are not read either (YAML 1.2 has none): `out_dir: 2024-06-01` is text.
+# Integers as YAML 1.2 reads them: `010` is ten (YAML 1.1: octal 8), `1:30` is text (YAML 1.1:
+# 90); `0o17`, `0x1F`, `0b101` and `1_000` are still numbers.
 _Loader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers
-            if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:timestamp")]
+    first: [(tag, rx) for tag, rx in resolvers if tag not in (
+        "tag:yaml.org,2002:bool", "tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:int")]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 _Loader.add_implicit_resolver("tag:yaml.org,2002:bool",
                               re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
-_Loader.add_implicit_resolver(  # after YAML 1.1's int and float: integers stay int
+_INT = re.compile(r"^[-+]?(?:0b[01][01_]*|0o[0-7][0-7_]*|0x[0-9a-fA-F][0-9a-fA-F_]*|[0-9][0-9_]*)$")
+_Loader.add_implicit_resolver("tag:yaml.org,2002:int", _INT, list("-+0123456789"))
+_Loader.add_implicit_resolver(  # after the ints: integers stay int
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?$"),
     list("-+.0123456789"))
@@ -98,8 +103,15 @@ def _sourced(cls: type, convert):
     return construct
 
 
-_Loader.add_constructor("tag:yaml.org,2002:int",
-                        _sourced(_SourcedInt, yaml.SafeLoader.construct_yaml_int))
+def _yaml12_int(loader, node) -> int:
+    """A YAML 1.2 integer (:data:`_INT`): decimal even with leading zeros, or 0b/0o/0x."""
+    text = node.value.replace("_", "")
+    sign, digits = (-1, text[1:]) if text[:1] == "-" else (1, text.lstrip("+"))
+    base = {"0b": 2, "0o": 8, "0x": 16}.get(digits[:2].lower(), 10)
+    return sign * int(digits[2:] if base != 10 else digits, base)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _sourced(_SourcedInt, _yaml12_int))
 _Loader.add_constructor("tag:yaml.org,2002:float",
                         _sourced(_SourcedFloat, yaml.SafeLoader.construct_yaml_float))
 
