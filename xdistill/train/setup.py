@@ -16,11 +16,12 @@ mode's mixed-in off-policy batches):
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
 
 from xdistill.data import build_loader
 from xdistill.errors import ConfigError
-from xdistill.log import get_logger
+from xdistill.log import get_logger, log0
 from xdistill.losses import ContinuationTrie, MultiTeacherLoss, TeacherSpec
 from xdistill.losses.multi_teacher import SAME_TOKENIZER_LOSSES
 from xdistill.teacher import TeacherPool
@@ -117,9 +118,10 @@ def build_pool(cfg: OffPolicyConfig, plan: Plan):
                    if t.worker.output in ("projected", "support")}
     for i, t in enumerate(cfg.teachers):
         if t.worker.cache_mb > 0 and cfg.data.shuffle:
-            log.warning("teachers.%d.worker.cache_mb: data.shuffle is true, so every epoch packs "
-                        "other windows and the teacher output cache will rarely hit (set "
-                        "data.shuffle: false to reuse teacher outputs across epochs)", i)
+            log0("teachers.%d.worker.cache_mb: data.shuffle is true, so every epoch packs "
+                 "other windows and the teacher output cache will rarely hit (set "
+                 "data.shuffle: false to reuse teacher outputs across epochs)", i,
+                 level=logging.WARNING, logger=log)
     return TeacherPool([t.worker for t in cfg.teachers], projections=projections)
 
 
