@@ -155,9 +155,11 @@ def fill_from_hidden(split: SplitHead, kind: str, h_nTH: torch.Tensor, ids_nT: t
     step = min(block_rows(V), max(1, (N + 1) // 2))
     for a in range(0, N, step):
         b = min(a + step, N)
-        # straight into the output rows when they are on the model's device (a GPU teacher writing
-        # into host buffers, shm or Ray transport, computes each block on its device first)
-        direct = dst_NV is not None and temperature == 1.0 and dst_NV.device == h_NH.device
+        # straight into the output rows when they are float32 on the model's device (a GPU
+        # teacher writing into host buffers, shm or Ray transport, computes each block on its
+        # device first; bfloat16 rows get the float32 block rounded once, after the soft-cap
+        # and the token log-probs)
+        direct = dst_NV is not None and _direct(dst_NV, h_NH, temperature)
         # float32 logits of the block (bfloat16 weights included), or the output rows themselves
         block = dst_NV[a:b] if direct else torch.empty(b - a, V, device=h_NH.device)
         zf = split.logits(h_NH[a:b], block).float()
@@ -183,6 +185,12 @@ def fill_from_hidden(split: SplitHead, kind: str, h_nTH: torch.Tensor, ids_nT: t
         out["token_logp_BTt"][rows].copy_(res)
 
 
+def _direct(dst_NV: torch.Tensor, h_NH: torch.Tensor, temperature: float) -> bool:
+    """Whether the head may write its logits straight into ``dst_NV`` (float32 rows on the
+    model's device at T = 1; lower-precision rows are filled from a float32 block)."""
+    return temperature == 1.0 and dst_NV.dtype == torch.float32 and dst_NV.device == h_NH.device
+
+
 def _fill_logits(split: SplitHead, h_NH: torch.Tensor, dst_NV: torch.Tensor,
                  temperature: float) -> None:
     """``dst_NV = logits / temperature``, block by block (straight into ``dst_NV`` at T = 1)."""
@@ -190,7 +198,7 @@ def _fill_logits(split: SplitHead, h_NH: torch.Tensor, dst_NV: torch.Tensor,
     step = min(block_rows(V), max(1, (N + 1) // 2))
     for a in range(0, N, step):
         b = min(a + step, N)
-        if temperature == 1.0 and dst_NV.device == h_NH.device:
+        if _direct(dst_NV, h_NH, temperature):
             split.logits(h_NH[a:b], dst_NV[a:b])
         else:
             block = torch.empty(b - a, V, device=h_NH.device)
