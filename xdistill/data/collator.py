@@ -217,8 +217,12 @@ class CrossTokenizerCollator:
                               seg.chat.core_M2, r.core_M2)
                 a, e = map_offset(seg.byte_start, *to_teacher), map_offset(seg.byte_end, *to_teacher)
                 text = r.text.encode("utf-8")[a:e].decode("utf-8", errors="replace")
-                spans = np.clip(r.loss_spans(self.loss_roles), a, e) - a
-                per.append((text, spans[spans[:, 1] > spans[:, 0]], (a, e, r)))
+                # spans reaching into the segment, and one ending exactly at its start (its
+                # end-of-turn token opens the segment: the student's whole-document mask gives it
+                # loss, so the teacher's gets it too)
+                raw = r.loss_spans(self.loss_roles)
+                raw = raw[(raw[:, 1] >= a) & (raw[:, 0] < e)]
+                per.append((text, np.clip(raw, a, e) - a, (a, e, r)))
             out.append(per)
         return out
 

@@ -70,8 +70,25 @@ def _loader_class():
                 with child_signals.held():   # workers start here, with SIGINT/SIGTERM blocked
                     return super()._get_iterator()
 
+            def load_state_dict(self, state_dict):
+                _check_worker_mode(state_dict, self.num_workers)
+                super().load_state_dict(state_dict)
+
         _LOADER_CLASS.append(SignalSafeLoader)
     return _LOADER_CLASS[0]
+
+
+def _check_worker_mode(state: dict, num_workers: int) -> None:
+    """A clear error when a loader state from worker processes meets ``num_workers: 0`` or the
+    reverse (torchdata only asserts on a missing key when the iterator starts)."""
+    if not state:
+        return
+    saved_workers = "_snapshot" in state
+    if saved_workers != (num_workers > 0):
+        saved = "with worker processes" if saved_workers else "with num_workers: 0"
+        raise DataError(f"cannot resume data state saved {saved} into a loader with "
+                        f"num_workers: {num_workers}: keep ranks, num_workers, seed and data "
+                        "unchanged")
 
 
 def stateful_loader(dataset, **kwargs):

@@ -210,7 +210,14 @@ class DocumentSource:
             arr = as_binary(table.column(self.text_column), path, self.text_column)
             text = tuple(arr.chunks)
         if self.messages_column in names:
-            chat = tuple(table.column(self.messages_column).chunks)
+            col = table.column(self.messages_column)
+            if not ((pa.types.is_list(col.type) or pa.types.is_large_list(col.type))
+                    and pa.types.is_struct(col.type.value_type)):
+                raise DataError(f"{path}: chat column {self.messages_column!r} has type "
+                                f"{col.type}, expected a list of {{role, content}} structs (a "
+                                "column of JSON strings must be parsed first, e.g. by `xdistill "
+                                "data prepare` from jsonl)")
+            chat = tuple(col.chunks)
         lengths = [len(c) for c in (text if text is not None else chat)]
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
