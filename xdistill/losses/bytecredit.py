@@ -61,7 +61,7 @@ import torch
 
 from xdistill.losses.chunks import ChunkAlignment, chunk_sum, loss_chunks
 from xdistill.losses.engine import DEFAULT_CHUNK_SIZE, LOGP_FLOOR, shift_targets, token_logprobs
-from xdistill.losses.ranges import range_log_masses
+from xdistill.losses.ranges import range_log_masses, slot_logsumexp
 
 # mass kinds of a term: a range of the byte-sorted text tokens, one token id, 1, the tokens
 # outside the byte-sorted vocabulary (end, role and padding ids)
@@ -232,14 +232,8 @@ def _range_log_masses(raw_nV, tau: float, lse_n, sorted_V, r_J, lo_J, hi_J) -> t
 
 
 def _log_sums(log_val_K, unit_K, sel_K, N: int) -> torch.Tensor:
-    """[N] ``log sum exp(log_val_K)`` over each unit's selected terms, -inf for none (scaled by
-    each unit's largest term, so a sum far below float64's range keeps its value)."""
-    v, u = log_val_K[sel_K], unit_K[sel_K]
-    top_N = torch.full((N,), -math.inf, dtype=torch.float64, device=log_val_K.device)
-    top_N = top_N.scatter_reduce(0, u, v, reduce="amax", include_self=True)
-    shift_N = torch.where(torch.isfinite(top_N), top_N, torch.zeros_like(top_N))
-    s_N = torch.zeros_like(top_N).index_add_(0, u, torch.exp(v - shift_N[u]))
-    return shift_N + torch.log(s_N)
+    """[N] ``log sum exp(log_val_K)`` over each unit's selected terms, -inf for none."""
+    return slot_logsumexp(log_val_K[sel_K], unit_K[sel_K], N)
 
 
 def byte_logprob(logits_BTV, token_logp_BT, terms: ByteTerms, *, temperature: float = 1.0,
@@ -259,10 +253,11 @@ def byte_bounds(logits_BTV, token_logp_BT, terms: ByteTerms, *, temperature: flo
                 block: int = 64
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`byte_logprob`'s two bounds, ``log P_ub'`` [N] and which units' ``P_lb`` was 0
-    (bool [N]). ``P_ub'`` is the upper bound without the re-spelling terms (``respell_K``). An untrained model can give a byte-fallback id with the
-    bytes of a digit as much as a wrong digit, which makes ``P_ub`` loose although a path through
-    it is one the tokenizer never writes; ``log P_ub' - log P_lb`` is the gap left by the other
-    segmentations the one forward did not follow."""
+    (bool [N]). ``P_ub'`` is the upper bound without the re-spelling terms (``respell_K``). An
+    untrained model can give a byte-fallback id with the bytes of a digit as much as a wrong
+    digit, which makes ``P_ub`` loose although a path through it is one the tokenizer never
+    writes; ``log P_ub' - log P_lb`` is the gap left by the other segmentations the one forward
+    did not follow."""
     with torch.no_grad():
         log_pi_K = _path_logprobs(token_logp_BT, terms)
         log_val_K = log_pi_K + _log_masses(logits_BTV, terms, temperature, block)

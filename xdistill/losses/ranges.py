@@ -44,12 +44,17 @@ def _segment_logsumexp(x_nV, r_J, lo_J, len_J) -> torch.Tensor:
     slot = torch.repeat_interleave(torch.arange(J, device=dev), len_J)
     first = torch.repeat_interleave(len_J.cumsum(0) - len_J, len_J)
     col = lo_J[slot] + torch.arange(slot.numel(), device=dev) - first
-    vals = x_nV[r_J[slot], col].double()
-    top = torch.full((J,), -torch.inf, dtype=torch.float64, device=dev)
-    top = top.scatter_reduce(0, slot, vals.detach(), reduce="amax", include_self=True)
+    return slot_logsumexp(x_nV[r_J[slot], col].double(), slot, J)
+
+
+def slot_logsumexp(vals_M: torch.Tensor, slot_M: torch.Tensor, J: int) -> torch.Tensor:
+    """[J] ``log sum exp(vals_M)`` over the entries of each slot (``-inf`` for none or all
+    ``-inf``), each slot scaled by its largest entry (a sum far below float64's range keeps its
+    value); differentiable in ``vals_M`` without NaN for an empty slot."""
+    top = torch.full((J,), -torch.inf, dtype=vals_M.dtype, device=vals_M.device)
+    top = top.scatter_reduce(0, slot_M, vals_M.detach(), reduce="amax", include_self=True)
     shift = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    total = torch.zeros(J, dtype=torch.float64, device=dev).index_add(
-        0, slot, torch.exp(vals - shift[slot]))
+    total = torch.zeros_like(top).index_add(0, slot_M, torch.exp(vals_M - shift[slot_M]))
     some = total > 0                       # log of 1 where empty: no 0 * inf in the backward
     return torch.where(some, torch.log(torch.where(some, total, 1.0)) + shift, -torch.inf)
 
@@ -70,4 +75,4 @@ def range_log_masses(logp_nV: torch.Tensor, r_J: torch.Tensor, lo_J: torch.Tenso
     return log_mass
 
 
-__all__ = ["RESUM_BELOW", "RESUM_CHUNK", "range_log_masses", "range_logsumexp"]
+__all__ = ["RESUM_BELOW", "RESUM_CHUNK", "range_log_masses", "range_logsumexp", "slot_logsumexp"]
