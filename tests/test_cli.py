@@ -171,3 +171,32 @@ def test_entry_leaves_a_rank_through_os_exit_after_flushing(monkeypatch):
         logging.getLogger("xdistill-test-entry").removeHandler(handler)
     assert "flush" in events and events[-1] == ("exit", 0)
     assert events.index("flush") < events.index(("exit", 0))
+
+
+def test_an_error_under_several_ranks_names_the_rank(tmp_path, monkeypatch, capsys):
+    missing = tmp_path / "missing.yaml"
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert main(["train", "offpolicy", "--config", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("xdistill: error: [rank 1/2] ") and str(missing) in err and err.count("\n") == 1
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["train", "offpolicy", "--config", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("xdistill: error: ") and "[rank" not in err
+
+
+def test_torchrun_ranks_each_print_one_labelled_error_line(tmp_path):
+    """Both ranks of a real torchrun launch fail on the same bad override: two lines, one per rank,
+    each saying which rank printed it (they were two identical lines)."""
+    from distributed_helpers import REPO, run_torchrun   # deferred: test-only helper module
+
+    proc = run_torchrun(["train", "offpolicy", "--config", str(REPO / "configs/offpolicy_tiny_cpu.yaml"),
+                         f"train.out_dir={tmp_path / 'run'}", "optim.lr=-1"],
+                        script=REPO / "xdistill" / "cli.py", check=False, timeout=180)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if "xdistill: error:" in line]
+    assert sorted(line[line.index("xdistill: error:"):] for line in lines) == [
+        f"xdistill: error: [rank {r}/2] optim.lr: must be > 0, got -1.0 (set by command-line override 'optim.lr=-1')"
+        for r in (0, 1)], proc.stderr[-3000:]

@@ -2,13 +2,16 @@
 
 Each command lives in ``xdistill.commands.<name>`` and exposes ``main(argv) -> int``. Commands are
 imported lazily so ``xdistill --help`` is fast. User errors (:class:`XDistillError`) print one line
-``xdistill: error: ...`` and exit with code 2. The console script is :func:`entry` (:func:`main`,
+``xdistill: error: ...`` and exit with code 2; under ``torchrun`` with several ranks the line names
+the rank that printed it (``xdistill: error: [rank 1/2] ...``: every rank that fails prints its
+own). The console script is :func:`entry` (:func:`main`,
 then exit); tests call :func:`main`.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from xdistill import __version__
@@ -61,8 +64,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(module.main(rest) or 0)
     except XDistillError as exc:
-        print(f"xdistill: error: {exc}", file=sys.stderr)
+        print(f"xdistill: error: {_rank_label()}{exc}", file=sys.stderr)
         return int(getattr(exc, "exit_code", 2))
+
+
+def _rank_label() -> str:
+    """``[rank R/W] `` in a process that torchrun started with W > 1 ranks, else empty."""
+    try:
+        world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return ""
+    return f"[rank {rank}/{world}] " if world > 1 else ""
 
 
 def entry() -> None:
