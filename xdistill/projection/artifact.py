@@ -60,16 +60,19 @@ class Projection:
         return {int(t): float(w) for t, w in zip(m.indices[lo:hi], m.data[lo:hi])}
 
     def topk_arrays(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Dense ``[Vs, k]`` teacher ids (int64, -1 = none) and weights (float32, 0 = none)."""
+        """Dense ``[Vs, k]`` teacher ids (int64, -1 = none) and weights (float32, 0 = none): each
+        row's ``k`` largest weights, largest first."""
         m = self.proj_VsVt
         n_Vs = np.diff(m.indptr)
         ids_VsK = np.full((m.shape[0], k), -1, dtype=np.int64)
         w_VsK = np.zeros((m.shape[0], k), dtype=np.float32)
         rows = np.repeat(np.arange(m.shape[0]), n_Vs)
+        # each row's entries by weight, largest first (ties: the smaller teacher id)
+        order = np.lexsort((m.indices, -m.data, rows))
         pos = np.arange(m.nnz) - np.repeat(m.indptr[:-1], n_Vs)
         keep = pos < k
-        ids_VsK[rows[keep], pos[keep]] = m.indices[keep]
-        w_VsK[rows[keep], pos[keep]] = m.data[keep]
+        ids_VsK[rows[keep], pos[keep]] = m.indices[order][keep]
+        w_VsK[rows[keep], pos[keep]] = m.data[order][keep]
         return ids_VsK, w_VsK
 
 
@@ -113,8 +116,9 @@ def _npz_bytes_members(proj: Projection) -> list[tuple[str, np.ndarray]]:
 
 def save_projection(proj: Projection, path: str | os.PathLike) -> tuple[Path, Path]:
     """Write ``path`` (.npz) and its sidecar deterministically (a missing folder is created);
-    returns both paths."""
+    returns both paths. Metadata JSON cannot hold is refused before either file is replaced."""
     path = Path(path)
+    _sidecar_text(proj.meta)      # fails here, with the previous pair intact
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
@@ -129,9 +133,24 @@ def save_projection(proj: Projection, path: str | os.PathLike) -> tuple[Path, Pa
     meta["npz_sha256"] = _sha256(path)
     side = sidecar_path(path)
     side_tmp = side.with_name(side.name + ".tmp")
-    side_tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    side_tmp.write_text(_sidecar_text(meta))
     os.replace(side_tmp, side)
     return path, side
+
+
+def _sidecar_text(meta: dict) -> str:
+    """The sidecar's JSON (numpy scalars and arrays, paths written as their plain values)."""
+    def plain(value):
+        if isinstance(value, np.generic | np.ndarray):
+            return value.tolist()
+        if isinstance(value, os.PathLike):
+            return os.fspath(value)
+        raise TypeError(f"{type(value).__name__}")
+    try:
+        return json.dumps(meta, indent=2, sort_keys=True, default=plain) + "\n"
+    except (TypeError, ValueError) as exc:
+        raise ProjectionError(f"projection metadata cannot be written as JSON ({exc}); "
+                              "nothing was written") from exc
 
 
 def _sha256(path: Path) -> str:
@@ -180,6 +199,26 @@ def _validate_csr(path: Path, a: dict[str, np.ndarray]) -> sp.csr_matrix:
                          shape=(n_rows, n_cols))
 
 
+def _check_sidecar(side: Path, meta: dict) -> None:
+    """The sidecar's layout version, direction and tokenizer entries, before they are used."""
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ProjectionError(f"{side}: format_version {meta.get('format_version')!r}, but this "
+                              f"xdistill reads version {FORMAT_VERSION}; rebuild the projection "
+                              "with `xdistill projection build`")
+    if meta.get("direction") != DIRECTION:
+        raise ProjectionError(f"{side}: direction {meta.get('direction')!r}, expected "
+                              f"{DIRECTION!r} (rows over teacher ids)")
+    for role in ("student", "teacher"):
+        entry = meta.get(role)
+        if not isinstance(entry, dict):
+            raise ProjectionError(f"{side}: no {role!r} entry (its tokenizer's name, fingerprint "
+                                  "and vocab_size); rebuild with `xdistill projection build`")
+        size = entry.get("vocab_size")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ProjectionError(f"{side}: {role}.vocab_size must be a non-negative integer, "
+                                  f"got {size!r}")
+
+
 def _describe(tok_meta: dict) -> str:
     return f"{tok_meta.get('name')!r} (fingerprint {str(tok_meta.get('fingerprint'))[:16]})"
 
@@ -224,6 +263,7 @@ def load_projection(path: str | os.PathLike, student=None, teacher=None) -> Proj
         raise ProjectionError(f"{side}: not valid JSON: {exc}") from exc
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ProjectionError(f"{side}: not an xdistill projection sidecar (format != {FORMAT!r})")
+    _check_sidecar(side, meta)
     arrays = _read_arrays(path)
     matrix = _validate_csr(path, arrays)
     if meta.get("npz_sha256") != _sha256(path):

@@ -34,6 +34,9 @@ from xdistill.tokenization.table import ROLE_NAMES, ROLE_TEXT, TokenByteTable
 CATEGORIES = ("special", "byte", "whitespace", "numeral", "punct", "code", "non-ascii", "word")
 _CODE_CHARS = set("{}[]()<>;=_\\#$@`|~^*")
 _CODE_ONLY = set("{}<>=_\\#$@`|~^")  # punctuation-only tokens with one of these count as code
+# what "whitespace" strips: Python's whitespace minus the C0 information separators FS/GS/RS/US
+# (U+001C-U+001F: control characters, not White_Space, so they stay "byte" tokens like ESC)
+_WHITESPACE = "".join(ch for ch in map(chr, range(0x3001)) if ch.isspace() and not "\x1c" <= ch <= "\x1f")
 
 
 def categorize(data: bytes, role: int) -> str:
@@ -44,7 +47,7 @@ def categorize(data: bytes, role: int) -> str:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return "byte"
-    core = text.strip()
+    core = text.strip(_WHITESPACE)
     if not core:
         return "whitespace"
     if all(unicodedata.category(ch)[0] == "C" for ch in core):

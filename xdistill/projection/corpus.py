@@ -50,8 +50,13 @@ def _text_paragraphs(path: Path) -> Iterator[str]:
 
 
 def _jsonl_texts(path: Path) -> Iterator[str]:
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ProjectionError(f"corpus file {path} line {lineno}: not UTF-8 text "
+                                      f"({exc})") from exc
             if not line.strip():
                 continue
             try:
@@ -74,7 +79,11 @@ def _arrow_texts(path: Path) -> Iterator[str]:
 
     try:
         if path.suffix == ".parquet":
-            batches = pq.ParquetFile(path).iter_batches(columns=["text"])
+            parquet = pq.ParquetFile(path)
+            names = parquet.schema_arrow.names
+            if "text" not in names:
+                raise ProjectionError(f"corpus file {path}: no column 'text' (columns: {names})")
+            batches = parquet.iter_batches(columns=[c for c in ("text", "messages") if c in names])
         else:
             try:
                 reader = ipc.open_file(pa.memory_map(str(path)))

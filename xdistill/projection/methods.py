@@ -44,14 +44,20 @@ _PREFERENCE_CACHE: dict[int, tuple[TokenByteTable, np.ndarray]] = {}
 EMPTY = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64))
 
 
+def _encode_texts(tok, texts: list[str]) -> list[tuple[list[int], int]]:
+    """``(ids, phantom_prefix)`` of each text, a special token's string read as the text it
+    spells (a student text token ``</s>`` is spelled with the teacher's text tokens, not mapped
+    onto its end-of-sequence token, which has no bytes)."""
+    if hasattr(tok, "encode_ids_batch"):          # no byte offsets needed: the fast path
+        return tok.encode_ids_batch(texts, specials_as_text=True)
+    return [([int(i) for i in e.ids], int(getattr(e, "phantom_prefix", 0) or 0))
+            for e in tok.encode_batch(texts, add_special_tokens=False)]
+
+
 def _encode_clean(tok, texts: list[str]) -> list[list[int]]:
     """Teacher ids of each text with any phantom prefix removed (see the module docstring)."""
     table = tok.table
-    if hasattr(tok, "encode_ids_batch"):          # no byte offsets needed: the fast path
-        encoded = tok.encode_ids_batch(texts)
-    else:
-        encoded = [([int(i) for i in e.ids], int(getattr(e, "phantom_prefix", 0) or 0))
-                   for e in tok.encode_batch(texts, add_special_tokens=False)]
+    encoded = _encode_texts(tok, texts)
     out: list[list[int]] = []
     lookup = None
     for ids, phantom in encoded:
@@ -111,7 +117,7 @@ def teacher_preference(tok) -> np.ndarray:
         rank[members] = -np.arange(len(members))  # highest id preferred by default
     texts = [table.token_bytes(m[0]).decode("utf-8", "surrogateescape") for m in member_lists]
     ask = [i for i, text in enumerate(texts) if not _SURROGATE.search(text)]
-    if ask and hasattr(tok, "encode_batch"):
+    if ask and (hasattr(tok, "encode_batch") or hasattr(tok, "encode_ids_batch")):
         for i, produced in zip(ask, _encode_strip_phantom(tok, [texts[i] for i in ask])):
             if len(produced) == 1 and produced[0] in member_lists[i]:
                 rank[produced[0]] = -len(member_lists[i]) - 1
@@ -122,9 +128,7 @@ def teacher_preference(tok) -> np.ndarray:
 def _encode_strip_phantom(tok, texts: list[str]) -> list[list[int]]:
     """Teacher ids of each text minus a first token that is nothing but phantom prefix."""
     out = []
-    for enc in tok.encode_batch(texts, add_special_tokens=False):
-        ids = [int(i) for i in enc.ids]
-        phantom = int(getattr(enc, "phantom_prefix", 0) or 0)
+    for ids, phantom in _encode_texts(tok, texts):
         if phantom and ids and tok.table.lengths_V[ids[0]] == phantom:
             ids = ids[1:]
         out.append(ids)

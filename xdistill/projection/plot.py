@@ -89,6 +89,11 @@ def write_plot(proj: Projection, s_table: TokenByteTable, path: str | Path) -> P
                  f"{','.join(meta.get('methods', []))}, top-{top_k}\nrows: {by_src}", fontsize=11)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+    except OSError as exc:
+        raise ProjectionError(f"cannot write the plot {path}: {exc}") from exc
+    finally:
+        plt.close(fig)
     return path

@@ -190,20 +190,36 @@ class Tokenizer:
         """Byte length per id (a Python list) and the set of role ids, for :meth:`encode_ids_batch`."""
         return self._len_V.tolist(), frozenset(np.flatnonzero(self.table.roles_V != ROLE_TEXT).tolist())
 
-    def encode_ids_batch(self, texts: list[str]) -> list[tuple[list[int], int]]:
+    @functools.cached_property
+    def _text_backend(self):
+        """A copy of the Rust tokenizer that reads special-token strings as plain text
+        (``encode_special_tokens``; a copy, so the shared one never changes mode)."""
+        # deferred: tokenizers (xdistill.tokenization stays numpy-only)
+        from tokenizers import Tokenizer as RustTokenizer
+
+        backend = RustTokenizer.from_str(self._backend.to_str())
+        backend.encode_special_tokens = True
+        return backend
+
+    def encode_ids_batch(self, texts: list[str], specials_as_text: bool = False
+                         ) -> list[tuple[list[int], int]]:
         """``(ids, phantom_prefix)`` per text, as :meth:`encode_batch` (no special tokens added)
         gives them, without computing byte offsets: fast for many short texts (re-tokenizing a
         whole vocabulary). For an exact text without role tokens the phantom prefix is the
         text's token bytes minus the bytes its last token ends at (the module doc of
-        :mod:`.encode`); any other text takes the full :meth:`encode_batch` path."""
+        :mod:`.encode`); any other text takes the full :meth:`encode_batch` path.
+
+        ``specials_as_text``: a special token's string in the text (``</s>`` written out) is
+        tokenized as the text it spells, never as the special token (which has no bytes)."""
         texts = list(texts)
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise TokenizerError(f"{self.name}: encode_ids_batch() item {i} is "
                                      f"{type(text).__name__}, expected str")
         len_list, role_ids = self._fast_tables
+        backend = self._text_backend if specials_as_text else self._backend
         out: list[tuple[list[int], int]] = []
-        for text, enc in zip(texts, self._backend.encode_batch(texts, add_special_tokens=False)):
+        for text, enc in zip(texts, backend.encode_batch(texts, add_special_tokens=False)):
             ids = enc.ids
             if not ids:
                 out.append(([], 0))
