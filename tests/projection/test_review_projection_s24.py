@@ -17,7 +17,7 @@ Checked and found correct (no test here):
   refusals, vocab-size checks against padded model vocabularies (qwen2 table = 151936 ids);
 * audit: entropy in bits, histogram bins, example rows, plot reduceat over non-empty rows.
 
-Each test below FAILS on the current code and shows one defect:
+Each test below failed before its fix (same commit) and shows one defect:
 
 * ``test_student_text_token_spelling_a_teacher_special_keeps_its_bytes``: the multitoken method
   re-tokenizes a student *text* token whose bytes are ``</s>`` with the teacher's text encoder,

@@ -27,6 +27,14 @@ from xdistill.data.source import DocumentSource
 from xdistill.errors import DataError
 
 
+def _utf8_line(raw: bytes, path: Path, line_no: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path} line {line_no}: not valid UTF-8 ({exc.reason} at byte "
+                        f"{exc.start}); prompt files are UTF-8 JSON lines") from None
+
+
 class JsonlPrompts:
     """Prompts of ``.jsonl`` files (``{"prompt": str}`` or ``{"messages": [...]}`` per line)."""
 
@@ -41,8 +49,9 @@ class JsonlPrompts:
             if not path.is_file():
                 raise DataError(f"prompt file {path} does not exist")
             before = len(self.rows)
-            with path.open(encoding="utf-8") as fh:
-                for line_no, line in enumerate(fh, 1):
+            with path.open("rb") as fh:
+                for line_no, raw in enumerate(fh, 1):
+                    line = _utf8_line(raw, path, line_no)
                     if line.strip():
                         where = f"{path} line {line_no}"
                         obj = self._object(line, where)
@@ -124,6 +133,7 @@ class PromptDataset(ShardedSourceDataset):
                             + (f": {', '.join(map(str, files))}" if files else ""))
         self.source, self.seed, self.shuffle = source, int(seed), bool(shuffle)
         self.rank, self.world_size, self.epochs = int(rank), int(world_size), epochs
+        self._has_prompt: bool | None = None     # any non-empty prompt in the source (lazy)
         self._init_state()
 
     @staticmethod
@@ -144,6 +154,16 @@ class PromptDataset(ShardedSourceDataset):
         conv = as_conversation(doc, where, CHAT_ROLES)
         return None if not conv or is_empty_conversation(conv) else conv
 
+    def _any_prompt_elsewhere(self) -> bool:
+        """After a whole epoch of empty prompts in this shard: whether another epoch can give
+        one (shuffled, and some prompt of the whole source is non-empty). Without shuffling the
+        shard is the same every epoch."""
+        if not self.shuffle:
+            return False
+        if self._has_prompt is None:
+            self._has_prompt = any(self._fetch(i) is not None for i in range(len(self.source)))
+        return self._has_prompt
+
     def __iter__(self):
         shard, num_shards = self.shard()
         st = self._begin_iteration()
@@ -151,6 +171,7 @@ class PromptDataset(ShardedSourceDataset):
             order = self.order(st["epoch"], shard, num_shards)
             if len(order) == 0:
                 return  # more shards than prompts: this shard never gets any
+            whole_epoch, yielded = st["pos"] == 0, 0
             while st["pos"] < len(order):
                 i = int(order[st["pos"]])
                 st["pos"] += 1
@@ -159,7 +180,12 @@ class PromptDataset(ShardedSourceDataset):
                     st["skipped_empty"] += 1
                     continue
                 st["prompts"] += 1
+                yielded += 1
                 yield i, prompt
+            if whole_epoch and not yielded and not self._any_prompt_elsewhere():
+                raise DataError(f"prompt shard {shard} of {num_shards}: all {len(order)} of its "
+                                "prompts are empty (blank text or a conversation with nothing to "
+                                "answer); give non-empty prompts, or fewer ranks/workers")
             st["epoch"], st["pos"] = st["epoch"] + 1, 0
 
 

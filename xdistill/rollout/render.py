@@ -110,14 +110,16 @@ def prompt_cut_offset(tok, prompt, kept_tokens: int) -> int:
     """Byte offset in ``tok``'s rendering of ``prompt`` where its last ``kept_tokens`` tokens (a
     left-cut prompt row without its BOS, :func:`encode_prompts`) start; 0 when nothing was cut."""
     text = render_prompt(tok, prompt)
-    enc = tok.hf(text, add_special_tokens=False, return_offsets_mapping=True)
-    offsets = enc["offset_mapping"]
-    if tok.bos_id is not None and enc["input_ids"][:1] == [tok.bos_id]:
-        offsets = offsets[1:]        # a BOS the template wrote: encode_prompts drops it
-    first = len(offsets) - int(kept_tokens)
+    enc = tok.encode(text, add_special_tokens=False)
+    # byte starts (a byte-level token may start inside a character, which the tokenizer's own
+    # character offsets would round back to the character's start: bytes the row does not hold)
+    starts = list(enc.starts)
+    if tok.bos_id is not None and list(enc.ids[:1]) == [tok.bos_id]:
+        starts = starts[1:]          # a BOS the template wrote: encode_prompts drops it
+    first = len(starts) - int(kept_tokens)
     if first <= 0:
         return 0
-    return len(text[:offsets[first][0]].encode("utf-8"))
+    return int(starts[first])
 
 
 def _content_spans(tok, prompt, text: str):

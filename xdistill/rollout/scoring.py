@@ -48,7 +48,7 @@ from xdistill.data.collator import resolve_teacher_bos
 from xdistill.rollout.engine import Rollouts, _right_pad
 from xdistill.rollout.render import (encode_prompts, end_of_turn_id, is_chat, prompt_cut_offset,
                                      teacher_prompt_text)
-from xdistill.rollout.teacher_text import teacher_region
+from xdistill.rollout.teacher_text import encode_continuation, teacher_region
 from xdistill.tokenization.bos import resolve_add_bos
 from xdistill.tokenization.tokenizer import padding_id
 
@@ -252,7 +252,8 @@ class RolloutScorer:
                     t_stop = True
             pre, t_ids, t_loss, t_ph, cut = _truncate(pre, t_ids, t_loss, t_ph, spec.max_len,
                                                       keep_first=_starts_with_bos(pre, tok))
-            seen = int(reg.ends_T[t_ids.size - 1]) if t_ids.size and cut else len(raw)
+            # response bytes the teacher read (none when the cut left no region token)
+            seen = (int(reg.ends_T[t_ids.size - 1]) if t_ids.size else 0) if cut else len(raw)
             out.append((pre, t_ids, t_loss, t_ph, t_stop and not cut, reg.missing_bytes, seen))
         return out
 
@@ -389,7 +390,8 @@ def rollouts_from_segments(tok, prompts, segments, *, max_prompt_len: int = 1024
     """Rollouts from multi-turn data: per sample a list of ``(text, is_llm)`` response segments.
 
     Each segment is tokenized by the student on its own (as an agent loop appends the tool's
-    output after the model's tokens); LLM segments get mask 1, tool/environment segments 0. With
+    output after the model's tokens), as a continuation: a SentencePiece student's dummy-prefix
+    space is not added, so the response's bytes are the segments' texts; LLM segments get mask 1, tool/environment segments 0. With
     ``finished`` the student's end-of-turn token closes the response as an LLM token. Behaviour
     log-probs are 0 (unknown): use these rollouts for scoring and the distillation losses, not for
     importance-sampling corrections.
@@ -402,7 +404,7 @@ def rollouts_from_segments(tok, prompts, segments, *, max_prompt_len: int = 1024
     for b, segs in enumerate(segments):
         ids, mask = [], []
         for text, is_llm in segs:
-            seg_ids = np.asarray(tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+            seg_ids = encode_continuation(tok, text, literal=False)[0]
             ids.append(seg_ids)
             mask.append(np.full(seg_ids.size, bool(is_llm)))
         if finished:

@@ -9,6 +9,9 @@ A teacher reads the prompt rendered with *its* chat template and generation prom
   piece**, as the teacher would see it in any other use: no dummy-prefix space is inserted at the
   response start (a separately encoded response gets SentencePiece's ``▁``, which the student never
   wrote), and tokens may merge across the prompt/response boundary as they naturally do.
+* A response that spells one of the teacher's special-token strings (``</s>`` in an HTML-ish
+  answer) is read as that text, not as the control token: the prompt up to its last role token is
+  encoded as usual and the rest, response included, as literal text in one piece.
 * The response region starts at the first token holding a response byte. A token that straddles
   the boundary (a prompt ending in a space, ``"A: " + "28"`` -> ``" 28"``) belongs to the region;
   its prompt bytes are *phantom* bytes for the aligner (``phantom_T``), so the region's text is
@@ -16,8 +19,8 @@ A teacher reads the prompt rendered with *its* chat template and generation prom
 * Bytes that are not valid UTF-8 (a byte-level student may stop inside a character) cannot be
   given to a text tokenizer. They are spelled with the teacher's single-byte tokens (byte-level
   BPE alphabet, SentencePiece ``<0xNN>`` byte fallback), so the teacher scores the very bytes the
-  student produced; the valid runs around them are encoded on their own (their dummy-prefix
-  spaces become phantom bytes). A byte the teacher's vocabulary cannot spell at all is *unpaired*:
+  student produced; the valid runs after them are encoded on their own as continuations
+  (:func:`encode_continuation`: no dummy-prefix space, which the student never wrote). A byte the teacher's vocabulary cannot spell at all is *unpaired*:
   it is left out of the teacher's text and counted (``missing_bytes``); the student tokens holding
   it stay unaligned and get the unpaired-token penalty of the on-policy losses.
 
@@ -123,6 +126,71 @@ def encode_literal(tok, text: str):
         backend.encode_special_tokens = saved
 
 
+# texts put before a piece so that a SentencePiece tokenizer spends its dummy-prefix space on
+# them; the first that ends on a token boundary is used
+_ANCHORS = ("\n", "\t", "#", "|")
+
+
+def _arrays(enc, skip: int = 0, shift: int = 0):
+    """``(ids, phantom, starts, ends)`` of ``enc`` from token ``skip`` on, spans minus ``shift``."""
+    return (np.asarray(enc.ids, dtype=np.int64)[skip:],
+            np.asarray(enc.phantom_bytes_T(), dtype=np.int64)[skip:].copy(),
+            np.asarray(enc.starts, dtype=np.int64)[skip:] - shift,
+            np.asarray(enc.ends, dtype=np.int64)[skip:] - shift)
+
+
+def encode_continuation(tok, text: str, literal: bool = True):
+    """``(ids, phantom, starts, ends)`` of ``text`` read as the continuation of earlier text:
+    without the dummy-prefix space a SentencePiece tokenizer puts at the start of a text (the
+    writer never wrote it). The text is encoded behind an anchor (a newline) that takes that
+    space, and the anchor's tokens are dropped; when no anchor ends on a token boundary the
+    space stays, as a phantom byte. ``literal``: special-token strings read as text."""
+    encode = (lambda t: encode_literal(tok, t)) if literal else \
+        (lambda t: tok.encode(t, add_special_tokens=False))
+    enc = encode(text)
+    if not len(enc.ids) or int(enc.phantom_bytes_T()[0]) == 0:
+        return _arrays(enc)
+    for anchor in _ANCHORS:
+        a = len(anchor.encode("utf-8"))
+        e = encode(anchor + text)
+        starts, ends = np.asarray(e.starts, dtype=np.int64), np.asarray(e.ends, dtype=np.int64)
+        k = int(np.searchsorted(ends, a, side="right"))
+        if 0 < k < len(e.ids) and ends[k - 1] == a and starts[k] >= a \
+                and int(e.phantom_bytes_T()[k]) == 0:
+            return _arrays(e, skip=k, shift=a)
+    return _arrays(enc)
+
+
+def _literal_region(tok, enc, prefix_b: bytes, text: str):
+    """The region when the one-piece encoding read a special-token string of the response as
+    its control token: the prompt up to its last role token as it was, then the rest of the
+    prompt and the response encoded as text (so tokens still merge across the boundary). After
+    a role token the text gets a dummy-prefix space only if the tokenizer puts one there in the
+    one-piece encoding."""
+    ids_all = np.asarray(enc.ids, dtype=np.int64)
+    roles = np.flatnonzero(tok.table.roles_V[ids_all] != ROLE_TEXT)
+    # a role token's span is empty (at its string's start): the text after it starts where the
+    # next token does; a role string the response completes is not the prompt's
+    starts = np.append(np.asarray(enc.starts, dtype=np.int64), np.iinfo(np.int64).max)
+    in_prefix = roles[starts[roles + 1] <= len(prefix_b)] if roles.size else roles
+    j = int(in_prefix[-1]) if in_prefix.size else -1
+    cut = int(starts[j + 1]) if j >= 0 else 0
+    tail = prefix_b[cut:].decode("utf-8") + text
+    spaced = j < 0 or (j + 1 < len(enc.ids) and int(enc.phantom_bytes_T()[j + 1]) > 0)
+    if spaced:
+        ids, phantom, starts, ends_t = _arrays(encode_literal(tok, tail))
+    else:
+        ids, phantom, starts, ends_t = encode_continuation(tok, tail)
+    k = int(np.searchsorted(ends_t, len(prefix_b) - cut, side="right")) if ids.size else 0
+    reg_starts = starts[k:] - (len(prefix_b) - cut)
+    phantom = phantom[k:]
+    if reg_starts.size and reg_starts[0] < 0:      # straddles the boundary
+        phantom[0] += -int(reg_starts[0])
+        reg_starts[0] = 0
+    pre = np.concatenate([ids_all[:j + 1], ids[:k]])
+    return pre, ids[k:], phantom, reg_starts, ends_t[k:] - (len(prefix_b) - cut)
+
+
 def teacher_region(tok, prefix: str, response: bytes) -> TeacherRegion:
     """The teacher row for ``prefix`` (its rendered prompt) + the student's ``response`` bytes
     (module docstring)."""
@@ -132,22 +200,18 @@ def teacher_region(tok, prefix: str, response: bytes) -> TeacherRegion:
     enc = tok.encode(prefix + first_text, add_special_tokens=False)
     pre, ids, phantom, starts, ends = _region_of(enc, tok.table.lengths_V, len(prefix_b))
     if ids.size and (tok.table.roles_V[ids] != ROLE_TEXT).any():
-        # special-token text inside the response: the prompt alone in one piece, the response
-        # as literal text (its dummy-prefix space, if any, is a phantom byte)
-        pre = np.asarray(tok.encode(prefix, add_special_tokens=False).ids, dtype=np.int64)
-        e = encode_literal(tok, first_text)
-        ids, phantom = np.asarray(e.ids, dtype=np.int64), np.asarray(e.phantom_bytes_T())
-        starts, ends = np.asarray(e.starts, dtype=np.int64), np.asarray(e.ends, dtype=np.int64)
+        # special-token text inside the response: read as text (see _literal_region)
+        pre, ids, phantom, starts, ends = _literal_region(tok, enc, prefix_b, first_text)
     parts_ids, parts_ph, parts_s, parts_e = [ids], [phantom], [starts], [ends]
     missing = 0
     byte_tok = single_byte_tokens(tok)
     for offset, piece, valid in runs[1:] if first_text else runs:
         if valid:
-            e = encode_literal(tok, piece.decode("utf-8"))
-            parts_ids.append(np.asarray(e.ids, dtype=np.int64))
-            parts_ph.append(np.asarray(e.phantom_bytes_T(), dtype=np.int64))
-            parts_s.append(np.asarray(e.starts, dtype=np.int64) + offset)
-            parts_e.append(np.asarray(e.ends, dtype=np.int64) + offset)
+            e_ids, e_ph, e_s, e_e = encode_continuation(tok, piece.decode("utf-8"))
+            parts_ids.append(e_ids)
+            parts_ph.append(e_ph)
+            parts_s.append(e_s + offset)
+            parts_e.append(e_e + offset)
             continue
         tid = int(byte_tok[piece[0]])
         if tid < 0:
