@@ -63,7 +63,7 @@ vllm-env: $(VLLM_STAMP)
 # the tests that need vLLM, for real (CPU engine, tiny models); the plain `make test` skips them
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_PYTHON) tools/fetch_assets.py
-	$(VLLM_PYTHON) -m pytest -m vllm tests/rollout/test_vllm_engine.py tests/teacher/test_served_vllm.py $(PYTEST_ARGS)
+	$(VLLM_PYTHON) -m pytest -m vllm tests/rollout/test_vllm_engine.py tests/rollout/test_review_vllm_s24.py tests/teacher/test_served_vllm.py $(PYTEST_ARGS)
 
 assets: $(STAMP)
 	$(PYTHON) tools/fetch_assets.py

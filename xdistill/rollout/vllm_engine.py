@@ -262,14 +262,16 @@ class VLLMEngine(RolloutEngine):
         if self.shared is None:
             self.shared = SharedWeights(state, getattr(torch, self.config.vllm_dtype))
         self.shared.write(state)
-        missing = self.llm.collective_rpc("xdistill_load_shared", args=(
-            self.shared.path, self.shared.nbytes, self.shared.layout))
+        try:
+            missing = self.llm.collective_rpc("xdistill_load_shared", args=(
+                self.shared.path, self.shared.nbytes, self.shared.layout))
+        finally:
+            self.shared.release_path()  # the worker keeps its mapping (none is left on failure)
         unwritten = sorted({name for names in missing for name in names})
         if unwritten:
             raise RuntimeError(f"weight sync left {len(unwritten)} vLLM parameters unwritten "
                                f"(e.g. {unwritten[:3]}): the student's state dict does not match "
                                "the engine's model (rollout.vllm_model of another architecture?)")
-        self.shared.release_path()  # the worker keeps its mapping
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:

@@ -3,7 +3,8 @@
 :func:`request_json` sends one request and returns the decoded JSON answer. A connection error, a
 timeout or an HTTP 5xx answer is retried ``retries`` times with exponential backoff (0.5 s, 1 s,
 2 s, ... at most 8 s); an HTTP 4xx answer (a bad request: too many log-probs, a prompt longer than
-the server's context, an unknown model) is not retried. Every failure ends in one
+the server's context, an unknown model) is not retried. ``timeout_s`` bounds one try as a whole
+(connecting, waiting and reading the answer, however slowly it arrives). Every failure ends in one
 :class:`HttpFailure` whose message names the URL, the number of tries and what went wrong (the
 server's own error message for an HTTP error); the served teacher turns it into a
 :class:`~xdistill.errors.TeacherError` naming the teacher and the row.
@@ -11,6 +12,7 @@ server's own error message for an HTTP error); the served teacher turns it into 
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import time
@@ -61,13 +63,20 @@ def _once(url: str, body: dict | None, timeout_s: float, headers: dict) -> dict:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method="GET" if body is None else "POST",
                                  headers={"Content-Type": "application/json", **headers})
+    deadline = time.monotonic() + timeout_s
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            raw = resp.read()
+            raw = _read_by(resp, deadline, timeout_s)
     except urllib.error.HTTPError as exc:
         status = exc.code
-        text = server_message(exc.read() or b"")
+        try:
+            text = server_message(exc.read() or b"")
+        except (http.client.HTTPException, OSError) as read_exc:
+            text = f"(its answer could not be read: {type(read_exc).__name__})"
         raise HttpFailure(f"HTTP {status}: {text}", status, transient=status >= 500) from None
+    except http.client.HTTPException as exc:   # cut mid-answer, or not an HTTP server
+        raise HttpFailure(f"not a complete HTTP answer ({type(exc).__name__}: {_quote(str(exc))})",
+                          transient=True) from None
     except (socket.timeout, TimeoutError):
         raise HttpFailure(f"no answer within {timeout_s:g} s (timeout)", transient=True) from None
     except urllib.error.URLError as exc:
@@ -83,6 +92,28 @@ def _once(url: str, body: dict | None, timeout_s: float, headers: dict) -> dict:
         return json.loads(raw)
     except ValueError:
         raise HttpFailure(f"the answer is not JSON: {_quote(raw)!r}") from None
+
+
+def _read_by(resp, deadline: float, timeout_s: float) -> bytes:
+    """The whole answer body, read in chunks, before ``deadline`` (``timeout_s`` bounds the whole
+    request, not each socket read: a server trickling its answer is a timeout too)."""
+    sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
+    chunks = []
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        if sock is not None:
+            sock.settimeout(left)
+        chunk = resp.read1(1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    expected = resp.getheader("Content-Length")
+    if expected is not None and expected.isdigit() and len(raw) < int(expected):
+        raise http.client.IncompleteRead(raw, int(expected) - len(raw))   # closed mid-answer
+    return raw
 
 
 def request_json(url: str, body: dict | None = None, *, timeout_s: float, retries: int = 0,

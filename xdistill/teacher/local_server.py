@@ -90,17 +90,25 @@ def start_vllm_server(model: str | Path, *, log: str | Path, served_name: str = 
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
     server = LocalServer(proc, f"http://127.0.0.1:{port}/v1", log)
+    try:
+        _wait_until_up(server, proc, model, start_timeout_s)
+    except BaseException:       # a Ctrl-C while waiting (its own session never gets the SIGINT)
+        server.stop()
+        raise
+    return server
+
+
+def _wait_until_up(server: LocalServer, proc, model, start_timeout_s: float) -> None:
     deadline = time.monotonic() + start_timeout_s
     while True:
         try:
             request_json(f"{server.url}/models", timeout_s=2.0)
-            return server
+            return
         except HttpFailure:
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
-            server.stop()
-            tail = log.read_text(errors="replace")[-3000:]
+            tail = server.log.read_text(errors="replace")[-3000:]
             state = f"exited with {proc.returncode}" if proc.poll() is not None else \
                 f"did not answer within {start_timeout_s:.0f} s"
-            raise TeacherError(f"vLLM server for {model} {state}; the end of {log}:\n{tail}")
+            raise TeacherError(f"vLLM server for {model} {state}; the end of {server.log}:\n{tail}")
         time.sleep(1.0)

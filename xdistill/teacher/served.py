@@ -117,8 +117,9 @@ class ServedTeacher:
                                        f"list{wait}: {exc}") from None
                 time.sleep(_POLL_S)
         data = body.get("data") if isinstance(body, dict) else None
-        names = [m.get("id") for m in data if isinstance(m, dict)] if isinstance(data, list) else []
-        if not names:
+        names = [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)] \
+            if isinstance(data, list) else []
+        if not names or len(names) != len(data):
             raise TeacherError(f"{self.where}: {self.url}/models: expected "
                                f"{{'data': [{{'id': ...}}, ...]}}, got {str(body)[:200]!r}")
         if not s.model:

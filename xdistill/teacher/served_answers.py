@@ -28,6 +28,7 @@ server sent (an in-process teacher sums the log-probs outside the top K instead)
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from dataclasses import dataclass
@@ -73,26 +74,39 @@ def completion_body(protocol: str, model: str, ids_L: list[int], k: int,
 
 class TokenMap:
     """Token strings of an OpenAI answer -> teacher ids: ``"token_id:<id>"``, else the text exactly
-    one id decodes to (what vLLM sends without ``return_tokens_as_token_ids``), else a vocabulary
-    piece (``Ġthe``). The decoded text comes first: a byte-level piece such as ``é`` (one byte,
-    0xE9) is also the decoded text of another id, and servers send decoded text. The tokenizer is
-    loaded on first need, once, whichever of the server's row threads needs it first."""
+    one id stands for, else a vocabulary piece (``Ġthe``) that is no id's text.
+
+    The text of an id is what vLLM sends without ``return_tokens_as_token_ids``: ``decode([id])``,
+    with the leading spaces ``decode`` strips put back for a tokenizer whose pre-tokenizer is
+    Metaspace (SentencePiece: ``▁cat`` is sent as ``" cat"``); when that text names no id, plain
+    ``decode([id])`` (what other servers send). A text several ids stand for is an error, never a
+    guess (Phi-3's ``▁the`` and ``the`` both decode to ``"the"``). The decoded text comes before
+    the piece: a byte-level piece such as ``é`` (one byte, 0xE9) is also the decoded text of
+    another id. The tokenizer is loaded on first need, once, whichever of the server's row
+    threads needs it first."""
 
     def __init__(self, load_tokenizer):
         self._load = load_tokenizer
         self._lock = threading.Lock()
-        self._tables_built: tuple[dict[str, int], dict[str, int]] | None = None
+        self._tables_built: tuple[dict[str, int], ...] | None = None
 
-    def _tables(self) -> tuple[dict[str, int], dict[str, int]]:
-        """(pieces: piece -> id, decoded: text -> id or -1 when several ids decode to it)."""
+    def _tables(self) -> tuple[dict[str, int], ...]:
+        """(pieces: piece -> id, then text tables: text -> id, or -1 when several ids have it:
+        the restored-space texts when the tokenizer has a Metaspace marker, the plain ones)."""
         with self._lock:
             if self._tables_built is None:
                 tok = self._load()
-                decoded: dict[str, int] = {}
+                marker = _leading_space_marker(tok)
+                plain: dict[str, int] = {}
+                spaced: dict[str, int] = {}
                 for i in range(len(tok)):
-                    text = tok.decode([i])
-                    decoded[text] = -1 if text in decoded else i
-                self._tables_built = (dict(tok.get_vocab()), decoded)
+                    text = tok.decode([i]) or ""
+                    plain[text] = -1 if text in plain else i
+                    if marker is not None:
+                        text = _restore_spaces(tok.convert_ids_to_tokens(i) or "", text, marker)
+                        spaced[text] = -1 if text in spaced else i
+                tables = (spaced, plain) if marker is not None else (plain,)
+                self._tables_built = (dict(tok.get_vocab()), *tables)
             return self._tables_built
 
     def __call__(self, key: str) -> int:
@@ -101,9 +115,9 @@ class TokenMap:
                 return int(key[len(_ID_PREFIX):])
             except ValueError:
                 raise AnswerError(f"token key {key!r} has no integer id") from None
-        pieces, decoded = self._tables_built or self._tables()
-        found = decoded.get(key)
-        if (found is None or found < 0) and key in pieces:
+        pieces, *texts = self._tables_built or self._tables()
+        found = next((t[key] for t in texts if key in t), None)
+        if found is None and key in pieces:
             return pieces[key]
         if found is None:
             raise AnswerError(f"token {key!r} is neither a vocabulary entry of the teacher's "
@@ -114,6 +128,26 @@ class TokenMap:
                               "tokenizer, so its id is ambiguous (set served.token_ids: true on "
                               "a server that returns ids)")
         return found
+
+
+def _leading_space_marker(tok) -> str | None:
+    """The Metaspace replacement character of ``tok``'s pre-tokenizer (``▁``), else None."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    try:
+        pre = json.loads(backend.to_str()).get("pre_tokenizer") or {} if backend else {}
+    except ValueError:
+        return None
+    for sub in [pre, *(pre.get("pretokenizers") or [])]:
+        if isinstance(sub, dict) and sub.get("type") == "Metaspace":
+            return sub.get("replacement", "\u2581")
+    return None
+
+
+def _restore_spaces(piece: str, text: str, marker: str) -> str:
+    """``text`` with one space per leading ``marker`` of ``piece`` that it lacks."""
+    want = len(piece) - len(piece.lstrip(marker))
+    have = len(text) - len(text.lstrip(" "))
+    return " " * (want - have) + text if want > have else text
 
 
 def _choice(body) -> dict:
