@@ -272,6 +272,18 @@ def _vllm_key(tok, tid: int) -> str:
     return convert_ids_list_to_tokens(tok, [tid])[0]
 
 
+def _hf_asset_tokenizer(name: str):
+    """The HF tokenizer of asset ``name`` (skips when the asset is not fetched)."""
+    from transformers import AutoTokenizer
+
+    from xdistill.assets.paths import tokenizer_dir
+
+    folder = tokenizer_dir(name)
+    if not (folder / "tokenizer.json").is_file():
+        pytest.skip(f"the {name} tokenizer asset is not fetched (tools/fetch_assets.py)")
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
 def test_token_strings_of_a_sentencepiece_teacher_map_to_their_ids():
     """served.token_ids: false against vLLM with a SentencePiece (Metaspace) teacher such as
     Llama-2 / Mistral: vLLM sends " cat" for "▁cat"; TokenMap only knows decode([id]) = "cat"
@@ -279,15 +291,9 @@ def test_token_strings_of_a_sentencepiece_teacher_map_to_their_ids():
     ids" (the piece-less "the", another id, is kept as a check that still maps). Measured over
     the whole llama-spm vocabulary with vLLM's own function:
     16,395 of 32,000 ids fail to map (31,681 of them have a key no other id shares)."""
-    from transformers import AutoTokenizer
-
-    from xdistill.assets.paths import tokenizer_dir
     from xdistill.teacher.served_answers import TokenMap
 
-    folder = tokenizer_dir("llama-spm")
-    if not (folder / "tokenizer.json").is_file():
-        pytest.skip("the llama-spm tokenizer asset is not fetched (tools/fetch_assets.py)")
-    tok = AutoTokenizer.from_pretrained(str(folder))
+    tok = _hf_asset_tokenizer("llama-spm")
     tmap = TokenMap(lambda: tok)
     vocab = tok.get_vocab()
     got, want = {}, {}
@@ -358,15 +364,9 @@ def test_a_decoded_text_shared_by_two_ids_is_never_mapped_to_the_wrong_one():
     but then falls back to the vocabulary piece "the" and returns 1552 for it: the top-K entry of
     "▁the" silently becomes "the" (measured over the whole vocabulary: 5,480 of 32,064 ids of
     phi3 map to another id this way). Either the right id or the ambiguity error is expected."""
-    from transformers import AutoTokenizer
-
-    from xdistill.assets.paths import tokenizer_dir
     from xdistill.teacher.served_answers import AnswerError, TokenMap
 
-    folder = tokenizer_dir("phi3")
-    if not (folder / "tokenizer.json").is_file():
-        pytest.skip("the phi3 tokenizer asset is not fetched (tools/fetch_assets.py)")
-    tok = AutoTokenizer.from_pretrained(str(folder))
+    tok = _hf_asset_tokenizer("phi3")
     tmap = TokenMap(lambda: tok)
     vocab = tok.get_vocab()
     wrong = {}

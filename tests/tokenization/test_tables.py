@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from tok_helpers import ALL_ASSETS
+from tok_helpers import ALL_ASSETS, with_added_token
 from xdistill.assets import asset_dir
 from xdistill.tokenization import (
     ROLE_BOS, ROLE_CHAT, ROLE_EOS, ROLE_PAD, ROLE_SPECIAL, ROLE_TEXT, ROLE_TOOL, ROLE_UNK,
@@ -153,20 +153,7 @@ def test_an_added_token_of_byte_alphabet_characters_is_its_utf8(tmp_path):
     """An added (non-special) token holds raw text: ``°C`` added to GPT-2 is the bytes C2 B0 43,
     although ``°`` is also the byte-alphabet character of the single byte 0xB0. Read through the
     alphabet, the table had one byte too few and every later offset of the text was shifted."""
-    import json
-    import shutil
-
-    from xdistill.assets.paths import tokenizer_dir
-    from xdistill.tokenization import load_tokenizer
-
-    folder = tmp_path / "gpt2_added"
-    shutil.copytree(tokenizer_dir("gpt2"), folder)
-    spec = json.loads((folder / "tokenizer.json").read_text())
-    spec["added_tokens"].append({"id": 50257, "content": "°C", "single_word": False,
-                                 "lstrip": False, "rstrip": False, "normalized": False,
-                                 "special": False})
-    (folder / "tokenizer.json").write_text(json.dumps(spec))
-    tok = load_tokenizer(folder)
+    tok = with_added_token(tmp_path, "gpt2", 50257, "°C")
     text = "It is 21°C today"
     enc = tok.encode(text)
     assert 50257 in enc.ids.tolist() and tok.table.token_bytes(50257) == "°C".encode()

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import unicodedata
 
 import numpy as np
@@ -58,3 +60,19 @@ def check_lossless(tok, text: str, add_special_tokens: bool = False) -> None:
         cut = min(phantom_left, len(piece))
         phantom_left -= cut
         assert data[start:end] == piece[cut:], (tid, piece, start, end)
+
+
+def with_added_token(tmp_path, asset: str, token_id: int, content: str):
+    """A copy of tokenizer asset ``asset`` with ``content`` added as a non-special token of id
+    ``token_id`` (loaded through :func:`xdistill.tokenization.load_tokenizer`)."""
+    from xdistill.assets.paths import tokenizer_dir
+    from xdistill.tokenization import load_tokenizer
+
+    folder = tmp_path / f"{asset}_added"
+    shutil.copytree(tokenizer_dir(asset), folder)
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    spec["added_tokens"].append({"id": token_id, "content": content, "single_word": False,
+                                 "lstrip": False, "rstrip": False, "normalized": False,
+                                 "special": False})
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    return load_tokenizer(folder)

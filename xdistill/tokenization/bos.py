@@ -4,7 +4,11 @@ against that default.
 A model's default is read, first match wins, from
 
 1. ``add_bos_token`` in the ``tokenizer_config.json`` of the folder the tokenizer came from;
-2. ``tokenizer.ggml.add_bos_token`` in the metadata of the ``.gguf`` it came from;
+2. ``tokenizer.ggml.add_bos_token`` in the metadata of the ``.gguf`` it came from; when that key
+   is absent, llama.cpp's own default for the GGUF's vocabulary (``llama-vocab.cpp``): BOS for a
+   SentencePiece (``llama``) or WordPiece (``bert``) vocabulary and for the BPE pre-tokenizers
+   it marks ``add_bos = true`` (``llama3``, ``llama-bpe``, ``falcon3``, ``pixtral``, ...); other
+   vocabularies fall through to 3.;
 3. the tokenizer itself: whether encoding a text with special tokens puts the BOS id first (the
    ``tokenizer.json`` post-processor; Gemma, Llama-2, Llama-3, Mistral and Phi-3 do, GPT-2, Qwen2 and
    SmolLM2 do not).
@@ -27,6 +31,12 @@ from xdistill.log import get_logger, rank
 log = get_logger("tokenization")
 
 GGUF_KEY = "tokenizer.ggml.add_bos_token"
+#: llama.cpp (src/llama-vocab.cpp, llama_vocab::impl::load) sets ``add_bos = true`` for these
+#: ``tokenizer.ggml.model`` values, and for a ``gpt2`` (BPE) model with these
+#: ``tokenizer.ggml.pre`` values, when the GGUF has no ``tokenizer.ggml.add_bos_token``
+LLAMA_CPP_BOS_MODELS = frozenset({"llama", "bert"})
+LLAMA_CPP_BOS_PRES = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1",
+                                "pixtral", "midm-2.0", "lfm2", "tekken", "chameleon"})
 # (tokenizer name, explicit setting) pairs already warned about in this process
 _WARNED: set[tuple[str, bool]] = set()
 
@@ -54,6 +64,36 @@ def gguf_add_bos(path: str | Path) -> bool | None:
         return bool(field.parts[field.data[0]][0])
     except Exception:  # noqa: BLE001 - a GGUF we cannot read: fall back to the tokenizer
         return None
+
+
+def _gguf_str(reader, key: str) -> str | None:
+    field = reader.get_field(key)
+    if field is None or not field.data:
+        return None
+    return bytes(field.parts[field.data[0]]).decode("utf-8", "replace")
+
+
+def gguf_bos_default(path: str | Path) -> tuple[bool | None, str]:
+    """``(add BOS, where read)`` for a GGUF: its ``tokenizer.ggml.add_bos_token``, else
+    llama.cpp's default for its ``tokenizer.ggml.model`` / ``tokenizer.ggml.pre`` when that
+    default is BOS (:data:`LLAMA_CPP_BOS_MODELS`, :data:`LLAMA_CPP_BOS_PRES`); ``None`` otherwise."""
+    name = Path(path).name
+    flag = gguf_add_bos(path)
+    if flag is not None:
+        return flag, f"{name} {GGUF_KEY}"
+    try:
+        # deferred: gguf (~0.25 s import; only GGUF files need it)
+        from gguf import GGUFReader
+
+        reader = GGUFReader(str(path))
+        model, pre = _gguf_str(reader, "tokenizer.ggml.model"), _gguf_str(reader, "tokenizer.ggml.pre")
+    except Exception:  # noqa: BLE001 - a GGUF we cannot read: fall back to the tokenizer
+        return None, ""
+    if model in LLAMA_CPP_BOS_MODELS:
+        return True, f"{name}: llama.cpp default for tokenizer.ggml.model {model!r}"
+    if model == "gpt2" and pre in LLAMA_CPP_BOS_PRES:
+        return True, f"{name}: llama.cpp default for tokenizer.ggml.pre {pre!r}"
+    return None, ""
 
 
 def _gguf_of(source: Path) -> Path | None:
@@ -87,9 +127,9 @@ def model_add_bos(hf, source: str, bos_id: int | None) -> tuple[bool, str]:
         if flag is not None:
             return flag and bos_id is not None, f"{folder / 'tokenizer_config.json'} add_bos_token"
         gguf = _gguf_of(path)
-        flag = gguf_add_bos(gguf) if gguf is not None else None
+        flag, origin = gguf_bos_default(gguf) if gguf is not None else (None, "")
         if flag is not None:
-            return flag and bos_id is not None, f"{gguf.name} {GGUF_KEY}"
+            return flag and bos_id is not None, origin
     return encodes_bos(hf, bos_id), "its tokenizer's post-processor"
 
 

@@ -6,8 +6,11 @@ HF fast tokenizers report *character* offsets into the input, and several tokens
 same whole character when a byte-level BPE splits one emoji into two tokens. We therefore place
 tokens from the token-bytes table instead (lossless families):
 
-* the encoding is cut into *segments*: maximal runs of text tokens between role tokens;
-* a segment starts right after the text span of the role token before it (0 for the first);
+* the encoding is cut into *segments*: maximal runs of text tokens between role tokens; when the
+  tokenizer puts a ``▁`` before every piece of text between added tokens (Phi-3's ``Prepend``
+  normaliser; ``cut_V``), each non-role added token is a segment of its own and the text after
+  it starts a new one;
+* a segment starts right after the text span of the token before it (0 for the first);
 * inside a segment each token covers exactly ``len(table bytes)``, placed by a cumulative sum;
 * ``extra = (table bytes of the segment) - (bytes of text the segment covers, per HF's offset of
   its last token)`` is the dummy-prefix space SentencePiece added (legacy SentencePiece also
@@ -98,9 +101,11 @@ def place_tokens(ids_T: np.ndarray, hs_T: np.ndarray, he_T: np.ndarray, len_V: n
 
 
 def place_tokens_phantoms(ids_T: np.ndarray, hs_T: np.ndarray, he_T: np.ndarray,
-                          len_V: np.ndarray, role_V: np.ndarray, lossless: bool):
+                          len_V: np.ndarray, role_V: np.ndarray, lossless: bool,
+                          cut_V: np.ndarray | None = None):
     """:func:`place_tokens` plus the per-token phantom bytes ``phantom_T`` (int64 ``[T]``; zeros
-    for lossy placement, which uses HF's offsets)."""
+    for lossy placement, which uses HF's offsets). ``cut_V`` (bool ``[V]``, optional): text
+    tokens that start a segment and end it (non-role added tokens of a per-piece ``▁`` tokenizer)."""
     T = ids_T.size
     no_phantom_T = np.zeros(T, dtype=np.int64)
     if T == 0:
@@ -115,6 +120,9 @@ def place_tokens_phantoms(ids_T: np.ndarray, hs_T: np.ndarray, he_T: np.ndarray,
     # segment starts: text token whose predecessor is a role token (or the first token)
     prev_role_T = np.concatenate(([True], is_role_T[:-1]))
     seg_start_T = ~is_role_T & prev_role_T
+    if cut_V is not None:
+        cut_T = cut_V[ids_T]
+        seg_start_T |= ~is_role_T & (cut_T | np.concatenate(([False], cut_T[:-1])))
     seg_T = np.cumsum(seg_start_T) - 1                      # segment index of each token
     first_S = np.flatnonzero(seg_start_T)
     if first_S.size == 0:                                     # only role tokens

@@ -5,9 +5,11 @@ ids become bytes:
 
 1. the family, vocabulary size and lossy flag;
 2. the token-bytes table (``offsets_V1`` and ``data``, little-endian) and the roles (int8);
-3. ``tokenizer.json`` minus the vocabulary (which 2. already covers): the model type, merges and
+3. ``tokenizer.json``: the model type, vocabulary (token string -> id, or a Unigram model's
+   ``[piece, score]`` list: the table of 2. does not cover which id a string gets, WordPiece's
+   ``ing`` vs ``##ing``, nor the piece scores that decide a Unigram segmentation), merges and
    model options, normaliser, pre-tokeniser, post-processor, decoder and the added tokens,
-   serialised as JSON with sorted keys.
+   serialised as JSON with sorted keys. Padding and truncation settings are left out.
 
 Each part is length-prefixed so that no two different inputs hash alike by concatenation. The
 result does not depend on the process, the path the tokenizer was loaded from or dict order.
@@ -22,12 +24,13 @@ import numpy as np
 
 from xdistill.tokenization.table import TokenByteTable
 
-FINGERPRINT_VERSION = 1
+FINGERPRINT_VERSION = 2     # 2: the model vocabulary is hashed too
 
 
 def canonical_config(spec: dict) -> dict:
-    """``tokenizer.json`` without the vocabulary and without fields that do not change ids."""
-    model = {k: v for k, v in (spec.get("model") or {}).items() if k != "vocab"}
+    """``tokenizer.json`` without fields that do not change ids (padding, truncation); the
+    vocabulary stays (a dict is serialised with sorted keys, a Unigram list in id order)."""
+    model = dict(spec.get("model") or {})
     added = sorted(
         ({"id": t.get("id"), "content": t.get("content"), "special": bool(t.get("special")),
           "normalized": bool(t.get("normalized")), "lstrip": bool(t.get("lstrip")),

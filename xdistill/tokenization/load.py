@@ -6,9 +6,11 @@
   the folder ``$XDISTILL_ASSETS/tokenizers/<name>`` that ``tools/fetch_assets.py`` writes; or a
   pretrained model asset (``smollm2-135m``, ``gemma3-270m``): its model folder
   ``$XDISTILL_ASSETS/models/<name>`` (:func:`xdistill.assets.paths.model_dir`);
-* a local Hugging Face folder (``tokenizer.json`` / ``tokenizer.model`` + config), or a folder
-  holding a single ``.gguf``;
-* a ``tokenizer.json`` file;
+* a local Hugging Face folder (``tokenizer.json`` / ``tokenizer.model`` + config; a
+  tiktoken-format ``tokenizer.model`` without ``tokenizer.json`` loads as the rank file below),
+  or a folder holding a single ``.gguf``;
+* a ``tokenizer.json`` file (with a ``tokenizer_config.json`` beside it: loaded as that folder;
+  otherwise bos/eos/pad/unk are its special added tokens of those roles, when unambiguous);
 * a ``.tiktoken`` rank file (or a tiktoken-format ``tokenizer.model`` such as Llama-3's): GPT-2
   pattern and ``<|endoftext|>`` for 50,256 ranks, Llama-3 pattern and its 256 special tokens for
   128,000 ranks, otherwise the Llama-3 (cl100k-style) pattern without special tokens;
@@ -25,6 +27,7 @@ Every failure is a :class:`~xdistill.errors.TokenizerError` naming the spec or f
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -32,6 +35,8 @@ from pathlib import Path
 
 from xdistill.assets.paths import MODEL_NAMES, TOKENIZER_NAMES, tokenizer_dir
 from xdistill.errors import TokenizerError
+from xdistill.tokenization.roles import role_of
+from xdistill.tokenization.table import ROLE_BOS, ROLE_EOS, ROLE_PAD, ROLE_UNK
 from xdistill.tokenization.templates import apply_shipped_template, asset_name
 from xdistill.tokenization.tokenizer import Tokenizer
 
@@ -113,11 +118,30 @@ def _load_spm(path: Path):
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copy(path, Path(tmp) / "tokenizer.model")
         # transformers 5: LlamaTokenizer(vocab_file=...) silently builds a 3-token vocabulary.
-        hf = LlamaTokenizer.from_pretrained(tmp)
+        # add_bos_token: transformers 5 defaults it to False; the published folders (Llama-2,
+        # Mistral) and llama.cpp (every SentencePiece vocabulary) put BOS first.
+        hf = LlamaTokenizer.from_pretrained(tmp, add_bos_token=True)
     if len(hf) != proc.GetPieceSize():
         raise TokenizerError(f"{path}: converted vocabulary has {len(hf)} entries, the "
                              f"SentencePiece model {proc.GetPieceSize()} (unsupported model type?)")
     return hf
+
+
+def _json_roles(path: Path) -> dict[str, str]:
+    """``bos_token``/``eos_token``/``pad_token``/``unk_token`` for a bare ``tokenizer.json``: the
+    one special added token of each role (:func:`~xdistill.tokenization.roles.role_of`), when
+    exactly one has it."""
+    try:
+        added = json.loads(path.read_text(encoding="utf-8")).get("added_tokens") or []
+    except (OSError, ValueError, AttributeError):
+        return {}                                   # the loader reports the broken file
+    found: dict[int, list[str]] = {}
+    for tok in added:
+        if isinstance(tok, dict) and tok.get("special") and isinstance(tok.get("content"), str):
+            found.setdefault(role_of(tok["content"], {}), []).append(tok["content"])
+    return {attr: found[role][0] for attr, role in (
+        ("bos_token", ROLE_BOS), ("eos_token", ROLE_EOS), ("pad_token", ROLE_PAD),
+        ("unk_token", ROLE_UNK)) if len(found.get(role, ())) == 1}
 
 
 def _load_path(path: Path):
@@ -133,12 +157,18 @@ def _load_path(path: Path):
         if not has_hf:
             raise TokenizerError(f"{path}: folder has no tokenizer.json, tokenizer.model, "
                                  "tokenizer_config.json or single .gguf file")
+        model = path / "tokenizer.model"
+        if not (path / "tokenizer.json").is_file() and model.is_file() and _is_tiktoken_file(model):
+            return _load_tiktoken(model)       # Llama-3's original/: a rank file, as the file route
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     suffix = path.suffix.lower()
     if suffix == ".gguf":
         return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     if suffix == ".json":
-        return PreTrainedTokenizerFast(tokenizer_file=str(path))
+        if path.name == "tokenizer.json" and (path.parent / "tokenizer_config.json").is_file():
+            # the folder's config names bos/eos/pad (and add_bos_token): load it as the folder
+            return AutoTokenizer.from_pretrained(str(path.parent), local_files_only=True)
+        return PreTrainedTokenizerFast(tokenizer_file=str(path), **_json_roles(path))
     if suffix == ".tiktoken" or (suffix == ".model" and _is_tiktoken_file(path)):
         return _load_tiktoken(path)
     if suffix == ".model":
@@ -182,8 +212,9 @@ def load_tokenizer(spec: str | os.PathLike) -> Tokenizer:
         else:
             hf = _load_path(path)
             source = str(path)
-            if path.is_dir():  # an asset whose source has no chat template: the shipped one
-                apply_shipped_template(hf, asset_name(path))
+            if path.is_dir() or path.name == "tokenizer.json":  # an asset whose source has no
+                # chat template: the shipped one
+                apply_shipped_template(hf, asset_name(path if path.is_dir() else path.parent))
     except TokenizerError:
         raise
     except Exception as exc:  # transformers/tokenizers/sentencepiece raise many types

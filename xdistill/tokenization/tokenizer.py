@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import unicodedata
 
 import numpy as np
@@ -21,9 +22,6 @@ from xdistill.tokenization.encode import (Encoding, char_to_byte_map, hf_byte_of
 from xdistill.tokenization.fingerprint import fingerprint
 from xdistill.tokenization.roles import role_tokens, roles_array
 from xdistill.tokenization.table import ROLE_NAMES, ROLE_TEXT, TokenByteTable, bytes_without_token
-
-_LOSSY_NORMALIZERS = ("Lowercase", "StripAccents", "NFKC", "NFKD", "NFD", "Precompiled", "Strip",
-                      "BertNormalizer")
 
 
 def _id_to_token(spec: dict) -> dict[int, str]:
@@ -40,18 +38,49 @@ def _id_to_token(spec: dict) -> dict[int, str]:
     return out
 
 
+def _lossless_normalizer(norm, family: str) -> bool:
+    """Whether a ``tokenizer.json`` normaliser keeps text recoverable from the token bytes. Only a
+    known list is: none, NFC (exact on NFC text, see ``Tokenizer.nfc``) and, for SentencePiece
+    families (whose tables read ``▁`` as a space and whose phantom spaces :mod:`.encode` places),
+    ``Prepend("▁")`` and ``Replace(" " -> "▁")``; a ``Sequence`` of those. Anything else
+    (lowercasing, NFKC, precompiled charsmaps, ``Nmt``, other replacements, ...) is lossy."""
+    if norm is None:
+        return True
+    if not isinstance(norm, dict):
+        return False
+    kind, spm = norm.get("type"), family in ("spm", "unigram")
+    if kind == "Sequence":
+        return all(_lossless_normalizer(n, family) for n in norm.get("normalizers") or [])
+    if kind == "NFC":
+        return True
+    if kind == "Prepend":
+        return spm and norm.get("prepend") == "\u2581"
+    if kind == "Replace":
+        return spm and norm.get("pattern") == {"String": " "} and norm.get("content") == "\u2581"
+    return False
+
+
+def prepends_per_piece(spec: dict) -> bool:
+    """Whether a ``▁`` is put before *every* piece of text between added tokens (a ``Prepend``
+    normaliser, Phi-3; a Metaspace pre-tokeniser with ``prepend_scheme`` ``always``), not only
+    before the text's start."""
+    if any(True for _ in walk_types(spec.get("normalizer"), "Prepend")):
+        return True
+    return any(m.get("prepend_scheme", "always" if m.get("add_prefix_space") else "never")
+               == "always" for m in walk_types(spec.get("pre_tokenizer"), "Metaspace"))
+
+
 def is_lossy(spec: dict, family: str) -> bool:
     """True when encoded text cannot be recovered byte-for-byte from the token bytes.
 
-    WordPiece always (whitespace is dropped); any normaliser that lowercases, strips accents,
-    applies NFKC/NFKD/NFD or a SentencePiece precompiled charsmap, or strips; and SentencePiece /
-    Unigram models without byte fallback (unknown characters become ``<unk>``). NFC is *not*
-    counted as lossy: such tokenizers are exact on NFC text.
+    WordPiece always (whitespace is dropped); any normaliser not known to be lossless
+    (:func:`_lossless_normalizer`); and SentencePiece / Unigram models without byte fallback
+    (unknown characters become ``<unk>``). NFC is *not* counted as lossy: such tokenizers are
+    exact on NFC text.
     """
     if family == "wordpiece":
         return True
-    norm = spec.get("normalizer")
-    if any(True for name in _LOSSY_NORMALIZERS for _ in walk_types(norm, name)):
+    if not _lossless_normalizer(spec.get("normalizer"), family):
         return True
     if family in ("spm", "unigram") and not (spec.get("model") or {}).get("byte_fallback"):
         return True
@@ -75,22 +104,27 @@ class Tokenizer:
         if backend is None:
             raise TokenizerError(f"{source}: not a fast (tokenizers-backed) tokenizer")
         self.hf, self.name, self.source = hf, name, source
-        if backend.padding is not None or backend.truncation is not None:
-            # encode() must never pad or truncate (BERT's tokenizer.json ships with both on)
-            # deferred: tokenizers (xdistill.tokenization stays numpy-only)
-            from tokenizers import Tokenizer as RustTokenizer
+        # A private copy: encode() must never pad or truncate (BERT's tokenizer.json ships with
+        # both on), and calling the public ``hf`` with truncation=/padding= switches them on in
+        # its backend.
+        # deferred: tokenizers (xdistill.tokenization stays numpy-only)
+        from tokenizers import Tokenizer as RustTokenizer
 
-            backend = RustTokenizer.from_str(backend.to_str())
-            backend.no_padding()
-            backend.no_truncation()
+        serialised = backend.to_str()
+        backend = RustTokenizer.from_str(serialised)
+        backend.no_padding()
+        backend.no_truncation()
         self._backend = backend
-        self._spec = json.loads(backend.to_str())
+        self._spec = json.loads(serialised)
         self.family = detect_family(self._spec, source)
         self.lossy = is_lossy(self._spec, self.family)
         #: the normaliser applies NFC: exact on NFC text (nearly all text); on other text the
         #: token bytes are those of the NFC form, and encode() falls back to HF's offsets.
         self.nfc = any(True for _ in walk_types(self._spec.get("normalizer"), "NFC"))
         self.table = self._build_table()
+        #: non-role added tokens after which a new phantom-space segment starts (None: no
+        #: per-piece ``▁``), and a regex finding their strings in a text (None: there are none)
+        self._cut_V, self._cut_rx = self._piece_cuts()
         self.vocab_size = self.table.vocab_size
         self.bos_id = hf.bos_token_id
         self.eos_id = hf.eos_token_id
@@ -117,6 +151,22 @@ class Tokenizer:
                                               byte_fallback, added_V)
         missing = b"" if self.lossy else bytes_without_token(offsets_V1, data, roles_V)
         return TokenByteTable(offsets_V1, data, roles_V, self.lossy, missing)
+
+    def _piece_cuts(self) -> tuple[np.ndarray | None, re.Pattern | None]:
+        """``(cut_V, regex)`` for :attr:`_cut_V` / :attr:`_cut_rx`: the non-role added tokens of a
+        tokenizer that puts ``▁`` before every piece of text (:func:`prepends_per_piece`)."""
+        if not prepends_per_piece(self._spec):
+            return None, None
+        added = [(int(t["id"]), t["content"]) for t in self._spec.get("added_tokens") or []]
+        added = [(i, c) for i, c in added if 0 <= i < self.table.vocab_size and c
+                 and self.table.roles_V[i] == ROLE_TEXT]
+        if not added:
+            return None, None
+        cut_V = np.zeros(self.table.vocab_size, dtype=bool)
+        cut_V[[i for i, _ in added]] = True
+        rx = re.compile("|".join(re.escape(c) for c in sorted({c for _, c in added}, key=len,
+                                                                reverse=True)))
+        return cut_V, rx
 
     @functools.cached_property
     def _present_bytes(self) -> bytes:
@@ -150,18 +200,33 @@ class Tokenizer:
     def _wrap(self, text: str, enc) -> Encoding:
         ids_T = np.asarray(enc.ids, dtype=np.int64)
         hs_T, he_T = hf_byte_offsets(enc.offsets, char_to_byte_map(text))
-        lossless = self.is_exact_on(text)
+        lossless = self._placeable(text)
         starts_T, ends_T, phantom, phantom_T = place_tokens_phantoms(
-            ids_T, hs_T, he_T, self._len_V, self.table.roles_V, lossless=lossless)
+            ids_T, hs_T, he_T, self._len_V, self.table.roles_V, lossless=lossless,
+            cut_V=self._cut_V)
         return Encoding(ids_T, starts_T, ends_T, phantom, phantom_T)
 
     def is_exact_on(self, text: str) -> bool:
         """True when this text's token bytes will reproduce it exactly (barring in-text special
-        tokens): the tokenizer is not lossy, the text is NFC if the tokenizer applies NFC, it
-        holds none of the table's ``missing_bytes`` (which the tokenizer drops), and for
-        SentencePiece no literal ``▁`` (U+2581), which SentencePiece cannot tell from a space."""
+        tokens): the tokenizer is not lossy, the text is valid UTF-8 (no lone surrogate) and NFC
+        if the tokenizer applies NFC, it holds none of the table's ``missing_bytes`` (which the
+        tokenizer drops), for SentencePiece no literal ``▁`` (U+2581), which SentencePiece cannot
+        tell from a space, and, when a ``▁`` is put before every piece of text (Phi-3), no
+        non-role added token (each one adds a phantom space after it)."""
+        if not self._placeable(text):
+            return False
+        return self._cut_rx is None or self._cut_rx.search(text) is None
+
+    def _placeable(self, text: str) -> bool:
+        """:meth:`is_exact_on` but for added tokens: tokens may be placed from the table (each
+        non-role added token starts a new phantom-space segment, see :mod:`.encode`)."""
         if self.lossy:
             return False
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                return False
         if self.nfc and not unicodedata.is_normalized("NFC", text):
             return False
         if self.table.missing_bytes and \
@@ -173,7 +238,24 @@ class Tokenizer:
         """Token ids with byte offsets into ``text.encode("utf-8")`` (see :mod:`.encode`)."""
         if not isinstance(text, str):
             raise TokenizerError(f"{self.name}: encode() needs a str, got {type(text).__name__}")
-        return self._wrap(text, self._backend.encode(text, add_special_tokens=add_special_tokens))
+        try:
+            enc = self._backend.encode(text, add_special_tokens=add_special_tokens)
+        except TypeError as exc:
+            raise self._bad_text("encode() text", [text], exc) from exc
+        return self._wrap(text, enc)
+
+    def _bad_text(self, what: str, texts: list[str], exc: Exception) -> TokenizerError:
+        """The error for the Rust binding's TypeError: it names the item that holds a lone
+        surrogate (not UTF-8; the binding says ``TextInputSequence must be str``)."""
+        for i, text in enumerate(texts):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as err:
+                item = f"{what} {i}" if what.endswith(" item") else what
+                return TokenizerError(f"{self.name}: {item} holds a lone surrogate "
+                                      f"(U+{ord(text[err.start]):04X} at character {err.start}); "
+                                      "expected text that is valid UTF-8")
+        return TokenizerError(f"{self.name}: {what.removesuffix(' item')} failed: {exc}")
 
     def encode_batch(self, texts: list[str], add_special_tokens: bool = False) -> list[Encoding]:
         """:meth:`encode` for many texts (one call into the Rust tokenizer)."""
@@ -182,7 +264,10 @@ class Tokenizer:
             if not isinstance(text, str):
                 raise TokenizerError(f"{self.name}: encode_batch() item {i} is "
                                      f"{type(text).__name__}, expected str")
-        encs = self._backend.encode_batch(texts, add_special_tokens=add_special_tokens)
+        try:
+            encs = self._backend.encode_batch(texts, add_special_tokens=add_special_tokens)
+        except TypeError as exc:
+            raise self._bad_text("encode_batch() item", texts, exc) from exc
         return [self._wrap(t, e) for t, e in zip(texts, encs)]
 
     @functools.cached_property
@@ -218,8 +303,12 @@ class Tokenizer:
                                      f"{type(text).__name__}, expected str")
         len_list, role_ids = self._fast_tables
         backend = self._text_backend if specials_as_text else self._backend
+        try:
+            encs = backend.encode_batch(texts, add_special_tokens=False)
+        except TypeError as exc:
+            raise self._bad_text("encode_ids_batch() item", texts, exc) from exc
         out: list[tuple[list[int], int]] = []
-        for text, enc in zip(texts, backend.encode_batch(texts, add_special_tokens=False)):
+        for text, enc in zip(texts, encs):
             ids = enc.ids
             if not ids:
                 out.append(([], 0))
