@@ -69,8 +69,9 @@ class PermutedTokenizer:
         mp = lambda i: None if i is None else int(self.perm[i])  # noqa: E731
         self.bos_id, self.eos_id, self.pad_id = mp(base.bos_id), mp(base.eos_id), mp(base.pad_id)
 
-    def encode(self, text, add_special_tokens=False):
-        e = self.base.encode(text, add_special_tokens=add_special_tokens)
+    def encode(self, text, add_special_tokens=False, specials_as_text=False):
+        e = self.base.encode(text, add_special_tokens=add_special_tokens,
+                             specials_as_text=specials_as_text)
         return Encoding(self.perm[np.asarray(e.ids)], e.starts, e.ends, e.phantom_prefix)
 
     def encode_batch(self, texts, add_special_tokens=False):

@@ -115,15 +115,7 @@ def encode_literal(tok, text: str):
     """``tok.encode(text)`` with special-token strings in ``text`` kept as plain text (a student
     may spell ``<|endoftext|>`` with ordinary tokens; the teacher must read those bytes, not its
     control token)."""
-    backend = getattr(tok, "_backend", None)
-    if backend is None or not hasattr(backend, "encode_special_tokens"):
-        return tok.encode(text, add_special_tokens=False)
-    saved = backend.encode_special_tokens
-    backend.encode_special_tokens = True
-    try:
-        return tok.encode(text, add_special_tokens=False)
-    finally:
-        backend.encode_special_tokens = saved
+    return tok.encode(text, add_special_tokens=False, specials_as_text=True)
 
 
 # texts put before a piece so that a SentencePiece tokenizer spends its dummy-prefix space on

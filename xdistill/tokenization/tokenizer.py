@@ -234,12 +234,16 @@ class Tokenizer:
             return False
         return not (self.family in ("spm", "unigram") and "\u2581" in text)
 
-    def encode(self, text: str, add_special_tokens: bool = False) -> Encoding:
-        """Token ids with byte offsets into ``text.encode("utf-8")`` (see :mod:`.encode`)."""
+    def encode(self, text: str, add_special_tokens: bool = False,
+               specials_as_text: bool = False) -> Encoding:
+        """Token ids with byte offsets into ``text.encode("utf-8")`` (see :mod:`.encode`).
+        ``specials_as_text``: a special token's string in ``text`` is tokenized as the text it
+        spells (a student may write ``<|endoftext|>`` with ordinary tokens)."""
         if not isinstance(text, str):
             raise TokenizerError(f"{self.name}: encode() needs a str, got {type(text).__name__}")
+        backend = self._text_backend if specials_as_text else self._backend
         try:
-            enc = self._backend.encode(text, add_special_tokens=add_special_tokens)
+            enc = backend.encode(text, add_special_tokens=add_special_tokens)
         except TypeError as exc:
             raise self._bad_text("encode() text", [text], exc) from exc
         return self._wrap(text, enc)
