@@ -168,12 +168,19 @@ class OnPolicyLossSpec:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
 
 
-def reward_weights(rewards_B: torch.Tensor, beta: float) -> torch.Tensor:
-    """Per-sample weights ``B * softmax(rewards / beta)`` (mean 1; HJSang's reward-weighted OPD)."""
+def reward_weights(rewards_B: torch.Tensor, beta: float, *, count: int | None = None,
+                   log_norm: float | None = None) -> torch.Tensor:
+    """Per-sample weights ``N * softmax(rewards / beta)`` (mean 1 over the N samples; HJSang's
+    reward-weighted OPD). By default the N samples are ``rewards_B``; a step split into
+    micro-batches (or ranks) passes the whole step's ``count`` N and ``log_norm`` =
+    ``log sum exp(r / beta)`` over all N samples, so a sample's weight does not depend on the
+    split."""
     if beta <= 0:
         raise ValueError(f"reward weighting beta must be > 0, got {beta}")
-    r = rewards_B.detach().double()
-    return (r.numel() * torch.softmax(r / beta, dim=0)).float()
+    r = rewards_B.detach().double() / beta
+    if log_norm is None:
+        return (r.numel() * torch.softmax(r, dim=0)).float()
+    return (int(count) * torch.exp(r - log_norm)).float()
 
 
 def input_token_logprobs(logits_BTV: torch.Tensor, ids_BT: torch.Tensor, mask_BT=None, *,

@@ -76,6 +76,8 @@ class ResumeState:
     dataloader_state: Any = None
     # the ``extra`` dict passed to save_checkpoint (e.g. samples seen, best eval loss)
     extra: dict = field(default_factory=dict)
+    # this rank's RNG states (:func:`capture_rng_state`), restored or not (None if none saved)
+    rng: dict | None = None
 
 
 def checkpoint_dir(root: str | os.PathLike, step: int) -> Path:
@@ -411,4 +413,5 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module,
         restore_rng_state(rank_state["rng"])
     return ResumeState(step=int(trainer["step"]), path=path,
                        dataloader_state=rank_state["dataloader"] if rank_state else None,
-                       extra=dict(trainer["extra"]))
+                       extra=dict(trainer["extra"]),
+                       rng=rank_state["rng"] if rank_state else None)

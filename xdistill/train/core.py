@@ -143,9 +143,11 @@ def maybe_resume(run: Run) -> None:
     path = resolve_resume(run.cfg.checkpoint.resume, out_path(run.cfg, "checkpoints"))
     if path is None:
         return
-    state = load_checkpoint(path, run.model, run.optimizer, run.scheduler,
+    state = load_checkpoint(path, run.model, run.optimizer, run.scheduler, restore_rng=False,
                             strict_world_size=run.cfg.checkpoint.strict_world_size)
+    _check_mode(run, path, state.extra)
     run.mode.check_resume(run.cfg, path, state.extra)
+    run.resume_rng = state.rng
     loader_states = state.dataloader_state or []
     if state.dataloader_state is None and not run.cfg.checkpoint.strict_world_size:
         log.warning("%s: written by another number of ranks; model, optimizer and scheduler "
@@ -165,6 +167,18 @@ def maybe_resume(run: Run) -> None:
     run.start_step, run.last_checkpoint = state.step, path
     if xdist.is_main_process():
         log.info("resumed from %s at step %d", path, state.step)
+
+
+def _check_mode(run: Run, path: Path, extra: dict) -> None:
+    """Refuse a checkpoint another training mode wrote (its loaders hold other data)."""
+    # deferred: torch.distributed.checkpoint via train.checkpoint (~1 s import)
+    from xdistill.train.checkpoint import CheckpointError
+
+    wrote = extra.get("mode")
+    if wrote is not None and wrote != run.mode.kind:
+        raise CheckpointError(f"{path} was written by `xdistill train {wrote}`; this is `xdistill "
+                              f"train {run.mode.kind}`: resume it with `train {wrote}`, or give "
+                              "this run its own train.out_dir (or checkpoint.resume='')")
 
 
 def set_aside_abandoned(run: Run) -> None:
@@ -218,6 +232,7 @@ def step_report(run: Run, step: int) -> StepReport:
     t0 = time.perf_counter()
     micros = agreed_micro_batches(run, step, timers)
     num_valid = all_reduce_counts(run.mode.units(micros))
+    run.mode.prepare_step(run, micros)
     for i, micro in enumerate(micros):
         _set_sync(run.model, i == len(micros) - 1)
         run.mode.micro_step(run, micro, num_valid, timers, metrics)
@@ -240,14 +255,23 @@ def agreed_micro_batches(run: Run, step: int, timers: Timers) -> list:
         micros, ran_out = run.mode.micro_batches(run, step, timers), None
     except DataExhausted as exc:
         micros, ran_out = [], exc
+    agree_on_data_end(step, ran_out)
+    return micros
+
+
+def agree_on_data_end(step: int, ran_out: DataExhausted | None) -> None:
+    """Raise :class:`DataExhausted` on every rank when any rank's ``ran_out`` is set (the first
+    such rank's data named); every rank calls it (one small all-reduce when distributed). A mode
+    whose micro-batches run collectives after reading their data (on-policy generation) calls it
+    between the two, so no rank waits in a collective the others never enter."""
     if not xdist.is_distributed():
         if ran_out is not None:
             raise ran_out
-        return micros
+        return
     world = xdist.get_world_size()
     first = world - xdist.all_reduce_max(world - xdist.get_rank() if ran_out is not None else 0)
     if first == world:                       # no rank ran out
-        return micros
+        return
     what = xdist.broadcast_object(None if ran_out is None else (ran_out.data, ran_out.key), first)
     data = what[0] if first == 0 else f"{what[0]} of rank {first}"
     raise DataExhausted(step, data, what[1])
@@ -448,6 +472,14 @@ def train(cfg: RunConfig, mode: TrainMode) -> dict:
             lock.close()
 
 
+def _restore_resume_rng(run: Run) -> None:
+    if run.resume_rng is not None:
+        # deferred: torch.distributed.checkpoint via train.checkpoint (~1 s import)
+        from xdistill.train.checkpoint import restore_rng_state
+
+        restore_rng_state(run.resume_rng)
+
+
 def _run_locked(run: Run) -> dict:
     # deferred: torch.distributed.checkpoint via train.lifecycle (~1 s import)
     from xdistill.train.lifecycle import StopSignals, io_error, trim_logs
@@ -466,6 +498,7 @@ def _run_locked(run: Run) -> dict:
     with StopSignals() as stop:
         try:
             mode.start(run)
+            _restore_resume_rng(run)
             metrics = train_loop(run, stop)
         finally:
             mode.close()

@@ -75,6 +75,10 @@ class TrainMode:
         """Local loss units per key over this step's micro-batches (summed over ranks here)."""
         raise NotImplementedError
 
+    def prepare_step(self, run: Run, micros: list) -> None:
+        """Once per step on every rank, after the units are counted and before the micro-steps:
+        any other whole-step quantity (collectives allowed)."""
+
     def micro_step(self, run: Run, micro, num_valid: dict, timers: Timers,
                    metrics: StepMetrics) -> None:
         """Teachers, student forward, loss and backward of one micro-batch; records metrics."""
@@ -135,3 +139,7 @@ class Run:
     finite_steps: int = 0
     last_nonfinite: str = ""
     last_checkpoint: Path | None = None
+    # a resumed run's RNG states, restored once the mode has started (its loaders' iterators
+    # draw from the global generator when they are made, as the uninterrupted run's did before
+    # its first step)
+    resume_rng: dict | None = None

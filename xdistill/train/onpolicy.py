@@ -15,8 +15,10 @@ micro-batches ``m`` (``train.global_batch_size / (prompts.batch_size x world)`` 
 4. remote teachers start scoring, the student runs its forward meanwhile, then per-teacher
    on-policy losses with static weights, normalised by the global unit count -> backward.
 
-After the optimizer step, ``engine.sync_weights(model)`` every ``rollout.sync_every`` steps, and
-once at the start after any resume (a no-op in-process; vLLM: :mod:`xdistill.rollout.vllm_engine`).
+After the optimizer step, ``engine.sync_weights(model)`` every ``rollout.sync_every`` steps and
+at every periodic checkpoint (``checkpoint.every``), and once at the start after any resume (a
+no-op in-process; vLLM: :mod:`xdistill.rollout.vllm_engine`): a run resumed from a periodic
+checkpoint samples from the weights the uninterrupted run's engine held.
 Metrics: clamp counters, mean log-ratio, coverage, tool-token ratio, the time
 split. With ``loss.offpolicy_lambda > 0`` a fraction of the steps instead trains on off-policy
 batches from ``offpolicy.data`` (:func:`xdistill.train.onpolicy_step.build_mix`).
@@ -33,6 +35,7 @@ import torch
 from xdistill import distributed as xdist
 from xdistill.data.loader import WatchedIterator, stateful_loader
 from xdistill.errors import ConfigError
+from xdistill.log import get_logger
 from xdistill.rollout import (PromptDataset, RolloutScorer, build_engine, collate_prompts,
                               open_prompts, sampling_for_step)
 from xdistill.student.build import check_positions
@@ -46,12 +49,13 @@ from xdistill.train.metrics import (GRAD_NORM_KEY, LR_KEY, TOK_PER_S_KEY, TOKENS
 from xdistill.train.mode import Run, TrainMode
 from xdistill.train.onpolicy_config import OnPolicyConfig, validate_onpolicy
 from xdistill.train.onpolicy_step import (build_mix, build_onpolicy_plan, local_units,
-                                          offpolicy_micro, scored_step)
+                                          offpolicy_micro, scored_step, step_reward_norm)
 from xdistill.train.step import sum_counts
 
 # rollout figures of the step that the console shows
 TOOL_TOKEN_RATIO, RESPONSE_LEN = Metric("tool_token_ratio"), Metric("response_len")
 UNALIGNED_FRAC = Metric("onpolicy/unaligned_frac")
+log = get_logger("train")
 
 class _SyncedGenerate:
     """The student seen by ``HFGenerateEngine`` under FSDP2: ``generate`` runs with
@@ -120,6 +124,7 @@ class OnPolicyMode(TrainMode):
         self._plan = None
         # (step, every loader's state when that step started pulling its micro-batches)
         self._boundary: tuple[int, list] | None = None
+        self._reward_norm = None   # the step's reward normaliser (prepare_step)
         # the frozen initial student (simple_opd's reference KL), else None
         self.reference = None
 
@@ -162,6 +167,13 @@ class OnPolicyMode(TrainMode):
 
     def start(self, run: Run) -> None:
         # an engine with its own copy of the weights (vLLM) starts from the student as resumed
+        if run.start_step and not _sync_point(run.cfg, run.start_step) and xdist.is_main_process():
+            log.warning("resuming at step %d, which is not a weight-sync step (rollout.sync_every "
+                        "%d, checkpoint.every %d: a checkpoint written on a stop signal): an "
+                        "engine with its own weights (vLLM) now samples from the step-%d student, "
+                        "the uninterrupted run from an older one until its next sync",
+                        run.start_step, run.cfg.rollout.sync_every, run.cfg.checkpoint.every,
+                        run.start_step)
         self.engine.sync_weights(run.model)
         self.pool.start()
         self.pool.check_tokenizers(run.plan.tokenizers(), run.plan.tokenizer_keys())
@@ -174,20 +186,23 @@ class OnPolicyMode(TrainMode):
         corpus) run out before the step is filled (the loader states of its start are kept for
         the checkpoint of the step before: :meth:`loader_states`)."""
         self._boundary = (step, [ld.state_dict() for ld in self.loaders])
-        offpolicy = self.mix is not None and is_offpolicy_step(run.cfg, step)
-        try:
-            if offpolicy:
+        if self.mix is not None and is_offpolicy_step(run.cfg, step):
+            try:
                 with timers("data"):
                     return [("offpolicy", next(self.iters[1])) for _ in range(run.accum)]
-            with timers("data"):   # every prompt before any generation: ranks agree on the end
-                prompts = [next(self.iters[0]) for _ in range(run.accum)]
-            return [("rollout", rollout_batch(run, step, timers, m if run.accum > 1 else None, p))
-                    for m, p in enumerate(prompts)]
-        except StopIteration:
-            if offpolicy:
+            except StopIteration:
                 raise DataExhausted(step, "the off-policy corpus (offpolicy.data.paths)",
                                     "offpolicy.data.epochs") from None
-            raise DataExhausted(step, "the prompts (prompts.paths)", "prompts.epochs") from None
+        prompts, ran_out = [], None
+        with timers("data"):   # every prompt before any generation
+            try:
+                prompts = [next(self.iters[0]) for _ in range(run.accum)]
+            except StopIteration:
+                ran_out = DataExhausted(step, "the prompts (prompts.paths)", "prompts.epochs")
+        # generation runs collectives (FSDP all-gathers): every rank agrees on the end first
+        core.agree_on_data_end(step, ran_out)
+        return [("rollout", rollout_batch(run, step, timers, m if run.accum > 1 else None, p))
+                for m, p in enumerate(prompts)]
 
     def loader_states(self, step: int) -> list:
         """Every loader's state right after ``step``: the states recorded when step ``step + 1``
@@ -210,6 +225,11 @@ class OnPolicyMode(TrainMode):
         """Per teacher, the samples routed to it (``prompts.route_column``; None: all)."""
         return route_rows(self.loaders[0].dataset.source, indices, list(self._plan.specs))
 
+    def prepare_step(self, run, micros: list) -> None:
+        # reward weights are normalised over the whole step (every micro-batch and rank)
+        self._reward_norm = step_reward_norm(
+            [item[2] for kind, item in micros if kind == "rollout"], run.cfg.loss.reward_beta)
+
     def micro_step(self, run, micro, num_valid, timers, metrics) -> None:
         kind, item = micro
         metrics.mean("offpolicy", float(kind == "offpolicy"))
@@ -217,11 +237,12 @@ class OnPolicyMode(TrainMode):
             offpolicy_micro(run, item, num_valid, timers, metrics)
             return
         indices, ro, scored = item
-        scored_step(run, scored, num_valid, timers, metrics, rows=self.rows(indices))
+        scored_step(run, scored, num_valid, timers, metrics, rows=self.rows(indices),
+                    reward_norm=self._reward_norm)
         _rollout_metrics(metrics, ro, scored)
 
     def after_update(self, run, step: int) -> None:
-        if step % run.cfg.rollout.sync_every == 0:
+        if _sync_point(run.cfg, step):
             self.engine.sync_weights(run.model)
 
     def log_samples(self, run, step: int, micros: list) -> None:
@@ -316,3 +337,11 @@ def run_onpolicy(cfg: OnPolicyConfig, reward_fn=None) -> dict:
     with ``loss.reward_beta > 0`` they weight the samples.
     """
     return core.train(cfg, OnPolicyMode(reward_fn))
+
+
+def _sync_point(cfg, step: int) -> bool:
+    """Whether the engine gets the student's weights after ``step``: every ``rollout.sync_every``
+    steps, and at each periodic checkpoint (so that a resume from it starts from the weights the
+    uninterrupted run's engine holds)."""
+    every = cfg.checkpoint.every
+    return step % cfg.rollout.sync_every == 0 or (every > 0 and step % every == 0)

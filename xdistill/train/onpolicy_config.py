@@ -172,8 +172,8 @@ class OnPolicyLossConfig:
     # applies to the cross-tokenizer k1/k3 teachers (other kinds are unaffected; dpca and
     # simple_opd teachers are an error)
     byte_units: Literal["chunk", "token"] = "chunk"
-    # reward weighting of samples: weight B * softmax(reward / reward_beta) when the rollouts
-    # carry rewards; 0 = off
+    # reward weighting of samples: weight N * softmax(reward / reward_beta) over the N samples
+    # of the whole step (every micro-batch and rank) when the rollouts carry rewards; 0 = off
     reward_beta: float = 0.0
     # fraction lambda of optimizer steps that train on an off-policy batch from offpolicy.data
     # instead of rollouts (0 = pure on-policy)

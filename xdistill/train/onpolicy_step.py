@@ -28,10 +28,12 @@ Timing (seconds per step): ``generation``, ``score`` (re-render, re-tokenize, al
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 
+from xdistill import distributed as xdist
 from xdistill.errors import ConfigError
 from xdistill.losses import MultiTeacherLoss
 from xdistill.losses.bytecredit import credit_alignment, uses_byte_credit
@@ -324,11 +326,35 @@ def _record_teacher(metrics: StepMetrics, name: str, spec, res, weight: float, c
             metrics.per_unit(Metric(key, name), g if g == g else 0.0)
 
 
-def sample_weights(scored, beta: float):
-    """Per-sample reward weights (None when off or the rollouts carry no rewards)."""
-    if beta <= 0 or scored.rewards_B is None:
+@dataclass(frozen=True)
+class RewardNorm:
+    """The reward normaliser of a whole step: N samples, ``log sum exp(r / beta)`` over them."""
+
+    count: int
+    log_norm: float
+
+
+def step_reward_norm(scored_batches, beta: float) -> RewardNorm | None:
+    """The step's :class:`RewardNorm` over every micro-batch of every rank (two collectives;
+    every rank calls it); None when reward weighting is off or no rollout carries rewards."""
+    if beta <= 0:
         return None
-    return reward_weights(scored.rewards_B, beta)
+    rs = [s.rewards_B.detach().double().flatten() / beta for s in scored_batches
+          if s.rewards_B is not None]
+    local = torch.cat(rs) if rs else torch.zeros(0, dtype=torch.float64)
+    top = xdist.all_reduce_max(float(local.max()) if local.numel() else -math.inf)
+    if top == -math.inf:
+        return None
+    total = xdist.all_reduce_sum(float(torch.exp(local - top).sum()))
+    return RewardNorm(int(xdist.all_reduce_sum(int(local.numel()))), top + math.log(total))
+
+
+def sample_weights(scored, beta: float, norm: RewardNorm | None):
+    """Per-sample reward weights normalised over the step (``norm``: :func:`step_reward_norm`);
+    None when off or the rollouts carry no rewards."""
+    if beta <= 0 or scored.rewards_B is None or norm is None:
+        return None
+    return reward_weights(scored.rewards_B, beta, count=norm.count, log_norm=norm.log_norm)
 
 
 def loss_and_backward(run, scored, timers, *, backward: bool = True) -> dict[str, float]:
@@ -337,20 +363,21 @@ def loss_and_backward(run, scored, timers, *, backward: bool = True) -> dict[str
     num_valid = all_reduce_counts(local_units(run.plan, scored.batch,
                                               stop_BTs=scored.stop_BTs))
     metrics = StepMetrics()
-    scored_step(run, scored, num_valid, timers, metrics, backward=backward)
+    scored_step(run, scored, num_valid, timers, metrics, backward=backward,
+                reward_norm=step_reward_norm([scored], run.cfg.loss.reward_beta))
     return metrics.reduce(num_valid).flat()
 
 
 def scored_step(run, scored, num_valid, timers, metrics, *, backward: bool = True,
-                rows=None) -> None:
+                rows=None, reward_norm: RewardNorm | None = None) -> None:
     """Teachers, student forward, weighted on-policy losses and backward of one scored batch
     (:func:`xdistill.train.forward.teachers_and_student`: remote teachers compute while the
-    student runs its forward)."""
+    student runs its forward); ``reward_norm``: the step's (:func:`step_reward_norm`)."""
     cfg, plan = run.cfg, run.plan
 
     def loss_of(logits, batch, results):
         outputs = {name: results[name].to(run.device) for name in plan.specs}
-        weights = sample_weights(scored, cfg.loss.reward_beta)
+        weights = sample_weights(scored, cfg.loss.reward_beta, reward_norm)
         if weights is not None:
             weights = weights.to(run.device)
         with timers("loss"):
