@@ -75,7 +75,11 @@ class TeacherPool:
                 log.info("teacher %r ready: %s on %s, outputs via %s", name, client.placement,
                          client.config.device, client.transport)
         except BaseException:
-            self.close()
+            try:
+                self.close()
+            except Exception as exc:   # the start's own error is the one to see
+                log.warning("closing the teachers after a failed start also failed: %s: %s",
+                            type(exc).__name__, exc)
             raise
 
     def check_tokenizers(self, toks: dict, keys: dict | None = None) -> None:

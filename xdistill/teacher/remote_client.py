@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import signal
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 
 import numpy as np
@@ -119,13 +120,24 @@ class SubprocessClient(_RemoteClient):
                                 name=f"xdistill-teacher-{self.name}",
                                 args=(child, self.engine_factory, self.transport,
                                       self.config.slots, self.config.num_threads))
-        with held():   # the child ignores the trainer's stop signals from its first instruction
-            self.proc.start()
-        child.close()
+        try:
+            with held():   # the child ignores the trainer's stop signals from its first instruction
+                self.proc.start()
+        except Exception as exc:   # e.g. an engine factory that spawn cannot pickle
+            self._conn.close()
+            self.proc = None
+            self._broken = f"{self._where()} could not be launched"
+            raise TeacherError(f"{self._broken}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            child.close()
         self._sender = ThreadPoolExecutor(1, thread_name_prefix=f"xdistill-teacher-{self.name}-send")
         self._sends: list = []   # futures of queued requests, oldest first
         self.pid = self.proc.pid
         self.reader = make_reader(self.transport)
+        # a trainer that exits without close(): multiprocessing then terminates the worker, which
+        # leaves at once (child_signals) without unlinking its shared memory; this finaliser runs
+        # first (atexit order) and unlinks it
+        weakref.finalize(self, _forget_worker, self.reader, self.pid)
 
     def wait_ready(self):
         if self.info is not None:
@@ -152,19 +164,19 @@ class SubprocessClient(_RemoteClient):
         msg = ("forward", slot, step, np.array(ids, copy=True), np.array(mask, copy=True))
         self._sends.append(self._sender.submit(self._conn.send, msg))
 
-    def _check_sent(self) -> None:
+    def _check_sent(self, what: str = "") -> None:
         """Raise the error of a failed send (the worker is gone); forget finished sends."""
         while self._sends and self._sends[0].done():
             exc = self._sends.pop(0).exception()
             if isinstance(exc, (BrokenPipeError, EOFError, OSError)):
-                raise self._died() from exc
+                raise self._died(what) from exc
             if exc is not None:
                 raise self._fail(f"{self._where()}: sending a request failed: "
                                  f"{type(exc).__name__}: {exc}") from exc
 
-    def _died(self) -> TeacherError:
+    def _died(self, what: str = "") -> TeacherError:
         self.proc.join(1.0)
-        err = self._fail(f"{self._where()} {_describe_exit(self.proc.exitcode)}")
+        err = self._fail(f"{self._where()} {_describe_exit(self.proc.exitcode)}{_during(what)}")
         if self.reader is not None:
             self.reader.forget_worker(self.pid)
         return err
@@ -173,16 +185,16 @@ class SubprocessClient(_RemoteClient):
         """Next message, or TeacherError when the worker dies or ``deadline`` passes."""
         while True:
             remaining = deadline - time.monotonic()
-            self._check_sent()
+            self._check_sent(what)
             try:
                 if self._conn.poll(max(0.0, min(_POLL_S, remaining))):
                     return self._conn.recv()
             except (EOFError, OSError):
-                raise self._died() from None
+                raise self._died(what) from None
             if not self.proc.is_alive():
                 if self._conn.poll(0):  # it answered, then exited
                     continue
-                raise self._died()
+                raise self._died(what)
             if remaining <= 0:
                 self._kill()
                 raise self._fail(f"{self._where()} did not answer {what} within {timeout:g} s "
@@ -192,6 +204,8 @@ class SubprocessClient(_RemoteClient):
         self._store(self._recv(deadline, timeout, f"request {step}"))
 
     def _kill(self) -> None:
+        if self.proc.pid is None:      # never launched
+            return
         if self.proc.is_alive():
             self.proc.kill()
         self.proc.join(5.0)
@@ -268,6 +282,7 @@ class RayClient(_RemoteClient):
         if msg[0] != "ready":
             first = msg[2].strip().splitlines()[-1]
             self._broken = f"{self._where()} failed to start: {first}"
+            self._kill()     # the actor would otherwise hold its resources for the session
             raise teacher_error(self._broken, msg[2])
         self.info = msg[1]
         self.pid = self.info.pid
@@ -288,7 +303,8 @@ class RayClient(_RemoteClient):
         except RayActorError as exc:
             if self.reader is not None and self.transport == "shm" and self.pid:
                 self.reader.forget_worker(self.pid)
-            raise self._fail(f"{self._where()} died: {str(exc).strip().splitlines()[0]}") from None
+            raise self._fail(f"{self._where()} died{_during(what)}: "
+                             f"{str(exc).strip().splitlines()[0]}") from None
         except RayError as exc:
             raise self._fail(f"{self._where()} failed: {exc}") from None
 
@@ -324,3 +340,17 @@ class RayClient(_RemoteClient):
         if self.reader is not None:
             self.reader.close()
         self._broken = self._broken or "closed"
+
+
+def _forget_worker(reader, pid) -> None:
+    """Unlink the shared memory worker ``pid`` made (an exit-time finaliser's body)."""
+    if reader is not None and pid:
+        reader.forget_worker(pid)
+
+
+def _during(what: str) -> str:
+    """`` while answering request 3`` / `` while waiting for it to start`` (or nothing)."""
+    if not what:
+        return ""
+    return f" while answering {what}" if what.startswith("request") else \
+        f" while waiting for it {what}"
