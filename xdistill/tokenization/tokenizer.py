@@ -104,17 +104,8 @@ class Tokenizer:
         if backend is None:
             raise TokenizerError(f"{source}: not a fast (tokenizers-backed) tokenizer")
         self.hf, self.name, self.source = hf, name, source
-        # A private copy: encode() must never pad or truncate (BERT's tokenizer.json ships with
-        # both on), and calling the public ``hf`` with truncation=/padding= switches them on in
-        # its backend.
-        # deferred: tokenizers (xdistill.tokenization stays numpy-only)
-        from tokenizers import Tokenizer as RustTokenizer
-
+        self._shared = backend
         serialised = backend.to_str()
-        backend = RustTokenizer.from_str(serialised)
-        backend.no_padding()
-        backend.no_truncation()
-        self._backend = backend
         self._spec = json.loads(serialised)
         self.family = detect_family(self._spec, source)
         self.lossy = is_lossy(self._spec, self.family)
@@ -278,6 +269,28 @@ class Tokenizer:
     def _fast_tables(self) -> tuple[list[int], frozenset[int]]:
         """Byte length per id (a Python list) and the set of role ids, for :meth:`encode_ids_batch`."""
         return self._len_V.tolist(), frozenset(np.flatnonzero(self.table.roles_V != ROLE_TEXT).tolist())
+
+    @property
+    def _backend(self):
+        """The Rust tokenizer encode() uses: ``hf``'s own while it neither pads nor truncates,
+        else a private copy with both off (encode() must never pad or truncate: BERT's
+        tokenizer.json ships with both on, and calling the public ``hf`` with ``truncation=`` /
+        ``padding=`` switches them on in its backend). A copy costs ~0.8 s for Gemma-3's
+        vocabulary, so it is made only when needed."""
+        shared = self._shared
+        if shared.padding is None and shared.truncation is None:
+            return shared
+        return self._private_backend
+
+    @functools.cached_property
+    def _private_backend(self):
+        # deferred: tokenizers (xdistill.tokenization stays numpy-only)
+        from tokenizers import Tokenizer as RustTokenizer
+
+        backend = RustTokenizer.from_str(self._shared.to_str())
+        backend.no_padding()
+        backend.no_truncation()
+        return backend
 
     @functools.cached_property
     def _text_backend(self):
