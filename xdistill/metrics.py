@@ -109,18 +109,31 @@ class MetricsWriter:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Records of a ``metrics.jsonl`` file; a malformed line is an error naming its number."""
+    """Records of a ``metrics.jsonl`` file: JSON objects with an integer ``step``; anything else
+    (a malformed line, another kind of JSON, a record without a step, text that is not UTF-8)
+    is an error naming the line."""
     path = Path(path)
     if not path.is_file():
         raise XDistillError(f"metrics file {str(path)!r} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        raise XDistillError(f"{path}:{line}: not UTF-8 text ({exc.reason}); is this a "
+                            "metrics.jsonl file?") from None
     records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise XDistillError(f"{path}:{number}: not a JSON record ({exc.msg})") from None
+        step = record.get("step") if isinstance(record, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool):
+            raise XDistillError(f"{path}:{number}: expected a JSON object with an integer "
+                                f"'step', got {line.strip()[:80]!r}")
+        records.append(record)
     return records
 
 

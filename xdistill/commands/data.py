@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from xdistill.commands import plain
@@ -75,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         # deferred: torch, pyarrow via xdistill.data (keeps `xdistill data --help` fast)
         from xdistill.data.prepare import prepare
 
+        for flag, value, least in (("--shard-mb", args.shard_mb, 0.0),
+                                   ("--max-doc-mb", args.max_doc_mb, None)):
+            if not math.isfinite(value) or value < 0 or (least is not None and value <= least):
+                raise DataError(f"{flag} must be a finite number "
+                                f"{'> 0' if least is not None else '>= 0 (0: never split)'}, "
+                                f"got {value}")
         index, wrote = prepare(args.inputs, args.output, text_column=args.text_column,
                                messages_column=args.messages_column, fmt=args.format,
                                invalid_utf8=args.invalid_utf8,
@@ -96,7 +103,9 @@ def _info(args) -> int:
         except (OSError, ValueError) as exc:
             raise DataError(f"cannot read {path}: {exc}") from None
         # deferred: torch, pyarrow via xdistill.data (keeps `xdistill data --help` fast)
-        from xdistill.data.verify import check_shards
+        from xdistill.data.verify import check_index, check_shards
+
+        check_index(path, index)              # another program's index.json is one line
 
         check_shards(args.directory, index)   # a truncated or missing shard is an error
         print(_summary(index))

@@ -66,7 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     # deferred: numpy via xdistill.demo (keeps `import xdistill.commands.demo` light)
     from xdistill.demo.tokenizer_pairs import PARAGRAPH, format_reports, run
 
-    reports = run(tuple(args.names.split(",")))
+    names = tuple(n.strip() for n in args.names.split(",") if n.strip())
+    if len(names) < 2:
+        parser.error(f"--names needs at least two comma-separated tokenizer names to compare, "
+                     f"got {args.names!r}")
+    reports = run(names)
     print("Bundled paragraph:\n" + PARAGRAPH)
     print(format_reports(reports))
     print("\n'by bytes' counts tokens whose contributed bytes are identical (Ġhello == ▁hello);\n"

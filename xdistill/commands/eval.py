@@ -45,13 +45,19 @@ def score_model(args) -> dict:
     from xdistill.student.model import load_causal_lm
     from xdistill.tokenization import load_tokenizer
     from xdistill.train.evaluate import model_bits_per_byte
+    # deferred: tqdm (with the scoring imports)
+    from tqdm import tqdm
 
     if not args.data:
         raise ConfigError("--model needs --data (prepared held-out data)")
+    if args.batches < 1:
+        raise ConfigError(f"--batches must be >= 1, got {args.batches}")
     tok = load_tokenizer(args.tokenizer or args.model)
     model = load_causal_lm(args.model)
-    out = model_bits_per_byte(model, tok, args.data, seq_len=args.seq_len, batch_size=args.batch,
-                              batches=args.batches, add_bos=args.bos)
+    with tqdm(total=args.batches, desc="eval", unit="batch", file=sys.stderr) as bar:
+        out = model_bits_per_byte(model, tok, args.data, seq_len=args.seq_len,
+                                  batch_size=args.batch, batches=args.batches, add_bos=args.bos,
+                                  progress=lambda done: bar.update(done - bar.n))
     return {"model": args.model, "tokenizer": tok.name, "add_bos": out.pop("add_bos"), **out}
 
 

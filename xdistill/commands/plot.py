@@ -85,6 +85,22 @@ def main(argv: list[str] | None = None) -> int:
     if not any(runs.values()):
         raise XDistillError("no metric records found in " + ", ".join(args.metrics))
     keys = choose_keys(runs, args.keys.split(",") if args.keys else None)
-    plot_runs(runs, keys, Path(args.output))
-    print(f"wrote {args.output} ({len(keys)} panels: {', '.join(keys)})")
+    out = output_path(args.output)
+    plot_runs(runs, keys, out)
+    print(f"wrote {out} ({len(keys)} panels: {', '.join(keys)})")
     return 0
+
+
+_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg", "eps", "ps", "tif", "tiff", "webp")
+
+
+def output_path(name: str) -> Path:
+    """The file the figure goes to: ``name``, with ``.png`` added when it has no suffix (as
+    matplotlib does), refused when its suffix is no image format matplotlib writes."""
+    out = Path(name)
+    if not out.suffix:
+        return out.with_name(out.name + ".png")
+    if out.suffix[1:].lower() not in _FORMATS:
+        raise XDistillError(f"-o {name}: {out.suffix!r} is not an image format; use one of "
+                            f"{', '.join('.' + f for f in _FORMATS)}")
+    return out

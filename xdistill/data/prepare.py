@@ -64,6 +64,8 @@ SCHEMA = pa.schema([
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 FORMATS = ("auto", "jsonl", "parquet", "arrow", "text", "text-lines")
 _BATCH_ROWS = 1024
+# the key of the index a prepare writes while it moves shards in (an interrupted one leaves it)
+INCOMPLETE = "incomplete"
 MAX_DOC_BYTES = 512 << 10   # default split size of long text documents (see the docstring)
 MIN_DOC_BYTES = 4096        # smallest allowed split size (a cut always finds a character boundary)
 
@@ -130,10 +132,15 @@ def _record_doc(obj, text_column: str, messages_column: str, where: str):
                     "name others)")
 
 
+_BOM = b"\xef\xbb\xbf"
+
+
 def _read_jsonl(path, opts):
     with open(path, "rb") as fh:
         for lineno, raw in enumerate(fh, 1):
             yield len(raw), None
+            if lineno == 1 and raw.startswith(_BOM):   # a byte-order mark is not JSON
+                raw = raw[len(_BOM):]
             if not raw.strip():
                 continue
             where = f"{path} line {lineno}"
@@ -201,6 +208,8 @@ def _read_table(path, opts, fmt):
 def _read_text(path, opts, per_line: bool):
     raw = Path(path).read_bytes()
     yield len(raw), None
+    if raw.startswith(_BOM):        # a byte-order mark is not the document's text
+        raw = raw[len(_BOM):]
     pieces = raw.split(b"\n") if per_line else [raw]
     for lineno, piece in enumerate(pieces, 1):
         if per_line and piece.endswith(b"\r"):
@@ -398,11 +407,20 @@ def _convert(files, fmt, tmp: Path, opts: dict, shard_bytes: int, progress: bool
     }
 
 
-def _install(tmp: Path, out: Path, index: dict) -> None:
+def _install(tmp: Path, out: Path, index: dict, replace_file: bool = False) -> None:
+    """Move the new shards in, then write the index. The old index is first replaced by an
+    *incomplete* marker, so an interrupted install leaves a folder that every reader refuses
+    (and the next run prepares again), never old and new shards under the old index."""
+    if replace_file:               # --overwrite of a file: replaced once the data is ready
+        out.unlink()
+        out.mkdir()
     try:
         old = json.loads((out / "index.json").read_text()).get("shards", [])
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):
         old = []
+    marker = tmp / "incomplete.json"
+    marker.write_text(json.dumps({INCOMPLETE: True}) + "\n")
+    os.replace(marker, out / "index.json")
     for shard in index["shards"]:
         os.replace(tmp / shard["file"], out / shard["file"])
     keep = {s["file"] for s in index["shards"]}
@@ -414,22 +432,30 @@ def _install(tmp: Path, out: Path, index: dict) -> None:
     os.replace(tmp_index, out / "index.json")
 
 
-def _check_output(out: Path, files: list[Path], overwrite: bool) -> None:
-    """An existing file, or a dataset prepared from other input files, is replaced only with
-    ``overwrite``; otherwise a DataError says what is there. (The same inputs, changed or with
-    other options, are prepared again in place.)"""
+def _resolved(paths) -> list[str]:
+    return [str(Path(p).resolve()) for p in paths]
+
+
+def _check_output(out: Path, inputs, files: list[Path], overwrite: bool) -> bool:
+    """An existing file, or a dataset prepared from other inputs, is replaced only with
+    ``overwrite``; otherwise a DataError says what is there. (The same inputs, however spelt,
+    changed, with files added to an input folder or with other options, are prepared again in
+    place.) Returns whether ``out`` is a file to replace (after the conversion succeeds)."""
     if out.exists() and not out.is_dir():
         if not overwrite:
             raise DataError(f"output {out} exists and is not a directory; choose another output "
                             "directory (-o), or pass --overwrite to replace the file")
-        out.unlink()
-        return
+        return True
     try:
         index = json.loads((out / "index.json").read_text())
-    except (OSError, ValueError):
-        return
-    sources = [s.get("path") for s in index.get("sources", [])]
-    if not overwrite and sources != [str(f) for f in files]:
+        sources = [s.get("path") for s in index.get("sources", [])]
+    except (OSError, ValueError, AttributeError):
+        return False
+    if index.get(INCOMPLETE):      # an interrupted prepare: finish the job
+        return False
+    same = index.get("inputs") == _resolved(inputs) if "inputs" in index else \
+        _resolved(sources) == _resolved(files)
+    if not overwrite and not same:
         shown = ", ".join(map(str, sources[:3])) + (", ..." if len(sources) > 3 else "")
         raise DataError(f"output {out} already holds a dataset prepared from other inputs "
                         f"({index.get('documents', '?')} documents from {shown or '?'}); choose "
@@ -464,12 +490,13 @@ def prepare(inputs, out_dir, *, text_column: str = "text", messages_column: str 
     current = _up_to_date(out, fingerprint) if out.is_dir() else None
     if current is not None:
         return current, False
-    _check_output(out, files, overwrite)
+    replace_file = _check_output(out, inputs, files, overwrite)
+    home = out.parent if replace_file else out      # the new shards are written next to it
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        home.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise DataError(f"cannot create output directory {out}: {exc.strerror or exc}") from None
-    tmp = Path(tempfile.mkdtemp(prefix=".prepare-", dir=out))
+        raise DataError(f"cannot create output directory {home}: {exc.strerror or exc}") from None
+    tmp = Path(tempfile.mkdtemp(prefix=".prepare-", dir=home))
     try:
         index = _convert(files, fmt, tmp, opts, shard_bytes, progress)
         if index["documents"] == 0:
@@ -479,7 +506,8 @@ def prepare(inputs, out_dir, *, text_column: str = "text", messages_column: str 
                             f"{text_column!r} / --messages-column {messages_column!r}")
         index["fingerprint"] = fingerprint
         index["options"] = options
-        _install(tmp, out, index)
+        index["inputs"] = _resolved(inputs)
+        _install(tmp, out, index, replace_file)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return index, True

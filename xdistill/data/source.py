@@ -122,8 +122,11 @@ def resolve_files(paths) -> tuple[list[Path], list[int] | None]:
         if path.is_dir() and (path / INDEX_NAME).is_file():
             try:
                 index = json.loads((path / INDEX_NAME).read_text())
+                if isinstance(index, dict) and index.get("incomplete"):
+                    raise DataError(f"{path}: an `xdistill data prepare` into it stopped before "
+                                    "it finished (index.json marks it incomplete); run it again")
                 shards = index["shards"]
-            except (ValueError, KeyError) as exc:
+            except (ValueError, KeyError, TypeError) as exc:
                 raise DataError(f"corrupt index {path / INDEX_NAME}: {exc}") from None
             files += [path / s["file"] for s in shards]
             if counts is not None:

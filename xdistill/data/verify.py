@@ -48,6 +48,31 @@ def verify_documents(paths, *, text_column: str = "text", messages_column: str =
     return counts
 
 
+_INDEX_KEYS = ("documents", "bytes", "shards", "skipped_empty")
+
+
+def check_index(path: Path, index) -> None:
+    """DataError unless ``index`` (read from ``path``) is a prepared dataset's index: an object
+    with the summary counts and a list of shards, each naming its ``file``."""
+    if isinstance(index, dict) and index.get("incomplete"):
+        raise DataError(f"{path}: an `xdistill data prepare` into this folder stopped before it "
+                        "finished (its index marks it incomplete); run it again")
+    missing = [k for k in _INDEX_KEYS if k not in index] if isinstance(index, dict) else None
+    if missing is None or missing:
+        what = f"lacks {', '.join(map(repr, missing))}" if missing else \
+            f"is a JSON {type(index).__name__}"
+        raise DataError(f"{path} is not an index written by `xdistill data prepare` (it {what}); "
+                        "prepare the data into this folder, or give another folder")
+    shards = index["shards"]
+    bad = None if isinstance(shards, list) else "'shards' is not a list"
+    for i, shard in enumerate(shards if bad is None else []):
+        if not isinstance(shard, dict) or not isinstance(shard.get("file"), str):
+            bad = f"shard entry {i} names no 'file'"
+            break
+    if bad:
+        raise DataError(f"{path} is not an index written by `xdistill data prepare` ({bad})")
+
+
 def check_shards(out: str | Path, index: dict) -> None:
     """DataError naming the first shard of ``index`` that is missing, has another size than when
     it was written, or is not a readable arrow file with its recorded number of rows."""

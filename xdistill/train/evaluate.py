@@ -27,6 +27,7 @@ from itertools import islice
 import torch
 
 from xdistill.data import DataConfig, build_loader
+from xdistill.errors import ConfigError, DataError
 from xdistill.losses.engine import shift_targets, token_logprobs
 from xdistill.losses.multi_teacher import LossReport
 from xdistill.tokenization.bos import resolve_add_bos
@@ -112,6 +113,8 @@ def model_bits_per_byte(model, tok, paths, *, seq_len: int = 256, batch_size: in
     ``tok`` (the model's own tokenizer); ``add_bos`` starts every window with the BOS (None:
     the model's default, :mod:`xdistill.tokenization.bos`; Gemma needs its BOS). Returns ``{"bpb", "loss", "tokens", "bytes", "add_bos"}``.
     """
+    if batches < 1:
+        raise ConfigError(f"batches (eval --batches) must be >= 1, got {batches}")
     add_bos = resolve_add_bos(add_bos, tok, "add_bos (eval --bos / --no-bos)")
     cfg = DataConfig(paths=list(paths), seq_len=seq_len, batch_size=batch_size, num_workers=0,
                      shuffle=False, epochs=1, add_bos=add_bos)
@@ -126,5 +129,8 @@ def model_bits_per_byte(model, tok, paths, *, seq_len: int = 256, batch_size: in
         nll, tokens, n_bytes = nll + a, tokens + b, n_bytes + c
         if progress is not None:
             progress(i + 1)
-    return {"bpb": nll / (math.log(2) * max(n_bytes, 1)), "loss": nll / max(tokens, 1),
+    if n_bytes == 0:      # bits per byte over nothing is undefined (0.0 would read as perfect)
+        raise DataError(f"{', '.join(map(str, paths))}: no byte was scored (no window with a "
+                        "target token); give more data or a shorter --seq-len")
+    return {"bpb": nll / (math.log(2) * n_bytes), "loss": nll / max(tokens, 1),
             "tokens": tokens, "bytes": n_bytes, "add_bos": add_bos}
