@@ -153,34 +153,42 @@ def encode_continuation(tok, text: str, literal: bool = True):
     return _arrays(enc)
 
 
-def _literal_region(tok, enc, prefix_b: bytes, text: str):
+def _role_count(tok, enc) -> int:
+    ids = np.asarray(enc.ids, dtype=np.int64)
+    return int((tok.table.roles_V[ids] != ROLE_TEXT).sum()) if ids.size else 0
+
+
+def _literal_region(tok, prefix: str, text: str):
     """The region when the one-piece encoding read a special-token string of the response as
     its control token: the prompt up to its last role token as it was, then the rest of the
     prompt and the response encoded as text (so tokens still merge across the boundary). After
     a role token the text gets a dummy-prefix space only if the tokenizer puts one there in the
-    one-piece encoding."""
-    ids_all = np.asarray(enc.ids, dtype=np.int64)
-    roles = np.flatnonzero(tok.table.roles_V[ids_all] != ROLE_TEXT)
-    # a role token's span is empty (at its string's start): the text after it starts where the
-    # next token does; a role string the response completes is not the prompt's
-    starts = np.append(np.asarray(enc.starts, dtype=np.int64), np.iinfo(np.int64).max)
-    in_prefix = roles[starts[roles + 1] <= len(prefix_b)] if roles.size else roles
-    j = int(in_prefix[-1]) if in_prefix.size else -1
-    cut = int(starts[j + 1]) if j >= 0 else 0
-    tail = prefix_b[cut:].decode("utf-8") + text
-    spaced = j < 0 or (j + 1 < len(enc.ids) and int(enc.phantom_bytes_T()[j + 1]) > 0)
-    if spaced:
-        ids, phantom, starts, ends_t = _arrays(encode_literal(tok, tail))
+    one-piece encoding (probed with ``prefix + "a"``)."""
+    prefix_b = prefix.encode("utf-8")
+    pe = tok.encode(prefix, add_special_tokens=False)
+    pe_ids = np.asarray(pe.ids, dtype=np.int64)
+    roles = np.flatnonzero(tok.table.roles_V[pe_ids] != ROLE_TEXT) if pe_ids.size else pe_ids
+    j = int(roles[-1]) if roles.size else -1
+    spaced = j < 0
+    if j >= 0:
+        # a role token's span is empty (at its string's start): the text after it starts where
+        # the next token does, or at the prompt's end
+        cut = int(pe.starts[j + 1]) if j + 1 < pe_ids.size else len(prefix_b)
+        probe = tok.encode(prefix + "a", add_special_tokens=False)
+        spaced = j + 1 < len(probe.ids) and int(probe.phantom_bytes_T()[j + 1]) > 0
     else:
-        ids, phantom, starts, ends_t = encode_continuation(tok, tail)
-    k = int(np.searchsorted(ends_t, len(prefix_b) - cut, side="right")) if ids.size else 0
-    reg_starts = starts[k:] - (len(prefix_b) - cut)
-    phantom = phantom[k:]
+        cut = 0
+    tail = prefix_b[cut:].decode("utf-8") + text
+    ids, phantom, starts, ends_t = (_arrays(encode_literal(tok, tail)) if spaced
+                                    else encode_continuation(tok, tail))
+    at = len(prefix_b) - cut
+    k = int(np.searchsorted(ends_t, at, side="right")) if ids.size else 0
+    reg_starts, phantom = starts[k:] - at, phantom[k:]
     if reg_starts.size and reg_starts[0] < 0:      # straddles the boundary
         phantom[0] += -int(reg_starts[0])
         reg_starts[0] = 0
-    pre = np.concatenate([ids_all[:j + 1], ids[:k]])
-    return pre, ids[k:], phantom, reg_starts, ends_t[k:] - (len(prefix_b) - cut)
+    pre = np.concatenate([pe_ids[:j + 1], ids[:k]])
+    return pre, ids[k:], phantom, reg_starts, ends_t[k:] - at
 
 
 def teacher_region(tok, prefix: str, response: bytes) -> TeacherRegion:
@@ -191,9 +199,11 @@ def teacher_region(tok, prefix: str, response: bytes) -> TeacherRegion:
     first_text = runs[0][1].decode("utf-8") if runs and runs[0][2] else ""
     enc = tok.encode(prefix + first_text, add_special_tokens=False)
     pre, ids, phantom, starts, ends = _region_of(enc, tok.table.lengths_V, len(prefix_b))
-    if ids.size and (tok.table.roles_V[ids] != ROLE_TEXT).any():
-        # special-token text inside the response: read as text (see _literal_region)
-        pre, ids, phantom, starts, ends = _literal_region(tok, enc, prefix_b, first_text)
+    n_roles = _role_count(tok, enc)
+    if first_text and n_roles and n_roles > _role_count(
+            tok, tok.encode(prefix, add_special_tokens=False)):
+        # special-token text in the response (anywhere, its start included): read as text
+        pre, ids, phantom, starts, ends = _literal_region(tok, prefix, first_text)
     parts_ids, parts_ph, parts_s, parts_e = [ids], [phantom], [starts], [ends]
     missing = 0
     byte_tok = single_byte_tokens(tok)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -59,33 +60,110 @@ def server_message(raw: bytes) -> str:
     return _quote(raw)
 
 
+class _Deadline:
+    """Shuts a try's sockets down at its deadline: a read blocked on a server that trickles its
+    status line, headers or body then ends, and the try is a timeout (a socket timeout alone
+    bounds each read, not the try)."""
+
+    def __init__(self, deadline: float):
+        self.deadline, self._timers = deadline, []
+
+    def watch(self, sock) -> None:
+        timer = threading.Timer(max(0.0, self.deadline - time.monotonic()), _shut, (sock,))
+        timer.daemon = True
+        timer.start()
+        self._timers.append(timer)
+
+    def passed(self) -> bool:
+        return time.monotonic() >= self.deadline
+
+    def cancel(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+
+
+def _shut(sock) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def _watched(base):
+    class Watched(base):
+        def __init__(self, *args, watch, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._watch = watch
+
+        def connect(self):
+            super().connect()
+            self._watch(self.sock)
+    return Watched
+
+
+_HTTP, _HTTPS = _watched(http.client.HTTPConnection), _watched(http.client.HTTPSConnection)
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, watch):
+        super().__init__()
+        self._w = watch
+
+    def http_open(self, req):
+        return self.do_open(_HTTP, req, watch=self._w)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, watch):
+        super().__init__()
+        self._w = watch
+
+    def https_open(self, req):
+        return self.do_open(_HTTPS, req, context=self._context, watch=self._w)
+
+
 def _once(url: str, body: dict | None, timeout_s: float, headers: dict) -> dict:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method="GET" if body is None else "POST",
                                  headers={"Content-Type": "application/json", **headers})
-    deadline = time.monotonic() + timeout_s
+    deadline = _Deadline(time.monotonic() + timeout_s)
+    opener = urllib.request.build_opener(_HTTPHandler(deadline.watch),
+                                         _HTTPSHandler(deadline.watch))
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            raw = _read_by(resp, deadline, timeout_s)
+        return _try(opener, req, deadline, timeout_s)
+    finally:
+        deadline.cancel()
+
+
+def _try(opener, req, deadline: _Deadline, timeout_s: float) -> dict:
+    timeout = HttpFailure(f"no answer within {timeout_s:g} s (timeout)", transient=True)
+    try:
+        with opener.open(req, timeout=timeout_s) as resp:
+            raw = _read_by(resp, deadline.deadline, timeout_s)
     except urllib.error.HTTPError as exc:
         status = exc.code
         try:
             text = server_message(exc.read() or b"")
         except (http.client.HTTPException, OSError) as read_exc:
             text = f"(its answer could not be read: {type(read_exc).__name__})"
+        if deadline.passed():
+            raise timeout from None
         raise HttpFailure(f"HTTP {status}: {text}", status, transient=status >= 500) from None
+    except (socket.timeout, TimeoutError):
+        raise timeout from None
     except http.client.HTTPException as exc:   # cut mid-answer, or not an HTTP server
+        if deadline.passed():
+            raise timeout from None
         raise HttpFailure(f"not a complete HTTP answer ({type(exc).__name__}: {_quote(str(exc))})",
                           transient=True) from None
-    except (socket.timeout, TimeoutError):
-        raise HttpFailure(f"no answer within {timeout_s:g} s (timeout)", transient=True) from None
     except urllib.error.URLError as exc:
         reason = exc.reason
-        if isinstance(reason, (socket.timeout, TimeoutError)):
-            raise HttpFailure(f"no answer within {timeout_s:g} s (timeout)",
-                              transient=True) from None
+        if isinstance(reason, (socket.timeout, TimeoutError)) or deadline.passed():
+            raise timeout from None
         raise HttpFailure(f"cannot connect ({reason})", transient=True) from None
     except (ConnectionError, OSError) as exc:  # reset / closed mid-answer
+        if deadline.passed():
+            raise timeout from None
         raise HttpFailure(f"connection failed ({type(exc).__name__}: {exc})",
                           transient=True) from None
     try:

@@ -137,7 +137,7 @@ class SubprocessClient(_RemoteClient):
         # a trainer that exits without close(): multiprocessing then terminates the worker, which
         # leaves at once (child_signals) without unlinking its shared memory; this finaliser runs
         # first (atexit order) and unlinks it
-        weakref.finalize(self, _forget_worker, self.reader, self.pid)
+        self._finalizer = weakref.finalize(self, _forget_worker, self.reader, self.pid)
 
     def wait_ready(self):
         if self.info is not None:
@@ -225,6 +225,7 @@ class SubprocessClient(_RemoteClient):
             except (FutureTimeout, BrokenPipeError, OSError):
                 pass
         self._kill()     # a send still blocked on a dead worker's pipe now fails
+        self._finalizer.detach()   # done here; at exit the pid may be another process's
         self._sender.shutdown(wait=True)
         self._conn.close()
         if self.reader is not None:

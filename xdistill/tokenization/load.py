@@ -139,6 +139,9 @@ def _json_roles(path: Path) -> dict[str, str]:
     for tok in added:
         if isinstance(tok, dict) and tok.get("special") and isinstance(tok.get("content"), str):
             found.setdefault(role_of(tok["content"], {}), []).append(tok["content"])
+    # BERT's [CLS] has the bos role in the tables, but its folder declares no BOS token (and
+    # adds none by default): a bare file must not make it one
+    found[ROLE_BOS] = [t for t in found.get(ROLE_BOS, []) if t != "[CLS]"]
     return {attr: found[role][0] for attr, role in (
         ("bos_token", ROLE_BOS), ("eos_token", ROLE_EOS), ("pad_token", ROLE_PAD),
         ("unk_token", ROLE_UNK)) if len(found.get(role, ())) == 1}
@@ -158,8 +161,13 @@ def _load_path(path: Path):
             raise TokenizerError(f"{path}: folder has no tokenizer.json, tokenizer.model, "
                                  "tokenizer_config.json or single .gguf file")
         model = path / "tokenizer.model"
-        if not (path / "tokenizer.json").is_file() and model.is_file() and _is_tiktoken_file(model):
+        alone = model.is_file() and not any(
+            (path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
+        if model.is_file() and not (path / "tokenizer.json").is_file() \
+                and _is_tiktoken_file(model):
             return _load_tiktoken(model)       # Llama-3's original/: a rank file, as the file route
+        if alone:                              # Llama-2 / Mistral original/: as the .model file
+            return _load_spm(model)
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     suffix = path.suffix.lower()
     if suffix == ".gguf":

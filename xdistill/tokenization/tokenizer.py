@@ -294,12 +294,22 @@ class Tokenizer:
 
     @functools.cached_property
     def _text_backend(self):
-        """A copy of the Rust tokenizer that reads special-token strings as plain text
-        (``encode_special_tokens``; a copy, so the shared one never changes mode)."""
+        """A copy of the Rust tokenizer that reads every role token's string as plain text
+        (``encode_special_tokens``; role tokens an ``added_tokens`` entry marks non-special,
+        as Phi-3's ``</s>``, are marked special in the copy first, or they would still match).
+        A copy, so the shared one never changes mode."""
         # deferred: tokenizers (xdistill.tokenization stays numpy-only)
         from tokenizers import Tokenizer as RustTokenizer
 
-        backend = RustTokenizer.from_str(self._backend.to_str())
+        spec = json.loads(self._backend.to_str())
+        roles = self.table.roles_V
+        for tok in spec.get("added_tokens") or []:
+            tid = tok.get("id")
+            if isinstance(tid, int) and 0 <= tid < roles.size and roles[tid] != ROLE_TEXT:
+                tok["special"] = True
+        backend = RustTokenizer.from_str(json.dumps(spec))
+        backend.no_padding()
+        backend.no_truncation()
         backend.encode_special_tokens = True
         return backend
 
