@@ -134,14 +134,21 @@ def test_dead_worker_error_names_the_request():
     """A worker that dies while answering request N surfaces as one TeacherError naming the teacher
     and the request (as the timeout and worker-exception errors do)."""
     cfg = TeacherConfig(name="victim", placement="subprocess", timeout_s=60)
-    with SubprocessClient(cfg, engine_factory=functools.partial(SleepEngine, 3.0)) as client:
-        client.forward(_one(), timeout=20).release()
+    _kill_mid_request(SubprocessClient(cfg, engine_factory=functools.partial(SleepEngine, 3.0)),
+                      "killed by signal SIGKILL")
+
+
+def _kill_mid_request(client, pattern: str) -> None:
+    """Kill ``client``'s worker while it answers a request: one TeacherError matching
+    ``pattern`` that names the teacher and the request."""
+    with client:
+        client.forward(_one(), timeout=30).release()
         step = client.submit(_one())
         time.sleep(0.3)
         os.kill(client.pid, signal.SIGKILL)   # mid-request
-        with pytest.raises(TeacherError, match="killed by signal SIGKILL") as err:
+        with pytest.raises(TeacherError, match=pattern) as err:
             client.collect(step)
-        assert "'victim'" in str(err.value)
+        assert f"'{client.name}'" in str(err.value)
         assert f"request {step}" in str(err.value), str(err.value)
 
 
@@ -190,15 +197,7 @@ def test_dead_ray_actor_error_names_the_request(ray_cluster):
 
     cfg = TeacherConfig(name="rayvictim", placement="ray", num_threads=1, timeout_s=60,
                         ray=RayPlacement(num_cpus=0.25))
-    with RayClient(cfg, engine_factory=functools.partial(SleepEngine, 2.0)) as client:
-        client.forward(_one(), timeout=30).release()
-        step = client.submit(_one())
-        time.sleep(0.3)
-        os.kill(client.pid, signal.SIGKILL)   # mid-request
-        with pytest.raises(TeacherError, match="died") as err:
-            client.collect(step)
-        assert "'rayvictim'" in str(err.value)
-        assert f"request {step}" in str(err.value), str(err.value)
+    _kill_mid_request(RayClient(cfg, engine_factory=functools.partial(SleepEngine, 2.0)), "died")
 
 
 def _unpicklable_factory():
