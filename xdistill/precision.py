@@ -89,8 +89,9 @@ def bf16_matmul_speedup() -> float:
 
 
 def cuda_bf16_supported() -> bool:
-    """Whether the current CUDA device computes bf16 natively (Ampere and newer)."""
-    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    """Whether the current CUDA device computes bf16 natively (Ampere and newer; torch's own
+    check also counts the emulation pre-Ampere GPUs run unless told not to)."""
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
 
 
 def fast_bf16(device: torch.device | str) -> tuple[bool, str]:

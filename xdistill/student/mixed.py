@@ -104,12 +104,19 @@ class ShadowCast:
                 module.__dict__.pop(n, None)
         return hook
 
-    def remove(self) -> None:
+    def _uninstall(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles.clear()
         self._cache.clear()
 
+    def remove(self) -> None:
+        """Undo the mixed precision for good: the model computes in float32 again and no longer
+        reports bf16 compute (it can be given mixed precision again)."""
+        self._uninstall()
+        self._step_hook.remove()
+        if self._model.__dict__.get(_ATTR) is self:
+            self._model.__dict__.pop(_ATTR)
 
     @contextlib.contextmanager
     def suspended(self) -> Iterator[None]:
@@ -117,7 +124,7 @@ class ShadowCast:
         copies); on exit the hooks come back."""
         if not self._handles:
             raise RuntimeError("these mixed-precision hooks were removed; nothing to suspend")
-        self.remove()
+        self._uninstall()
         try:
             yield
         finally:
