@@ -39,7 +39,7 @@ Failing tests (each a defect):
 
 1. ``test_a_response_starting_with_a_special_string_is_read_as_text`` (gpt2, mistral, phi3,
    smollm2): a response that *starts* with a teacher special-token string (or is only one)
-   is read as the control token: ``_region_of`` keeps a role token at the boundary in the
+   is read as the control token: ``_split_at`` keeps a role token at the boundary in the
    prefix, so ``teacher_region`` sees no role token in the region and never takes the literal
    path. The region lacks the response's first bytes and the prompt gains an EOS/BOS.
 2. ``test_phi3_end_of_text_string_in_a_response_is_read_as_text`` /
@@ -90,7 +90,7 @@ def _special(tok) -> str:
 def test_a_response_starting_with_a_special_string_is_read_as_text(get_tokenizer, name, body):
     """From the contract: the region's tokens spell exactly the response bytes and are text
     tokens. The one-piece encoding reads the leading ``</s>`` as the control token; a role token
-    right at the boundary stays in the prefix (``_region_of``), so ``teacher_region`` never sees
+    right at the boundary stays in the prefix (``_split_at``), so ``teacher_region`` never sees
     a role token in the region and the literal path is not taken: the teacher reads its EOS in
     the prompt and the region lacks the response's first bytes."""
     tok = get_tokenizer(name)

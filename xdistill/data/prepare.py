@@ -53,7 +53,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from xdistill.data.chat import as_conversation, is_empty_conversation
-from xdistill.data.source import as_binary, decode_utf8
+from xdistill.data.source import INCOMPLETE, as_binary, decode_utf8
 from xdistill.errors import DataError
 
 FORMAT_VERSION = 1
@@ -64,8 +64,6 @@ SCHEMA = pa.schema([
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 FORMATS = ("auto", "jsonl", "parquet", "arrow", "text", "text-lines")
 _BATCH_ROWS = 1024
-# the key of the index a prepare writes while it moves shards in (an interrupted one leaves it)
-INCOMPLETE = "incomplete"
 MAX_DOC_BYTES = 512 << 10   # default split size of long text documents (see the docstring)
 MIN_DOC_BYTES = 4096        # smallest allowed split size (a cut always finds a character boundary)
 

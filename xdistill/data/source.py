@@ -39,6 +39,15 @@ from xdistill.errors import DataError
 ARROW_SUFFIXES = (".arrow", ".feather", ".ipc")
 PARQUET_SUFFIXES = (".parquet",)
 INDEX_NAME = "index.json"
+# the key of the index `data prepare` writes while it moves shards in (an interrupted one leaves it)
+INCOMPLETE = "incomplete"
+
+
+def check_complete(folder: Path, index) -> None:
+    """DataError when ``index`` (of ``folder``) is the marker an interrupted prepare left."""
+    if isinstance(index, dict) and index.get(INCOMPLETE):
+        raise DataError(f"{folder}: an `xdistill data prepare` into it stopped before it "
+                        "finished (index.json marks it incomplete); run it again")
 
 
 def decode_utf8(raw: bytes, policy: str, where: str,
@@ -122,9 +131,7 @@ def resolve_files(paths) -> tuple[list[Path], list[int] | None]:
         if path.is_dir() and (path / INDEX_NAME).is_file():
             try:
                 index = json.loads((path / INDEX_NAME).read_text())
-                if isinstance(index, dict) and index.get("incomplete"):
-                    raise DataError(f"{path}: an `xdistill data prepare` into it stopped before "
-                                    "it finished (index.json marks it incomplete); run it again")
+                check_complete(path, index)
                 shards = index["shards"]
             except (ValueError, KeyError, TypeError) as exc:
                 raise DataError(f"corrupt index {path / INDEX_NAME}: {exc}") from None

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from xdistill.data.chat import CHAT_ROLES, check_roles, is_empty_conversation
 from xdistill.data.packing import check_roles_message
-from xdistill.data.source import DocumentSource
+from xdistill.data.source import DocumentSource, check_complete
 from xdistill.errors import DataError
 
 
@@ -54,9 +54,7 @@ _INDEX_KEYS = ("documents", "bytes", "shards", "skipped_empty")
 def check_index(path: Path, index) -> None:
     """DataError unless ``index`` (read from ``path``) is a prepared dataset's index: an object
     with the summary counts and a list of shards, each naming its ``file``."""
-    if isinstance(index, dict) and index.get("incomplete"):
-        raise DataError(f"{path}: an `xdistill data prepare` into this folder stopped before it "
-                        "finished (its index marks it incomplete); run it again")
+    check_complete(path.parent, index)
     missing = [k for k in _INDEX_KEYS if k not in index] if isinstance(index, dict) else None
     if missing is None or missing:
         what = f"lacks {', '.join(map(repr, missing))}" if missing else \

@@ -96,19 +96,29 @@ def utf8_runs(data: bytes) -> list[tuple[int, bytes, bool]]:
     return out
 
 
-def _region_of(enc, lengths_V, prefix_bytes: int):
-    """Split a one-piece encoding of ``prefix + run`` at the first token holding a run byte."""
-    ids = np.asarray(enc.ids, dtype=np.int64)
-    ends = np.asarray(enc.ends, dtype=np.int64)
-    starts = np.asarray(enc.starts, dtype=np.int64)
-    k = int(np.searchsorted(ends, prefix_bytes, side="right")) if ids.size else 0
-    # role tokens right at the boundary (start == end == prefix_bytes) stay in the prefix
-    phantom = np.asarray(enc.phantom_bytes_T(), dtype=np.int64)[k:].copy()
-    reg_starts = starts[k:] - prefix_bytes
+def _split_at(ids, phantom, starts, ends, at: int):
+    """``(prefix ids, region ids, phantom, starts, ends)``: an encoding of ``prefix + run`` (as
+    arrays) split at the first token holding a run byte (``at`` = the prefix's bytes); region
+    spans in run coordinates. Role tokens right at the boundary (start == end == at) stay in
+    the prefix; a token straddling the boundary counts its prefix bytes as phantom bytes."""
+    k = int(np.searchsorted(ends, at, side="right")) if ids.size else 0
+    phantom = phantom[k:].copy()
+    reg_starts = starts[k:] - at
     if reg_starts.size and reg_starts[0] < 0:      # straddles the boundary
         phantom[0] += -int(reg_starts[0])
         reg_starts[0] = 0
-    return ids[:k], ids[k:], phantom, reg_starts, ends[k:] - prefix_bytes
+    return ids[:k], ids[k:], phantom, reg_starts, ends[k:] - at
+
+
+def _response_roles(tok, enc, text_bytes: int, at: int) -> bool:
+    """Whether the one-piece encoding read a role token out of the run: a role token's span is
+    empty (at its string's start), and its string ends where the next token starts."""
+    ids = np.asarray(enc.ids, dtype=np.int64)
+    roles = np.flatnonzero(tok.table.roles_V[ids] != ROLE_TEXT) if ids.size else ids
+    if not roles.size:
+        return False
+    string_end = np.append(np.asarray(enc.starts, dtype=np.int64)[1:], text_bytes)
+    return bool((string_end[roles] > at).any())
 
 
 def encode_literal(tok, text: str):
@@ -153,11 +163,6 @@ def encode_continuation(tok, text: str, literal: bool = True):
     return _arrays(enc)
 
 
-def _role_count(tok, enc) -> int:
-    ids = np.asarray(enc.ids, dtype=np.int64)
-    return int((tok.table.roles_V[ids] != ROLE_TEXT).sum()) if ids.size else 0
-
-
 def _literal_region(tok, prefix: str, text: str):
     """The region when the one-piece encoding read a special-token string of the response as
     its control token: the prompt up to its last role token as it was, then the rest of the
@@ -181,14 +186,9 @@ def _literal_region(tok, prefix: str, text: str):
     tail = prefix_b[cut:].decode("utf-8") + text
     ids, phantom, starts, ends_t = (_arrays(encode_literal(tok, tail)) if spaced
                                     else encode_continuation(tok, tail))
-    at = len(prefix_b) - cut
-    k = int(np.searchsorted(ends_t, at, side="right")) if ids.size else 0
-    reg_starts, phantom = starts[k:] - at, phantom[k:]
-    if reg_starts.size and reg_starts[0] < 0:      # straddles the boundary
-        phantom[0] += -int(reg_starts[0])
-        reg_starts[0] = 0
-    pre = np.concatenate([pe_ids[:j + 1], ids[:k]])
-    return pre, ids[k:], phantom, reg_starts, ends_t[k:] - at
+    pre, ids, phantom, starts, ends_t = _split_at(ids, phantom, starts, ends_t,
+                                                  len(prefix_b) - cut)
+    return np.concatenate([pe_ids[:j + 1], pre]), ids, phantom, starts, ends_t
 
 
 def teacher_region(tok, prefix: str, response: bytes) -> TeacherRegion:
@@ -198,12 +198,11 @@ def teacher_region(tok, prefix: str, response: bytes) -> TeacherRegion:
     runs = utf8_runs(response)
     first_text = runs[0][1].decode("utf-8") if runs and runs[0][2] else ""
     enc = tok.encode(prefix + first_text, add_special_tokens=False)
-    pre, ids, phantom, starts, ends = _region_of(enc, tok.table.lengths_V, len(prefix_b))
-    n_roles = _role_count(tok, enc)
-    if first_text and n_roles and n_roles > _role_count(
-            tok, tok.encode(prefix, add_special_tokens=False)):
+    if first_text and _response_roles(tok, enc, len(prefix_b) + len(runs[0][1]), len(prefix_b)):
         # special-token text in the response (anywhere, its start included): read as text
         pre, ids, phantom, starts, ends = _literal_region(tok, prefix, first_text)
+    else:
+        pre, ids, phantom, starts, ends = _split_at(*_arrays(enc), len(prefix_b))
     parts_ids, parts_ph, parts_s, parts_e = [ids], [phantom], [starts], [ends]
     missing = 0
     byte_tok = single_byte_tokens(tok)

@@ -139,7 +139,7 @@ def _try(opener, req, deadline: _Deadline, timeout_s: float) -> dict:
     timeout = HttpFailure(f"no answer within {timeout_s:g} s (timeout)", transient=True)
     try:
         with opener.open(req, timeout=timeout_s) as resp:
-            raw = _read_by(resp, deadline.deadline, timeout_s)
+            raw = _read_by(resp, deadline.deadline)
     except urllib.error.HTTPError as exc:
         status = exc.code
         try:
@@ -172,17 +172,13 @@ def _try(opener, req, deadline: _Deadline, timeout_s: float) -> dict:
         raise HttpFailure(f"the answer is not JSON: {_quote(raw)!r}") from None
 
 
-def _read_by(resp, deadline: float, timeout_s: float) -> bytes:
+def _read_by(resp, deadline: float) -> bytes:
     """The whole answer body, read in chunks, before ``deadline`` (``timeout_s`` bounds the whole
     request, not each socket read: a server trickling its answer is a timeout too)."""
-    sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
     chunks = []
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
+    while True:      # a read blocked past the deadline ends when _Deadline shuts the socket
+        if time.monotonic() >= deadline:
             raise TimeoutError
-        if sock is not None:
-            sock.settimeout(left)
         chunk = resp.read1(1 << 16)
         if not chunk:
             break

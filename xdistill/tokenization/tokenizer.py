@@ -96,6 +96,17 @@ def padding_id(tok) -> int:
     return 0
 
 
+def _plain_copy(serialised: str):
+    """A Rust tokenizer from its JSON, padding and truncation off (encode() never pads or cuts)."""
+    # deferred: tokenizers (xdistill.tokenization stays numpy-only)
+    from tokenizers import Tokenizer as RustTokenizer
+
+    backend = RustTokenizer.from_str(serialised)
+    backend.no_padding()
+    backend.no_truncation()
+    return backend
+
+
 class Tokenizer:
     """A loaded tokenizer (use :func:`xdistill.tokenization.load_tokenizer`)."""
 
@@ -284,13 +295,7 @@ class Tokenizer:
 
     @functools.cached_property
     def _private_backend(self):
-        # deferred: tokenizers (xdistill.tokenization stays numpy-only)
-        from tokenizers import Tokenizer as RustTokenizer
-
-        backend = RustTokenizer.from_str(self._shared.to_str())
-        backend.no_padding()
-        backend.no_truncation()
-        return backend
+        return _plain_copy(self._shared.to_str())
 
     @functools.cached_property
     def _text_backend(self):
@@ -298,18 +303,13 @@ class Tokenizer:
         (``encode_special_tokens``; role tokens an ``added_tokens`` entry marks non-special,
         as Phi-3's ``</s>``, are marked special in the copy first, or they would still match).
         A copy, so the shared one never changes mode."""
-        # deferred: tokenizers (xdistill.tokenization stays numpy-only)
-        from tokenizers import Tokenizer as RustTokenizer
-
         spec = json.loads(self._backend.to_str())
         roles = self.table.roles_V
         for tok in spec.get("added_tokens") or []:
             tid = tok.get("id")
             if isinstance(tid, int) and 0 <= tid < roles.size and roles[tid] != ROLE_TEXT:
                 tok["special"] = True
-        backend = RustTokenizer.from_str(json.dumps(spec))
-        backend.no_padding()
-        backend.no_truncation()
+        backend = _plain_copy(json.dumps(spec))
         backend.encode_special_tokens = True
         return backend
 
