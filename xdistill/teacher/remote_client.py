@@ -6,6 +6,7 @@ numbers plus token ids; outputs come back through the transport's slots."""
 from __future__ import annotations
 
 import functools
+import logging
 import signal
 import time
 import weakref
@@ -22,6 +23,7 @@ from xdistill.teacher.transport import TeacherLease, choose_transport, make_read
 from xdistill.teacher.worker import make_output
 
 _POLL_S = 0.05
+log = logging.getLogger(__name__)
 
 
 def _describe_exit(code) -> str:
@@ -34,6 +36,32 @@ def _describe_exit(code) -> str:
             return f"was killed by signal {-code}"
     return f"exited with code {code}"
 
+
+_DEATH_WAIT_S = 10.0
+
+
+def _await_death(actor, name: str) -> None:
+    """Wait (at most ``_DEATH_WAIT_S``) until a killed Ray actor stops answering.
+
+    ``ray.kill`` only sends the kill: a call made right after it can still be answered, and the
+    actor keeps its CPUs and memory until it is gone. Waiting here means a closed or failed
+    client has really handed its resources back."""
+    # deferred: ray (optional extra `ray`)
+    import ray
+    # deferred: ray (optional extra `ray`)
+    from ray.exceptions import GetTimeoutError, RayError
+
+    deadline = time.monotonic() + _DEATH_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=max(0.0, deadline - time.monotonic()))
+        except GetTimeoutError:
+            break
+        except RayError:
+            return          # dead: the kill has landed
+        time.sleep(_POLL_S)
+    log.warning("teacher %r: its Ray actor still answered %g s after ray.kill; it may hold its "
+                "resources a while longer", name, _DEATH_WAIT_S)
 
 
 class _RemoteClient(TeacherClient):
@@ -322,6 +350,7 @@ class RayClient(_RemoteClient):
 
         if self.actor is not None:
             ray.kill(self.actor, no_restart=True)
+            _await_death(self.actor, self.name)
         if self.reader is not None and self.transport == "shm" and self.pid:
             self.reader.forget_worker(self.pid)
 
