@@ -296,3 +296,23 @@ def test_integers_are_read_as_yaml_1_2_reads_them(tmp_path):
         assert cfg.train.seed == want, text
     with pytest.raises(ConfigError, match="train.steps"):
         load_config(OffPolicyConfig, None, ["train.steps=1:30"])
+
+
+def test_overrides_reach_into_free_form_model_config(tmp_path):
+    """``student.model_config`` is a free-form mapping (``dict[str, Any]``): a dotted override
+    reaches nested mappings and list items in it, as it does in a file; a scalar is still not a
+    section."""
+    from xdistill.student.config import StudentConfig
+
+    path = tmp_path / "s.yaml"
+    path.write_text("model_config:\n  rope_scaling: {factor: 1.0}\n  layer_types: [full, sliding]\n")
+    cfg = load_config(StudentConfig, path, ["model_config.rope_scaling.factor=2.0",
+                                            "model_config.rope_scaling.rope_type=linear",
+                                            "model_config.layer_types.1=full",
+                                            "model_config.extra.deep.key=3"])
+    assert cfg.model_config == {"rope_scaling": {"factor": 2.0, "rope_type": "linear"},
+                                "layer_types": ["full", "full"], "extra": {"deep": {"key": 3}}}
+    with pytest.raises(ConfigError, match="model_config.rope_scaling.factor is not a section"):
+        load_config(StudentConfig, path, ["model_config.rope_scaling.factor.x=1"])
+    with pytest.raises(ConfigError, match="index 5 is out of range"):
+        load_config(StudentConfig, path, ["model_config.layer_types.5=full"])

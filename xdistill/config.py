@@ -336,14 +336,14 @@ def apply_override(data: dict, parts: list[str], value: Any, cls: type) -> None:
                 raise ConfigError(f"unknown config key {dotted!r} in override; allowed: "
                                   f"{', '.join(names)}")
             child_tp = typing.get_type_hints(tp)[part]
-        elif get_origin(tp) in (list, tuple):
+        elif get_origin(tp) in (list, tuple) or (tp is Any and isinstance(node, list)):
             if not part.isdigit() or int(part) >= len(node):
                 raise ConfigError(f"override {dotted!r}: index {part} is out of range "
                                   f"(the list has {len(node)} items)")
             part = int(part)
-            child_tp = get_args(tp)[0]
-        elif get_origin(tp) is dict:
-            child_tp = get_args(tp)[1] if get_args(tp) else Any
+            child_tp = get_args(tp)[0] if get_args(tp) else Any
+        elif get_origin(tp) is dict or (tp is Any and isinstance(node, dict)):
+            child_tp = get_args(tp)[1] if get_args(tp) else Any   # free-form: any key
         else:
             raise ConfigError(f"override {dotted!r}: {'.'.join(parts[:depth])} is not a section")
         if last:
