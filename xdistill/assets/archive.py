@@ -11,6 +11,7 @@ import shutil
 import tarfile
 import tempfile
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +44,10 @@ class Archive:
         self.path = path
         self._names: list[str] | None = None
 
+    def _corrupt(self, exc: BaseException) -> AssetError:
+        return AssetError(f"corrupt archive {self.path}: {type(exc).__name__}: {exc} "
+                          "(delete it and fetch again)")
+
     def _open(self) -> None:
         if self._names is not None:
             return
@@ -56,8 +61,8 @@ class Archive:
                 self._tar = tarfile.open(path, "r:gz")
                 self._members = {m.name: m for m in self._tar.getmembers() if m.isfile()}
                 self._names = list(self._members)
-        except (OSError, zipfile.BadZipFile, tarfile.TarError) as exc:
-            raise AssetError(f"corrupt archive {path}: {exc} (delete it and fetch again)") from exc
+        except _CORRUPT as exc:   # a cut-short gzip ends in EOFError while listing members
+            raise self._corrupt(exc) from exc
 
     def _member(self, suffix: str) -> str:
         self._open()
@@ -67,16 +72,43 @@ class Archive:
                              f"found {len(matches)}")
         return matches[0]
 
-    def open(self, suffix: str):
-        """A binary file object streaming the member ending in ``suffix``."""
+    def open(self, suffix: str) -> "_MemberReader":
+        """A binary reader streaming the member ending in ``suffix``; a damaged member (bad
+        CRC, cut-short stream) is an :class:`AssetError` naming the archive."""
         name = self._member(suffix)
-        if self._zip is not None:
-            return self._zip.open(name)
-        return self._tar.extractfile(self._members[name])
+        try:
+            fh = self._zip.open(name) if self._zip is not None \
+                else self._tar.extractfile(self._members[name])
+        except _CORRUPT as exc:
+            raise self._corrupt(exc) from exc
+        return _MemberReader(fh, self)
 
     def read(self, suffix: str) -> bytes:
         with self.open(suffix) as fh:
             return fh.read()
+
+
+# what a damaged archive raises somewhere between opening it and reading a member's last byte
+_CORRUPT = (OSError, EOFError, zlib.error, zipfile.BadZipFile, tarfile.TarError)
+
+
+class _MemberReader:
+    """A member's file object whose read errors name the archive (see :meth:`Archive.open`)."""
+
+    def __init__(self, fh, archive: Archive):
+        self._fh, self._archive = fh, archive
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self._fh.read(size)
+        except _CORRUPT as exc:
+            raise self._archive._corrupt(exc) from exc
+
+    def __enter__(self) -> "_MemberReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._fh.close()
 
 
 class Staging:

@@ -159,6 +159,8 @@ def load_causal_lm(path: str | os.PathLike, *, dtype: torch.dtype | str = torch.
     """
     # deferred: transformers (slow import; only building or loading a model needs it)
     from transformers import AutoModelForCausalLM
+    # deferred: safetensors (comes with transformers; only loading a model needs it)
+    from safetensors import SafetensorError
 
     folder = resolve_model_path(path)
     kwargs = _attention_kwargs(attn_implementation)
@@ -183,8 +185,10 @@ def load_causal_lm(path: str | os.PathLike, *, dtype: torch.dtype | str = torch.
                             "(expected a Hugging Face save_pretrained folder or a .gguf file)")
     try:
         return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True, **kwargs)
-    except (OSError, ValueError) as exc:
-        raise XDistillError(f"cannot load a causal LM from {str(folder)!r}: {exc}") from None
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as exc:
+        # SafetensorError: a cut-short or damaged model.safetensors (an interrupted copy)
+        raise XDistillError(f"cannot load a causal LM from {str(folder)!r}: "
+                            f"{type(exc).__name__}: {exc}") from None
 
 
 def detach_quantizer(model: nn.Module) -> nn.Module:
@@ -283,7 +287,9 @@ def export_hf(model: nn.Module, out_dir: str | os.PathLike, tokenizer: Any = Non
     """
     out = Path(out_dir)
     problem = None
-    if xdist.is_main_process() and out.exists() and any(out.iterdir()) and not overwrite:
+    if xdist.is_main_process() and out.exists() and not out.is_dir():
+        problem = f"export folder {str(out)!r} is a file, not a folder"
+    elif xdist.is_main_process() and out.exists() and any(out.iterdir()) and not overwrite:
         problem = f"export folder {str(out)!r} exists and is not empty (pass overwrite=True)"
     problem = xdist.broadcast_object(problem)  # every rank raises, none waits in a collective
     if problem:

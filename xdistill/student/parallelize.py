@@ -127,16 +127,22 @@ def parallelize_student(model: nn.Module, mesh=None, cfg: StudentConfig | None =
     if isinstance(model, FSDPModule):
         raise XDistillError(f"parallelize_student: {type(model).__name__} is already sharded")
     layers = find_decoder_layers(model)
-    if cfg.activation_checkpointing:
-        apply_activation_checkpointing(layers)
-    if mesh is None:
+    if mesh is None:       # before the model is touched: a config error leaves it as it was
         mesh = xdist.build_device_mesh(dp_replicate=cfg.dp_replicate)
     if mesh is None:
+        if cfg.cpu_offload:
+            raise ConfigError("student.cpu_offload: CPU offload is FSDP2's and needs a process "
+                              "group (run under torchrun, --nproc-per-node 1 for one GPU); one "
+                              "plain process keeps the whole model on its device")
+        if cfg.activation_checkpointing:
+            apply_activation_checkpointing(layers)
         compute, _ = cfg.compute_dtypes(device)
         if compute != cfg.torch_dtype:
             apply_shadow_mixed_precision(model, compute)
         return model
     mp, offload = _policies(cfg, mesh)
+    if cfg.activation_checkpointing:
+        apply_activation_checkpointing(layers)
     n = len(layers)
     for i, layer in enumerate(layers):
         # the last layer's parameters are needed first in backward: keep them gathered
