@@ -185,8 +185,10 @@ def _teacher_slots(z_t_nVt, trie, node_n, tau_t):
         cls_mass_n = torch.zeros_like(lse_n).index_add(0, row_K, lq_K.exp())
         end_n = (1 - cls_mass_n).clamp(min=0)
         has_end = trie.has_end[node_n]
-        # no END members: Q renormalised over the classes
-        norm_n = torch.where(has_end, torch.zeros_like(lse_n), -torch.log(cls_mass_n))
+        # no END members: Q renormalised over the classes, in log space (their summed mass
+        # can underflow in float32 although each class's log Q is finite)
+        norm_n = torch.where(has_end, torch.zeros_like(lse_n),
+                             -_segment_logsumexp(lq_K, row_K, lse_n.numel()))
         logq_S = torch.full((S,), float("-inf"), dtype=lse_n.dtype, device=lse_n.device)
         logq_S[off_n] = torch.where(has_end, torch.log(end_n), logq_S[off_n])
         slot_K = off_n[row_K] + 1 + (k_K - trie.class_ptr[node_n][row_K])
@@ -233,7 +235,7 @@ def continuation_kl(student_logits_BTsVs, teacher_logits_BTtVt, align: ChunkAlig
         align, trie, student_ids_BTs, teacher_ids_BTt, s_loss_mask_BTs, t_loss_mask_BTt)
     dt = torch.float64 if student_logits_BTsVs.dtype == torch.float64 else torch.float32
     total = student_logits_BTsVs.new_zeros((), dtype=dt)
-    step = max(1, int(chunk_size))
+    step = max(1, b_R.numel() if chunk_size is None else int(chunk_size))  # None: one block
     for lo in range(0, b_R.numel(), step):
         sl = slice(lo, lo + step)
         total = total + _block_kl(student_logits_BTsVs, teacher_logits_BTtVt, trie, b_R[sl],

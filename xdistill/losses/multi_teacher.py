@@ -294,7 +294,9 @@ class MultiTeacherLoss:
         s = torch.stack([x.float().cpu() for x in scores])
         absent = torch.isnan(s)  # no scored positions in this batch: no weight, no competition
         if self.weighting == "dynamic":
-            logits = (self.alpha * s + torch.log(prior)).masked_fill(absent, -math.inf)
+            # alpha 0 means the priors alone (0 * a -inf score would be NaN)
+            scaled = torch.zeros_like(s) if self.alpha == 0 else self.alpha * s
+            logits = (scaled + torch.log(prior)).masked_fill(absent, -math.inf)
             if bool(torch.isneginf(logits).all()):
                 return torch.zeros_like(prior)
             return torch.softmax(logits, dim=0)

@@ -12,6 +12,8 @@ and calls these functions; they are re-exported there.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import torch
@@ -130,6 +132,10 @@ def sampled_unit_losses(kind: str, s_unit_N: torch.Tensor, t_unit_N: torch.Tenso
     if clamps.exp_clip is not None:
         counts["exp_clip"] = int((r_N.detach().abs() > clamps.exp_clip).sum())
         rc_N = r_N.clamp(-clamps.exp_clip, clamps.exp_clip)
+    if hi is not None:
+        # k3(2 log(1 + hi) + 1) > hi: only units the loss clamp fires on are capped here, so
+        # expm1 cannot overflow to inf (whose gradient times the clamp's 0 is NaN)
+        rc_N = rc_N.clamp_max(2.0 * math.log1p(hi) + 1.0)
     k3_N = torch.expm1(rc_N) - rc_N
     if hi is not None:
         counts["loss_clamp"] = int((k3_N.detach().abs() > hi).sum())
