@@ -160,3 +160,26 @@ def test_dynamic_weights_with_alpha_zero_are_the_normalised_priors_not_nan():
     assert all(math.isfinite(w) for w in weights), weights
     assert abs(sum(weights) - 1.0) < 1e-6 and abs(weights[0] - 0.5) < 1e-6, weights
     assert math.isfinite(float(total)), total
+
+
+def test_dynamic_weights_of_tail_less_confident_top_k_teachers_still_sum_to_one():
+    """Two top-k teachers sent without their tail log-mass, both so confident that their top-k
+    mass rounds to 1, score a text token outside their top-k. Their ``neg_ce`` must stay finite
+    (the tail floored like every other log-probability in the losses), so with ``alpha > 0`` the
+    dynamic weights still sum to 1 (both teachers have positions); a -inf score for both gave
+    weights (0, 0)."""
+    B, T, V, K = 1, 3, 50, 4
+    teachers, specs = [], []
+    for name, hot in (("a", 30.0), ("b", 32.0)):
+        z = torch.zeros(B, T, V)
+        z[:, :, :2] = hot
+        tv, ti = torch.log_softmax(z, -1).topk(K, -1)
+        teachers.append(TeacherLossInput(name, topk_logp_BTtK=tv, topk_idx_BTtK=ti))
+        specs.append(TeacherSpec(name, "topk_kl"))
+    ids = torch.tensor([[0, 10, 0]])
+    zs = torch.randn(B, T, V, generator=torch.Generator().manual_seed(0))
+    loss_fn = MultiTeacherLoss(specs, weighting="dynamic", score="neg_ce", alpha=1.0)
+    total, report = loss_fn(zs, ids, torch.ones(B, T, dtype=torch.bool), teachers)
+    weights = [report.teachers[n].weight for n in ("a", "b")]
+    assert all(math.isfinite(w) for w in weights) and abs(sum(weights) - 1.0) < 1e-6, weights
+    assert math.isfinite(float(total))

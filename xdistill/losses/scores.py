@@ -16,7 +16,7 @@ import math
 import torch
 
 from xdistill.losses.chunks import loss_chunks
-from xdistill.losses.engine import (DEFAULT_CHUNK_SIZE, log1mexp, log_softmax_safe,
+from xdistill.losses.engine import (DEFAULT_CHUNK_SIZE, LOGP_FLOOR, log1mexp, log_softmax_safe,
                                     safe_logsumexp, xlogx_minus_xlogy)
 
 
@@ -58,7 +58,9 @@ def _topk_logq(inp, b, r):
     if getattr(inp, "tail_logmass_BTt", None) is not None:
         logq_R = inp.tail_logmass_BTt[b, r].float()
     else:
-        logq_R = log1mexp(safe_logsumexp(logq_K, -1).clamp_max(0.0))
+        # floored: a tail that rounds to 0 would make a text token outside the top-k score
+        # -inf, and a -inf score takes a teacher out of the dynamic weighting altogether
+        logq_R = log1mexp(safe_logsumexp(logq_K, -1).clamp_max(0.0)).clamp_min(LOGP_FLOOR)
     return torch.cat([logq_K, logq_R.unsqueeze(1)], dim=1)
 
 
