@@ -103,7 +103,8 @@ class RenderedChat:
         return self.spans_M2[keep].reshape(-1, 2)
 
 
-def _chat_template(tok) -> str | None:
+def chat_template_of(tok) -> str | None:
+    """The chat template ``tok`` renders with (None: the generic rendering)."""
     hf = getattr(tok, "hf", None)
     template = getattr(hf, "chat_template", None) if hf is not None else None
     return template if isinstance(template, str) and template else None
@@ -228,7 +229,7 @@ def render_chat(tok, conv) -> RenderedChat:
     rejects the conversation (e.g. roles it does not allow) or when it alters a content so that it
     cannot be found verbatim in the output (a loss mask could not be placed).
     """
-    template = _chat_template(tok)
+    template = chat_template_of(tok)
     if template is not None:
         def render(c):
             return tok.hf.apply_chat_template([{"role": r, "content": x} for r, x in c],
@@ -269,12 +270,15 @@ def map_offset(pos: int, src_M2: np.ndarray, dst_M2: np.ndarray, src_len: int, d
 
 
 def token_loss_mask(ids_T: np.ndarray, starts_T: np.ndarray, ends_T: np.ndarray, roles_V: np.ndarray,
-                    spans_K2: np.ndarray, end_of_turn: bool = True) -> np.ndarray:
+                    spans_K2: np.ndarray, end_of_turn: bool = True,
+                    blank_V: np.ndarray | None = None) -> np.ndarray:
     """Loss mask ``[T]``: tokens whose bytes lie inside one of the (sorted, disjoint) spans.
 
     ``starts_T/ends_T`` are byte offsets in the same coordinates as ``spans_K2``. With
     ``end_of_turn``, the first token starting at or after a span's end also carries loss when it is
-    a special token (role other than text) -- the end-of-turn marker.
+    a special token (role other than text) -- the end-of-turn marker. ``blank_V``
+    (``TokenByteTable.blank_V``): whitespace-only text tokens of the template between the span and
+    that token are skipped (Llama-2 writes ``" {content} </s>"``).
     """
     mask_T = np.zeros(len(ids_T), dtype=bool)
     if len(spans_K2) == 0 or len(ids_T) == 0:
@@ -286,8 +290,21 @@ def token_loss_mask(ids_T: np.ndarray, starts_T: np.ndarray, ends_T: np.ndarray,
     mask_T = (k_T >= 0) & has_bytes_T & (ends_T <= span_b[k_safe_T]) & (starts_T >= span_a[k_safe_T])
     if end_of_turn:
         first_T = np.searchsorted(starts_T, span_b, side="left")
+        if blank_V is not None:
+            _skip_blanks(first_T, ids_T, starts_T, roles_V, blank_V, span_a)
         ok = first_T < len(ids_T)
         cand = first_T[ok]
         special = roles_V[ids_T[cand]] != ROLE_TEXT
         mask_T[cand[special]] = True
     return mask_T
+
+
+def _skip_blanks(first_K, ids_T, starts_T, roles_V, blank_V, span_a_K) -> None:
+    """Move each ``first_K[k]`` past whitespace-only text tokens, never into the next span."""
+    n = len(ids_T)
+    for k in range(len(first_K)):
+        i, stop = int(first_K[k]), span_a_K[k + 1] if k + 1 < len(span_a_K) else None
+        while (i < n and (stop is None or starts_T[i] < stop)
+               and roles_V[ids_T[i]] == ROLE_TEXT and blank_V[ids_T[i]]):
+            i += 1
+        first_K[k] = i

@@ -19,16 +19,17 @@ Special-token policy (the same for every tokenizer): no tokenizer adds special t
 Alignment is done per segment (a piece of one document): the student's ids for the segment come
 from the packer, the teacher tokenizes the same bytes (chat: its own rendering of the same span of
 the conversation, mapped through the message contents), and ``align_batch`` aligns all segments of
-the batch in one call with the SentencePiece phantom bytes: the student segment's phantom prefix,
-and the teacher's per-token phantom bytes (also those after special tokens in the text). Chunk ids
+the batch in one call with the SentencePiece phantom bytes of both sides, per token (the dummy
+prefix, also the one after each special token in the text). Chunk ids
 are then renumbered per window in token order (BOS chunk, segment chunks, EOS chunk, ...).
 
 Truncation: a teacher with ``max_len`` keeps the longest prefix of the window that fits and ends at
 a byte offset that is a token boundary on *both* sides; student tokens past it are unaligned for
 that teacher (the student row is never cut per teacher).
 
-Teachers whose tokenizer fingerprint equals the student's (and with the same BOS setting) get the
-identity view: the student's ids, chunk ``i`` = token ``i``, all chunks exact, no aligner call.
+Teachers whose tokenizer fingerprint, BOS/EOS ids and BOS setting equal the student's (and, for
+chat data, whose chat template does: a base and an instruct checkpoint share ``tokenizer.json``
+but not their templates) get the identity view: the student's ids, chunk ``i`` = token ``i``, all chunks exact, no aligner call.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ import torch
 
 from xdistill.align import align_batch
 from xdistill.data.batch import BatchStats, DistillBatch, TeacherView
-from xdistill.data.chat import map_offset, render_chat, token_loss_mask
-from xdistill.data.packing import DEFAULT_LOSS_ROLES, Segment, Window
+from xdistill.data.chat import chat_template_of, map_offset, render_chat, token_loss_mask
+from xdistill.data.packing import DEFAULT_LOSS_ROLES, Segment, Window, phantom_T
 from xdistill.tokenization.bos import resolve_add_bos
 from xdistill.tokenization.tokenizer import padding_id
 
@@ -72,22 +73,10 @@ class _Row:
     t_pos: int
     s_ids_T: np.ndarray
     t_ids_T: np.ndarray
-    s_phantom: int
-    # teacher phantom bytes per token (SentencePiece dummy-prefix spaces, also after in-text
-    # special tokens), int64 [t_ids_T.size]
+    # phantom bytes per token (SentencePiece dummy-prefix spaces, also after in-text special
+    # tokens), int64 [s_ids_T.size] / [t_ids_T.size]
+    s_phantom_T: np.ndarray
     t_phantom_T: np.ndarray
-
-
-def _phantom_T(enc, n: int) -> np.ndarray:
-    """The first ``n`` per-token phantom byte counts of an encoding (``Encoding.phantom_T``; an
-    encoding without it has only its ``phantom_prefix``, at token 0)."""
-    ph = getattr(enc, "phantom_T", None)
-    if ph is not None:
-        return np.asarray(ph, dtype=np.int64)[:n]
-    out = np.zeros(n, dtype=np.int64)
-    if n:
-        out[0] = int(getattr(enc, "phantom_prefix", 0) or 0)
-    return out
 
 
 def resolve_teacher_bos(teachers) -> tuple:
@@ -150,6 +139,17 @@ class CrossTokenizerCollator:
             seg_pos.append(pos)
         return rows, losses, seg_pos
 
+    def _same_rendering(self, spec: TeacherTokenization, windows) -> bool:
+        """The teacher would write exactly the student's ids (the identity view applies): the
+        same vocabulary and BOS/EOS, and for chat the same template (a base and an instruct
+        checkpoint share ``tokenizer.json`` but not their templates)."""
+        tok, st = spec.tokenizer, self.student
+        if (tok.fingerprint != st.fingerprint or spec.add_bos != any(w.bos for w in windows)
+                or tok.bos_id != st.bos_id or tok.eos_id != st.eos_id):
+            return False
+        has_chat = any(seg.chat is not None for w in windows for seg in w.segments)
+        return not has_chat or chat_template_of(tok) == chat_template_of(st)
+
     def __call__(self, windows) -> DistillBatch:
         t0 = time.perf_counter()
         windows = list(windows)
@@ -160,8 +160,7 @@ class CrossTokenizerCollator:
             loss_BTs[b, :loss.size] = loss
         views = []
         for spec in self.teachers:
-            if (spec.tokenizer.fingerprint == self.student.fingerprint
-                    and spec.add_bos == any(w.bos for w in windows)):
+            if self._same_rendering(spec, windows):
                 views.append(self._identity_view(spec, ids_BTs, attn_BTs, loss_BTs))
             else:
                 views.append(self._teacher_view(spec, windows, seg_pos, ids_BTs.shape, attn_BTs))
@@ -257,12 +256,14 @@ class CrossTokenizerCollator:
         flat = [p[0] for per in pieces for p in per]
         encs = iter(tok.encode_batch(flat, add_special_tokens=False) if flat else [])
         t_rows, t_losses, rows, items = [], [], [], []  # items: (b, kind, s_pos|row, t_pos)
-        budget0 = (spec.max_len if spec.max_len is not None else 1 << 62) - int(spec.add_bos)
+        max_len = spec.max_len if spec.max_len is not None else 1 << 62
         t_eos = tok.eos_id
         for b, (w, per) in enumerate(zip(windows, pieces)):
             encs_b = [next(encs) for _ in per]
             parts, loss, t_p, used = [], [], 0, 0
+            budget0 = max_len     # a BOS the template already wrote costs no extra token
             if spec.add_bos and not _starts_with(encs_b, tok.bos_id):
+                budget0 -= 1
                 parts.append(np.array([tok.bos_id], dtype=np.int64))
                 loss.append(np.zeros(1, dtype=bool))
                 t_p = 1
@@ -272,7 +273,8 @@ class CrossTokenizerCollator:
                 t_ids = np.asarray(enc.ids, dtype=np.int64)
                 t_loss = (np.ones(t_ids.size, dtype=bool) if spans is None else
                           token_loss_mask(t_ids, np.asarray(enc.starts), np.asarray(enc.ends),
-                                          tok.table.roles_V, spans, self.end_of_turn))
+                                          tok.table.roles_V, spans, self.end_of_turn,
+                                          blank_V=tok.table.blank_V))
                 s_ids, n_eos = seg.ids_T, int(seg.eos and t_eos is not None)
                 stop = t_ids.size + n_eos > budget0 - used
                 if stop:
@@ -280,8 +282,8 @@ class CrossTokenizerCollator:
                     t_ids, t_loss, s_ids, n_eos = t_ids[:k_t], t_loss[:k_t], s_ids[:k_s], 0
                 if s_ids.size and t_ids.size:
                     items.append((b, "row", len(rows), 0))
-                    rows.append(_Row(b, seg_pos[b][j], t_p, s_ids, t_ids, seg.phantom,
-                                     _phantom_T(enc, t_ids.size)))
+                    rows.append(_Row(b, seg_pos[b][j], t_p, s_ids, t_ids,
+                                     seg.phantom_T[:s_ids.size], phantom_T(enc, t_ids.size)))
                 parts.append(t_ids)
                 loss.append(t_loss)
                 t_p, used = t_p + t_ids.size, used + t_ids.size
@@ -302,14 +304,14 @@ class CrossTokenizerCollator:
         t_len = np.array([r.t_ids_T.size for r in rows], dtype=np.int64)
         s_ids = np.zeros((N, int(s_len.max())), dtype=np.int64)
         t_ids = np.zeros((N, int(t_len.max())), dtype=np.int64)
-        t_ph = np.zeros((N, int(t_len.max())), dtype=np.int64)
+        s_ph, t_ph = np.zeros_like(s_ids), np.zeros_like(t_ids)
         for n, r in enumerate(rows):
             s_ids[n, :r.s_ids_T.size] = r.s_ids_T
             t_ids[n, :r.t_ids_T.size] = r.t_ids_T
+            s_ph[n, :r.s_ids_T.size] = r.s_phantom_T
             t_ph[n, :r.t_ids_T.size] = r.t_phantom_T
         return align_batch(s_ids, s_len, t_ids, t_len, self.student.table, spec.tokenizer.table,
-                           s_phantom_B=np.array([r.s_phantom for r in rows], dtype=np.int64),
-                           t_phantom_BTt=t_ph, chunks=self.chunks, method=self.method), s_len, t_len
+                           s_phantom_BTs=s_ph, t_phantom_BTt=t_ph, chunks=self.chunks, method=self.method), s_len, t_len
 
     def _teacher_view(self, spec: TeacherTokenization, windows, seg_pos, shape_BTs, attn_BTs) -> TeacherView:
         B, Ts = shape_BTs

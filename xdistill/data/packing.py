@@ -71,8 +71,9 @@ class Segment:
     ends_T: np.ndarray
     # True on student tokens that carry loss, [T]
     loss_T: np.ndarray
-    # bytes of ids_T[0] that are not in the text (SentencePiece dummy prefix; 0 mid-document)
-    phantom: int
+    # per token, its leading bytes that are not in the text (SentencePiece dummy prefix, also
+    # after in-text special tokens), int64 [T]
+    phantom_T: np.ndarray
     # the student's EOS separator follows this segment
     eos: bool
     # chat documents: the conversation and the student rendering's content spans; None for text
@@ -108,7 +109,7 @@ class _DocEnc:
     starts_T: np.ndarray
     ends_T: np.ndarray
     loss_T: np.ndarray
-    phantom: int
+    phantom_T: np.ndarray  # per token, as Segment.phantom_T
     chat: ChatInfo | None
     allowed_T1: np.ndarray  # [T+1]: True where a split before token k keeps characters whole
 
@@ -140,25 +141,37 @@ def _pieces(text: str, size: int) -> list[str]:
     return out
 
 
+def phantom_T(enc, n: int) -> np.ndarray:
+    """The first ``n`` per-token phantom byte counts of an encoding (``Encoding.phantom_T``; an
+    encoding without it has only its ``phantom_prefix``, at token 0)."""
+    ph = getattr(enc, "phantom_T", None)
+    if ph is not None:
+        return np.asarray(ph, dtype=np.int64)[:n]
+    out = np.zeros(n, dtype=np.int64)
+    if n:
+        out[0] = int(getattr(enc, "phantom_prefix", 0) or 0)
+    return out
+
+
+def _arrays(enc, base: int = 0):
+    n = len(enc.ids)
+    return (np.asarray(enc.ids, np.int64), np.asarray(enc.starts, np.int64) + base,
+            np.asarray(enc.ends, np.int64) + base, phantom_T(enc, n))
+
+
 def encode_text(student, text: str, size: int = LONG_DOC_CHARS):
-    """(ids, starts, ends, phantom_prefix) of ``text``, piece by piece when it is long."""
+    """(ids, starts, ends, phantom bytes per token) of ``text``, piece by piece when it is long."""
     lossy = bool(getattr(student, "lossy", False))   # WordPiece: zero-byte tokens at piece edges
     pieces = _pieces(text, size) if len(text) > size and not lossy else [text]
-    ids, starts, ends, base, phantom = [], [], [], 0, 0
+    parts, base = [], 0
     for i, piece in enumerate(pieces):
         enc = student.encode(piece, add_special_tokens=False)
-        p = int(getattr(enc, "phantom_prefix", 0) or 0)
-        if i == 0:
-            phantom = p
-        elif p:   # a dummy prefix on every call: pieces would add bytes; encode it whole
-            enc = student.encode(text, add_special_tokens=False)
-            return (np.asarray(enc.ids, np.int64), np.asarray(enc.starts, np.int64),
-                    np.asarray(enc.ends, np.int64), phantom)
-        ids.append(np.asarray(enc.ids, np.int64))
-        starts.append(np.asarray(enc.starts, np.int64) + base)
-        ends.append(np.asarray(enc.ends, np.int64) + base)
+        if i and int(getattr(enc, "phantom_prefix", 0) or 0):
+            # a dummy prefix on every call: pieces would add bytes; encode it whole
+            return _arrays(student.encode(text, add_special_tokens=False))
+        parts.append(_arrays(enc, base))
         base += len(piece.encode("utf-8"))
-    return np.concatenate(ids), np.concatenate(starts), np.concatenate(ends), phantom
+    return tuple(np.concatenate(col) for col in zip(*parts))
 
 
 def check_roles_message(where: str, roles, loss_roles) -> str:
@@ -187,7 +200,7 @@ def encode_document(student, doc_index: int, doc, *, loss_roles=DEFAULT_LOSS_ROL
         text = rendered.text
         chat = (ChatInfo(tuple(doc), rendered.spans_M2, rendered.n_bytes, rendered.core_M2),
                 rendered)
-    ids_T, starts_T, ends_T, phantom = encode_text(student, text)
+    ids_T, starts_T, ends_T, ph_T = encode_text(student, text)
     if ids_T.size == 0:
         return None
     raw_N = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
@@ -195,13 +208,14 @@ def encode_document(student, doc_index: int, doc, *, loss_roles=DEFAULT_LOSS_ROL
         loss_T = np.ones(ids_T.size, dtype=bool)
     else:
         loss_T = token_loss_mask(ids_T, starts_T, ends_T, student.table.roles_V,
-                                 chat[1].loss_spans(loss_roles), end_of_turn)
+                                 chat[1].loss_spans(loss_roles), end_of_turn,
+                                 blank_V=student.table.blank_V)
     allowed_T1 = np.ones(ids_T.size + 1, dtype=bool)
     if ids_T.size > 1:
         s = starts_T[1:]
         clean = (s < raw_N.size) & ((raw_N[np.clip(s, 0, max(raw_N.size - 1, 0))] & 0xC0) != 0x80)
         allowed_T1[1:-1] = clean & (s >= ends_T[:-1]) & (s > starts_T[:-1])
-    return _DocEnc(doc_index, text, raw_N, ids_T, starts_T, ends_T, loss_T, phantom,
+    return _DocEnc(doc_index, text, raw_N, ids_T, starts_T, ends_T, loss_T, ph_T,
                    chat[0] if chat is not None else None, allowed_T1)
 
 
@@ -210,7 +224,7 @@ def _segment(enc: _DocEnc, k0: int, k1: int, eos: bool) -> Segment:
     text = enc.raw_N[b0:b1].tobytes().decode("utf-8", errors="replace")
     return Segment(enc.doc, text, b0, b1, enc.ids_T[k0:k1],
                    np.clip(enc.starts_T[k0:k1] - b0, 0, None), np.clip(enc.ends_T[k0:k1] - b0, 0, None),
-                   enc.loss_T[k0:k1], enc.phantom if k0 == 0 else 0, eos, enc.chat)
+                   enc.loss_T[k0:k1], enc.phantom_T[k0:k1], eos, enc.chat)
 
 
 def _window(segs: list, bos: bool, bos_id: int | None, key: tuple) -> Window:

@@ -24,6 +24,8 @@ This module imports numpy only, so ``xdistill.align`` and ``xdistill.projection`
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,6 +76,14 @@ class TokenByteTable:
     def lengths_V(self) -> np.ndarray:
         """Number of bytes each token contributes (int64, ``[V]``)."""
         return np.diff(self.offsets_V1)
+
+    @functools.cached_property
+    def blank_V(self) -> np.ndarray:
+        """bool ``[V]``: text tokens made only of ASCII whitespace (computed once)."""
+        nonblank = np.cumsum(~np.isin(self.data, np.frombuffer(b" \t\n\r\x0b\x0c", np.uint8)))
+        c = np.concatenate([[0], nonblank])
+        off = self.offsets_V1
+        return (self.lengths_V > 0) & (c[off[1:]] == c[off[:-1]]) & (self.roles_V == ROLE_TEXT)
 
     def token_bytes(self, token_id: int) -> bytes:
         if not 0 <= token_id < self.vocab_size:
