@@ -1,5 +1,5 @@
 # xdistill: `make test` and `make demo` set everything up themselves on a fresh machine
-# (Python 3.11 + pip): create .venv, install (CPU torch only), fetch the test assets, run.
+# (Python 3.10 or newer + pip; tested on 3.11): create .venv, install (CPU torch only), fetch the test assets, run.
 
 PY      ?= python3
 VENV    := .venv

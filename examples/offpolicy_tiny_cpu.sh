@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Tiny CPU smoke run of configs/offpolicy_tiny_cpu.yaml (~2 minutes on 2 cores, the tiny assets
-# built first: see the config's header).
+# Tiny CPU smoke run of configs/offpolicy_tiny_cpu.yaml (about a minute on 2 cores once the
+# tiny assets are built: the config's header has the figures).
 # Needs the fetched tokenizers (tools/fetch_assets.py) and the Shakespeare corpus asset.
 set -euo pipefail
 cd "$(dirname "$0")/.."

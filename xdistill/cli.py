@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tokenizers": ("xdistill.commands.tokenizers", "inspect and compare tokenizers (bytes, roles, fingerprints)"),
     "align": ("xdistill.commands.align", "show the chunk alignment of two tokenizations of a text"),
     "projection": ("xdistill.commands.projection", "build and inspect sparse token-projection matrices"),
-    "data": ("xdistill.commands.data", "prepare arrow shards from jsonl/parquet/text/chat files"),
+    "data": ("xdistill.commands.data", "prepare arrow shards from jsonl/parquet/text/chat files; info [--verify]"),
     "train": ("xdistill.commands.train", "train a student: `train offpolicy` or `train onpolicy`"),
     "eval": ("xdistill.commands.eval", "score models before training: a run's evaluation, or any model's bits per byte"),
     "plot": ("xdistill.commands.plot", "plot metrics.jsonl curves to a PNG"),

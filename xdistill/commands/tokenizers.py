@@ -133,9 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--json", action="store_true", help="print everything as one JSON object")
     ins.add_argument("--max-roles", type=int, default=8, help="role tokens shown per role")
     cmp_ = sub.add_parser("compare", help="two tokenizations of a text side by side, with byte spans")
-    cmp_.add_argument("a")
-    cmp_.add_argument("b")
-    cmp_.add_argument("text")
+    cmp_.add_argument("a", help="first tokenizer (same forms as inspect's NAME)")
+    cmp_.add_argument("b", help="second tokenizer")
+    cmp_.add_argument("text", help="the text both tokenize")
     cmp_.add_argument("--add-special-tokens", action="store_true",
                       help="let each tokenizer add its BOS/EOS template tokens")
     return parser

@@ -21,6 +21,7 @@ In-process teachers run synchronously inside ``submit`` and cannot be timed out.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import traceback
 from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
@@ -97,7 +98,11 @@ class ServedClient(InProcessClient):
 
 def make_client(config: TeacherConfig, projection_VsVt=None, engine_factory=None,
                 **kwargs) -> TeacherClient:
-    """The client class for ``config.placement``."""
+    """The client class for ``config.placement``. A subprocess worker's bare ``"cuda"`` is this
+    process's current GPU (the rank's own under torchrun), not the child's default GPU 0."""
+    if (config.placement == "subprocess" and config.device == "cuda"
+            and torch.cuda.is_available()):
+        config = dataclasses.replace(config, device=f"cuda:{torch.cuda.current_device()}")
     cls = {"inprocess": InProcessClient, "subprocess": SubprocessClient,
            "ray": RayClient, "served": ServedClient}[config.placement]
     return cls(config, projection_VsVt, engine_factory, **kwargs)

@@ -83,7 +83,8 @@ class TeacherConfig:
     # attention implementation passed to transformers ("sdpa", "eager", ...); "" = its default
     # (sdpa for the supported architectures; the real-pair benchmark measures both)
     attn_implementation: str = ""
-    # torch device of the teacher inside its worker ("cpu", "cuda", "cuda:1")
+    # torch device of the teacher inside its worker ("cpu", "cuda", "cuda:1"); "cuda" is the
+    # training process's current GPU (each rank's own under torchrun), also for a subprocess
     device: str = "cpu"
     # where the worker runs: in the training process, a spawned subprocess, a Ray actor, or
     # "served": an OpenAI-compatible completions server (see `served`; output "topk" only)
@@ -110,8 +111,9 @@ class TeacherConfig:
     startup_timeout_s: float = 600.0
     # in-process teachers on a GPU: move the weights to CPU between forwards
     offload: bool = False
-    # how outputs reach the student: "auto" picks CUDA IPC (same node, CUDA), shared memory
-    # (same node, CPU) or the Ray object store (actor on another node)
+    # how outputs reach the student: "inprocess", "shm" (shared memory), "cuda_ipc" or "ray"
+    # (the object store); "auto" picks CUDA IPC (same node, CUDA), shared memory (same node,
+    # CPU) or the Ray object store (actor on another node)
     transport: TransportKind = "auto"
     # number of reusable output slots (ring) per teacher for the shm / CUDA IPC transports
     slots: int = 2

@@ -135,10 +135,11 @@ def recover_interrupted(root: str | os.PathLike) -> list[Path]:
 
 
 def resolve_resume(resume: str | None, root: str | os.PathLike) -> Path | None:
-    """``--resume`` semantics: None/"" -> no resume; "auto" -> the latest complete checkpoint
-    under ``root`` (None when there is none yet); otherwise a path that must be complete. A
-    re-save interrupted between its two renames is recovered first (:func:`recover_interrupted`)."""
-    if not resume:
+    """``--resume`` semantics: None/""/"none" -> no resume; "auto" -> the latest complete
+    checkpoint under ``root`` (None when there is none yet); otherwise a path that must be
+    complete (a folder named ``none``: ``./none``). A re-save interrupted between its two renames
+    is recovered first (:func:`recover_interrupted`)."""
+    if not resume or resume == "none":
         return None
     recover_interrupted(root)
     if resume == "auto":

@@ -88,7 +88,8 @@ class CheckpointConfig:
     every: int = 0
     # keep the newest N complete checkpoints (0 = keep all)
     keep_last: int = 2
-    # "auto" (latest complete checkpoint in out_dir/checkpoints, if any), a checkpoint path, or "";
+    # "auto" (latest complete checkpoint in out_dir/checkpoints, if any), a checkpoint path, or
+    # "none" (or ""): start afresh;
     # a run starting before the latest step renames the later checkpoints step_N.abandoned
     resume: str = "auto"
     # write a Hugging Face model folder (save_pretrained + tokenizer) to out_dir/export at the end
@@ -110,7 +111,8 @@ class RunSchedulerConfig(SchedulerConfig):
     kind: Literal["cosine", "linear", "constant"] = "cosine"
     # optimizer steps of linear warmup from lr/warmup_steps up to lr (0 = start at lr)
     warmup_steps: int = 0
-    # optimizer steps of the whole schedule (warmup included); 0 = train.steps
+    # optimizer steps of the whole schedule (warmup included); 0 = train.steps, or
+    # warmup_steps when that is larger (a run shorter than its warmup ends still warming up)
     total_steps: int = 0
     # final learning rate as a fraction of lr (cosine/linear)
     min_lr_ratio: float = 0.1
@@ -152,7 +154,8 @@ class RunConfig:
     student_tokenizer: str = ""
     # AdamW
     optim: OptimConfig = field(default_factory=OptimConfig)
-    # learning-rate schedule (scheduler.total_steps defaults to train.steps when left at 0)
+    # learning-rate schedule (scheduler.total_steps left at 0: train.steps, or warmup_steps if
+    # larger)
     scheduler: RunSchedulerConfig = field(default_factory=RunSchedulerConfig)
     # loop, seed, output directory
     train: TrainConfig = field(default_factory=TrainConfig)
