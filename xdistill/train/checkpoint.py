@@ -198,6 +198,27 @@ def _model_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer | None
     return {"model": model_sd, "optim": optim_sd}
 
 
+def _group_params(optim_sd) -> list[list[str]] | None:
+    """The parameter names of each optimizer group in a DCP optimizer state dict."""
+    if not optim_sd or "param_groups" not in optim_sd:
+        return None
+    return [sorted(str(p) for p in g.get("params", ())) for g in optim_sd["param_groups"]]
+
+
+def _check_groups(path: Path, want, got) -> None:
+    """Refuse a checkpoint whose optimizer groups hold other parameters than this run's (its
+    moments would land in the wrong groups and the groups lose their settings)."""
+    if want is None or got is None or want == got:
+        return
+    moved = sorted(set().union(*map(set, want)) ^ set().union(*map(set, got))) or sorted(
+        n for w, g in zip(want, got) for n in set(w) ^ set(g))
+    raise CheckpointError(
+        f"{str(path)!r}: its optimizer groups hold other parameters than this run's "
+        f"({len(got)} groups of {[len(g) for g in got]} parameters, this run {[len(w) for w in want]}; "
+        f"e.g. {moved[:3]}): keep optim.decay_embeddings (and the model) as the run that wrote it "
+        "had them, or start afresh (--resume none)")
+
+
 def _prepare_tmp(root: Path, tmp: Path) -> None:
     """Rank 0: create ``root``, restore an interrupted re-save's ``step_N.old``, delete stale
     ``*.tmp``/``*.old`` folders (crash leftovers), make ``tmp``."""
@@ -396,6 +417,7 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module,
         raise CheckpointError(f"checkpoint {str(path)!r} has no dcp/ folder")
     rank_state = _read_rank_state(path, trainer["world_size"], strict_world_size)
     states = _model_optim_state(model, optimizer)
+    groups = _group_params(states.get("optim"))
     try:
         with _single_process_quiet():
             dcp.load(states, checkpoint_id=str(path / "dcp"), no_dist=not xdist.is_distributed())
@@ -405,6 +427,7 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module,
     if optimizer is None:
         set_model_state_dict(model, states["model"])
     else:
+        _check_groups(path, groups, _group_params(states["optim"]))
         set_state_dict(model, optimizer, model_state_dict=states["model"], optim_state_dict=states["optim"])
     if scheduler is not None:
         if trainer["scheduler"] is None:

@@ -159,8 +159,11 @@ def validate_offpolicy(cfg: OffPolicyConfig, world_size: int = 1) -> OffPolicyCo
     if not cfg.data.paths:
         raise ConfigError("data.paths: no training data given")
     validate_data(cfg.data, "data")
-    if cfg.loss.ce_weight < 0:
+    if not cfg.loss.ce_weight >= 0:    # NaN too
         raise ConfigError(f"loss.ce_weight must be >= 0, got {cfg.loss.ce_weight}")
+    if cfg.eval.every < -1:
+        raise ConfigError(f"eval.every must be >= -1 (-1 = never, 0 = at the end), got "
+                          f"{cfg.eval.every}")
     if not 0.0 <= cfg.loss.label_smoothing < 1.0:
         raise ConfigError(f"loss.label_smoothing must lie in [0, 1), got "
                           f"{cfg.loss.label_smoothing}")

@@ -313,8 +313,14 @@ def _report_nonfinite(run: Run, step: int, bad: list[Metric], norm: float) -> No
 
 
 def check_nonfinite(run: Run, step: int) -> None:
-    """Stop the run after ``train.max_nonfinite_steps`` non-finite steps in a row."""
+    """Stop the run after ``train.max_nonfinite_steps`` non-finite steps in a row, with a
+    checkpoint of ``step`` when this run trained any step (skipped steps leave the weights as
+    the last good step made them), so a resume with a lower rate loses nothing."""
     if run.nonfinite_streak >= run.cfg.train.max_nonfinite_steps:
+        saved = (run.last_checkpoint is not None
+                 and run.last_checkpoint.name.endswith(f"{step:07d}"))
+        if run.finite_steps > 0 and not saved:
+            save(run, step)
         raise TrainingError(f"step {step}: {run.nonfinite_streak} non-finite steps in a row "
                             f"(last: {run.last_nonfinite}); stopping. "
                             f"{_last_checkpoint_text(run)} Check the teachers' outputs (NaN "

@@ -67,9 +67,11 @@ class OptimConfig:
         for key in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise ConfigError(f"optim.{key}: must be in [0, 1), got {getattr(self, key)}")
-        if self.eps <= 0 or self.weight_decay < 0 or self.grad_clip < 0:
-            raise ConfigError("optim: eps must be > 0, weight_decay and grad_clip >= 0 (got "
-                              f"eps={self.eps}, weight_decay={self.weight_decay}, grad_clip={self.grad_clip})")
+        if not self.eps > 0:   # written so that NaN fails too
+            raise ConfigError(f"optim.eps: must be > 0, got {self.eps}")
+        for key in ("weight_decay", "grad_clip"):
+            if not getattr(self, key) >= 0:
+                raise ConfigError(f"optim.{key}: must be >= 0, got {getattr(self, key)}")
         return self
 
 
@@ -207,7 +209,9 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
     params = [p for p in model.parameters() if p.grad is not None]
     if not params:
         return 0.0
-    total = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0, foreach=True)
+    # float16 gradients' norm is taken in float32: a global norm above 65504 would be inf
+    grads = [p.grad.float() if p.grad.dtype == torch.float16 else p.grad for p in params]
+    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
     if max_norm > 0:  # scales every grad by min(1, max_norm / (total + 1e-6))
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
     if isinstance(total, DTensor):  # a partial/sharded norm: reduce it over the ranks

@@ -200,6 +200,12 @@ def validate_run_sections(cfg: RunConfig) -> None:
         raise ConfigError(f"train.steps must be >= 1, got {cfg.train.steps}")
     if cfg.train.log_every < 1:
         raise ConfigError(f"train.log_every must be >= 1, got {cfg.train.log_every}")
+    if not 0 <= cfg.train.seed < 2 ** 32:
+        raise ConfigError(f"train.seed must be in [0, 2**32), got {cfg.train.seed}")
+    for key, zero in (("num_threads", "torch's default"), ("stop_after", "never")):
+        if getattr(cfg.train, key) < 0:
+            raise ConfigError(f"train.{key} must be >= 0 (0 = {zero}), got "
+                              f"{getattr(cfg.train, key)}")
     if cfg.checkpoint.every < 0 or cfg.checkpoint.keep_last < 0:
         raise ConfigError(f"checkpoint.every and checkpoint.keep_last must be >= 0, got "
                           f"{cfg.checkpoint.every} and {cfg.checkpoint.keep_last}")
