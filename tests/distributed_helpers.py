@@ -44,6 +44,23 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def port_taken(proc: subprocess.CompletedProcess) -> bool:
+    """The rendezvous lost its port: another process took it between :func:`free_port` closing
+    it and torchrun binding it (rare; the other xdist worker's connections share the range)."""
+    text = f"{proc.stdout}\n{proc.stderr}"
+    return "EADDRINUSE" in text or "ddress already in use" in text
+
+
+def run_on_free_port(make_cmd, **run_kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run(make_cmd(port))`` on a fresh free port, tried again (up to 3 times in
+    all) when the port was taken before torchrun bound it."""
+    for _ in range(3):
+        proc = subprocess.run(make_cmd(free_port()), **run_kwargs)
+        if proc.returncode == 0 or not port_taken(proc):
+            break
+    return proc
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", PYTHONPATH=os.pathsep.join(
@@ -68,10 +85,12 @@ def _check(proc: subprocess.CompletedProcess, what: str) -> subprocess.Completed
 def run_torchrun(args: list[str], nproc: int = 2, timeout: float = 120.0, script: Path = HERE,
                  check: bool = True) -> subprocess.CompletedProcess:
     """``torchrun --nproc_per_node nproc --master_port <free> script args`` (gloo on CPU)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node",
-           str(nproc), "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-           str(script), *args]
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    def cmd(port: int) -> list[str]:
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node",
+                str(nproc), "--master_addr", "127.0.0.1", "--master_port", str(port),
+                str(script), *args]
+
+    proc = run_on_free_port(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
     return _check(proc, f"torchrun {script.name} {' '.join(args)}") if check else proc
 
 

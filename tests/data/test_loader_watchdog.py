@@ -25,7 +25,7 @@ class _Stuck(IterableDataset):
 def test_stuck_worker_is_named_in_one_clear_error():
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    loader = StatefulDataLoader(_Stuck(), batch_size=None, num_workers=1, timeout=2.0)
+    loader = StatefulDataLoader(_Stuck(), batch_size=None, num_workers=1, timeout=5.0)  # the first batch starts the worker
     it = WatchedIterator(loader, "data")
     assert int(next(it)) == 1
     t0 = time.monotonic()
@@ -33,7 +33,7 @@ def test_stuck_worker_is_named_in_one_clear_error():
         next(it)
     assert time.monotonic() - t0 < 30
     msg = str(err.value)
-    assert "no batch from the data loader for 2 s" in msg
+    assert "no batch from the data loader for 5 s" in msg
     assert "worker 0 (pid " in msg and "data.timeout_s" in msg
 
 

@@ -36,7 +36,8 @@ def _worker(rank: int, port: int, out: str, log: str) -> None:
         result = "ok"
     except Exception as exc:   # noqa: BLE001 - the test reads what each rank saw
         result = f"{type(exc).__name__}: {exc}"
-    Path(log).write_text(f"{time.monotonic() - t0:.2f}\n{result}\n")
+    Path(log + ".tmp").write_text(f"{time.monotonic() - t0:.2f}\n{result}\n")
+    os.replace(log + ".tmp", log)      # the test never reads a half-written log
     if rank == 0:
         time.sleep(HOLD_S)
     os._exit(0)
@@ -54,9 +55,11 @@ def test_other_ranks_raise_when_rank_0_fails_to_write(tmp_path):
         p.start()
     try:
         deadline = time.monotonic() + HOLD_S
-        while time.monotonic() < deadline and not Path(logs[1]).exists():
+        # rank 0 broadcasts its failure before it writes its own log: wait for both
+        while time.monotonic() < deadline and not all(Path(x).exists() for x in logs):
             time.sleep(0.2)
         assert Path(logs[1]).exists(), "rank 1 still waits for rank 0 (rank 0 is alive)"
+        assert Path(logs[0]).exists(), "rank 0 wrote no log"
         took, seen = Path(logs[1]).read_text().splitlines()
         rank0 = Path(logs[0]).read_text().splitlines()[1]
         assert rank0.split(":")[0] in ("FileExistsError", "NotADirectoryError"), rank0

@@ -31,13 +31,16 @@ def test_free_port_is_a_loopback_port():
 
 
 # a leader that exits on SIGTERM at once, and a worker in its group that ignores SIGTERM (as an
-# engine process busy in native code may): the worker's pid goes to stdout
+# engine process busy in native code may): the worker's pid goes to stdout once both handlers
+# are set (the worker says "ready" after ignoring SIGTERM; no sleep stands in for it)
 _GROUP = """
 import signal, subprocess, sys, time
-worker = subprocess.Popen([sys.executable, "-c",
-    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
-print(worker.pid, flush=True)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+worker = subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+    "time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+assert worker.stdout.readline().strip() == "ready"
+print(worker.pid, flush=True)
 time.sleep(600)
 """
 
@@ -57,8 +60,7 @@ def _alive(pid: int) -> bool:
 def test_stop_ends_a_worker_that_outlives_its_leader(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", _GROUP], stdout=subprocess.PIPE, text=True,
                             start_new_session=True)
-    worker = int(proc.stdout.readline())
-    time.sleep(0.5)   # the worker has set its SIGTERM handler
+    worker = int(proc.stdout.readline())    # both handlers are set
     server = LocalServer(proc, "http://127.0.0.1:1/v1", tmp_path / "serve.log")
     start = time.monotonic()
     server.stop(grace_s=1.0)

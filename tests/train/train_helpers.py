@@ -89,15 +89,14 @@ def run_cli(args: list[str], nproc: int = 1, timeout: float = 300,
     """``xdistill <args>`` in a fresh process (torchrun with ``nproc`` ranks when > 1); ``env``
     overrides variables (None removes one, e.g. ``{"OMP_NUM_THREADS": None}``: torchrun's own
     default then applies)."""
+    kwargs = dict(env=_env(env), cwd=str(REPO), capture_output=True, text=True, timeout=timeout)
     if nproc > 1:
-        from distributed_helpers import free_port
+        from distributed_helpers import run_on_free_port
 
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-               "--master_port", str(free_port()), "-m", "xdistill.cli", *args]
-    else:
-        cmd = [sys.executable, "-m", "xdistill.cli", *args]
-    return subprocess.run(cmd, env=_env(env), cwd=str(REPO), capture_output=True, text=True,
-                          timeout=timeout)
+        return run_on_free_port(lambda port: [
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+            "--master_port", str(port), "-m", "xdistill.cli", *args], **kwargs)
+    return subprocess.run([sys.executable, "-m", "xdistill.cli", *args], **kwargs)
 
 
 def exported_weights(out_dir: Path) -> dict:

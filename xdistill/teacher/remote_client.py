@@ -203,7 +203,7 @@ class SubprocessClient(_RemoteClient):
                                  f"{type(exc).__name__}: {exc}") from exc
 
     def _died(self, what: str = "") -> TeacherError:
-        self.proc.join(1.0)
+        self.proc.join(10.0)   # reaped: its exit code names the cause (slow on a loaded machine)
         err = self._fail(f"{self._where()} {_describe_exit(self.proc.exitcode)}{_during(what)}")
         if self.reader is not None:
             self.reader.forget_worker(self.pid)
