@@ -241,3 +241,34 @@ def test_an_unknown_role_in_prepared_data_names_role_file_and_row(get_tokenizer,
                                         r"'wizard'; accepted roles: system, developer, user, "
                                         r"assistant, tool"):
         list(PackedDataset(source, get_tokenizer("gpt2"), 512, shuffle=False, epochs=1))
+
+
+def test_special_token_strings_in_text_documents_are_text_on_every_side(get_tokenizer):
+    """A text document that spells ``<|endoftext|>`` and ``</s>`` (web text about tokenizers):
+    with ``data.specials_as_text`` (the default) the student (GPT-2) and the teacher (Llama-2
+    SentencePiece) both read those characters as text, so no EOS lands mid-document with loss
+    and the two sides' bytes agree (every token aligned); ``false`` keeps each tokenizer's own
+    reading (the student's EOS mid-document)."""
+    import warnings
+
+    from xdistill.data.collator import CrossTokenizerCollator, TeacherTokenization
+    from xdistill.data.dataset import PackedDataset
+
+    student, teacher = get_tokenizer("gpt2"), get_tokenizer("llama-spm")
+    doc = "GPT-2 ends a text with <|endoftext|> and Llama-2 with </s>, as the docs say."
+    for as_text in (True, False):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            windows = list(PackedDataset([doc], student, 64, shuffle=False, epochs=1,
+                                         add_bos=False, specials_as_text=as_text))
+            col = CrossTokenizerCollator(student, [TeacherTokenization("t", teacher, add_bos=False)],
+                                         specials_as_text=as_text)
+        batch = col(windows)
+        ids = batch.input_ids_BTs[0][batch.attention_mask_BTs[0]].tolist()
+        mid_eos = student.eos_id in ids[:-1]
+        assert mid_eos != as_text, (as_text, ids)
+        if as_text:
+            view = batch.teacher("t")
+            t_ids = view.input_ids_BTt[0][view.attention_mask_BTt[0]].tolist()
+            assert teacher.eos_id not in t_ids[:-1]
+            assert view.coverage_s == 1.0 and view.coverage_t == 1.0

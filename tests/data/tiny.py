@@ -66,12 +66,18 @@ class TinyTokenizer:
         self.vocab_size = len(vocab)
         self.fingerprint = hashlib.sha256(b"".join(pieces) + bytes(vocab_size)).hexdigest()[:16]
 
-    def encode(self, text: str, add_special_tokens: bool = False) -> TinyEncoding:
-        return self.encode_batch([text])[0]
+    def encode(self, text: str, add_special_tokens: bool = False,
+               specials_as_text: bool = False) -> TinyEncoding:
+        return self.encode_batch([text], specials_as_text=specials_as_text)[0]
 
-    def encode_batch(self, texts, add_special_tokens: bool = False):
+    def encode_batch(self, texts, add_special_tokens: bool = False, specials_as_text: bool = False):
         out = []
-        for text, enc in zip(texts, self._tok.encode_batch(list(texts), add_special_tokens=False)):
+        self._tok.encode_special_tokens = specials_as_text   # "<eos>" written out: its bytes
+        try:
+            encs = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        finally:
+            self._tok.encode_special_tokens = False
+        for text, enc in zip(texts, encs):
             ids = np.asarray(enc.ids, dtype=np.int64)
             lens = self.table.lengths_V[ids]
             ends = np.cumsum(lens)

@@ -104,18 +104,21 @@ class CrossTokenizerCollator:
         chunks, method: passed to ``xdistill.align.align_batch``.
         loss_roles, end_of_turn: chat loss policy for teacher tokenizations (the student's comes
             from the packer, which must use the same policy).
+        specials_as_text: text documents' special-token strings are text for the teachers (the
+            packer must use the same setting; ``data.specials_as_text``).
         pad_to_multiple_of: round the padded lengths up (e.g. 8 on GPUs).
     """
 
     def __init__(self, student, teachers=(), *, chunks: str = "minimal", method: str = "auto",
                  loss_roles=DEFAULT_LOSS_ROLES, end_of_turn: bool = True,
-                 pad_to_multiple_of: int = 1):
+                 specials_as_text: bool = True, pad_to_multiple_of: int = 1):
         self.student, self.teachers = student, resolve_teacher_bos(teachers)
         names = [t.name for t in self.teachers]
         if len(set(names)) != len(names):
             raise ValueError(f"teacher names must be unique, got {names}")
         self.chunks, self.method = chunks, method
         self.loss_roles, self.end_of_turn = frozenset(loss_roles), end_of_turn
+        self.specials_as_text = bool(specials_as_text)
         self.pad_to_multiple_of = int(pad_to_multiple_of)
 
     # ------------------------------------------------------------------ student
@@ -225,6 +228,20 @@ class CrossTokenizerCollator:
             out.append(per)
         return out
 
+    def _encode_pieces(self, tok, flat: list) -> list:
+        """The teacher's encodings of ``(text, spans, chat)`` pieces, in order: chat renderings
+        with their template's special tokens, text documents as ``specials_as_text`` says."""
+        plain = [i for i, p in enumerate(flat) if p[2] is None] if self.specials_as_text else []
+        out: list = [None] * len(flat)
+        groups = ((plain, True), (sorted(set(range(len(flat))) - set(plain)), False))
+        for idx, as_text in groups:
+            if idx:
+                encs = tok.encode_batch([flat[i][0] for i in idx], add_special_tokens=False,
+                                        specials_as_text=as_text)
+                for i, enc in zip(idx, encs):
+                    out[i] = enc
+        return out
+
     @staticmethod
     def _common_cut(seg: Segment, enc, m: int, chat) -> tuple[int, int]:
         """(teacher tokens, student tokens) up to the last byte boundary shared by both sides
@@ -253,8 +270,7 @@ class CrossTokenizerCollator:
         """Teacher ids/loss per window, aligned segment rows and chunk items in token order."""
         tok = spec.tokenizer
         pieces = self._teacher_pieces(spec, windows)
-        flat = [p[0] for per in pieces for p in per]
-        encs = iter(tok.encode_batch(flat, add_special_tokens=False) if flat else [])
+        encs = iter(self._encode_pieces(tok, [p for per in pieces for p in per]))
         t_rows, t_losses, rows, items = [], [], [], []  # items: (b, kind, s_pos|row, t_pos)
         max_len = spec.max_len if spec.max_len is not None else 1 << 62
         t_eos = tok.eos_id

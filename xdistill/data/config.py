@@ -53,6 +53,11 @@ class DataConfig:
     loss_roles: list[str] = field(default_factory=lambda: ["assistant"])
     # also train the end-of-turn special token that follows a trained message
     end_of_turn_loss: bool = True
+    # text documents: a special token's string written in the text (<|endoftext|>, </s>) is the
+    # text it spells, for the student and every teacher alike (true), or that tokenizer's special
+    # token (false: each side then reads other bytes there); chat templates' own tokens are
+    # always special
+    specials_as_text: bool = True
     # chunk granularity passed to the aligner: "minimal" or "space" (merge to whitespace words)
     chunks: Literal["minimal", "space"] = "minimal"
     # aligner method: "auto" (exact when the bytes agree, else DP), "exact" or "dp"

@@ -52,7 +52,8 @@ class PackedDataset(ShardedSourceDataset):
 
     def __init__(self, source, student, window_len: int, *, seed: int = 0, shuffle: bool = True,
                  rank: int = 0, world_size: int = 1, epochs: int | None = None,
-                 add_bos: bool | None = None, loss_roles=DEFAULT_LOSS_ROLES, end_of_turn: bool = True):
+                 add_bos: bool | None = None, loss_roles=DEFAULT_LOSS_ROLES, end_of_turn: bool = True,
+                 specials_as_text: bool = True):
         super().__init__()
         if student.eos_id is None:
             raise DataError(f"student tokenizer {student.name!r} has no EOS token to separate documents")
@@ -67,6 +68,7 @@ class PackedDataset(ShardedSourceDataset):
         self.window_len, self.seed, self.shuffle = int(window_len), int(seed), bool(shuffle)
         self.rank, self.world_size, self.epochs = int(rank), int(world_size), epochs
         self.add_bos, self.loss_roles, self.end_of_turn = add_bos, frozenset(loss_roles), end_of_turn
+        self.specials_as_text = bool(specials_as_text)
         self.roles = CHAT_ROLES + tuple(sorted(self.loss_roles - set(CHAT_ROLES)))
         self._init_state()
 
@@ -77,7 +79,8 @@ class PackedDataset(ShardedSourceDataset):
     def _position_basis(self) -> list[tuple[str, object]]:
         # a position is (document, student-token offset in it): another window length or BOS
         # setting continues at the next unread token (a supported resume), another tokenizer not
-        return [("the student tokenizer", getattr(self.student, "fingerprint", None))]
+        return [("the student tokenizer", getattr(self.student, "fingerprint", None)),
+                ("data.specials_as_text", self.specials_as_text)]
 
     # ------------------------------------------------------------------ iteration
     def _fetch(self, i: int):
@@ -88,7 +91,8 @@ class PackedDataset(ShardedSourceDataset):
 
     def _encode(self, doc_index: int, doc):
         return encode_document(self.student, doc_index, doc, loss_roles=self.loss_roles,
-                               end_of_turn=self.end_of_turn, where=doc_where(self.source, doc_index))
+                               end_of_turn=self.end_of_turn, where=doc_where(self.source, doc_index),
+                               specials_as_text=self.specials_as_text)
 
     def __iter__(self):
         shard, num_shards = self.shard()

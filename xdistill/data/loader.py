@@ -46,12 +46,14 @@ def build_dataset(cfg: DataConfig, student, *, source=None, rank=None, world_siz
     rank, world_size = _dist_position(rank, world_size)
     return PackedDataset(source, student, cfg.seq_len, seed=cfg.seed, shuffle=cfg.shuffle,
                          rank=rank, world_size=world_size, epochs=cfg.epochs, add_bos=cfg.add_bos,
-                         loss_roles=cfg.loss_roles, end_of_turn=cfg.end_of_turn_loss)
+                         loss_roles=cfg.loss_roles, end_of_turn=cfg.end_of_turn_loss,
+                         specials_as_text=cfg.specials_as_text)
 
 
 def build_collator(cfg: DataConfig, student, teachers: list[TeacherTokenization]) -> CrossTokenizerCollator:
     return CrossTokenizerCollator(student, teachers, chunks=cfg.chunks, method=cfg.align_method,
                                   loss_roles=cfg.loss_roles, end_of_turn=cfg.end_of_turn_loss,
+                                  specials_as_text=cfg.specials_as_text,
                                   pad_to_multiple_of=cfg.pad_to_multiple_of)
 
 

@@ -159,16 +159,18 @@ def _arrays(enc, base: int = 0):
             np.asarray(enc.ends, np.int64) + base, phantom_T(enc, n))
 
 
-def encode_text(student, text: str, size: int = LONG_DOC_CHARS):
-    """(ids, starts, ends, phantom bytes per token) of ``text``, piece by piece when it is long."""
+def encode_text(student, text: str, size: int = LONG_DOC_CHARS, specials_as_text: bool = False):
+    """(ids, starts, ends, phantom bytes per token) of ``text``, piece by piece when it is long;
+    ``specials_as_text``: a special token's string is read as the text it spells."""
     lossy = bool(getattr(student, "lossy", False))   # WordPiece: zero-byte tokens at piece edges
     pieces = _pieces(text, size) if len(text) > size and not lossy else [text]
     parts, base = [], 0
     for i, piece in enumerate(pieces):
-        enc = student.encode(piece, add_special_tokens=False)
+        enc = student.encode(piece, add_special_tokens=False, specials_as_text=specials_as_text)
         if i and int(getattr(enc, "phantom_prefix", 0) or 0):
             # a dummy prefix on every call: pieces would add bytes; encode it whole
-            return _arrays(student.encode(text, add_special_tokens=False))
+            return _arrays(student.encode(text, add_special_tokens=False,
+                                          specials_as_text=specials_as_text))
         parts.append(_arrays(enc, base))
         base += len(piece.encode("utf-8"))
     return tuple(np.concatenate(col) for col in zip(*parts))
@@ -182,9 +184,13 @@ def check_roles_message(where: str, roles, loss_roles) -> str:
 
 
 def encode_document(student, doc_index: int, doc, *, loss_roles=DEFAULT_LOSS_ROLES,
-                    end_of_turn: bool = True, where: str | None = None) -> _DocEnc | None:
+                    end_of_turn: bool = True, where: str | None = None,
+                    specials_as_text: bool = True) -> _DocEnc | None:
     """Tokenize one document (text or conversation) with the student; None when it is empty.
-    ``where`` names it in errors (e.g. ``"FILE row R"``; default ``"document <doc_index>"``)."""
+    ``where`` names it in errors (e.g. ``"FILE row R"``; default ``"document <doc_index>"``).
+    ``specials_as_text``: a text document's special-token strings (``<|endoftext|>`` written in
+    it) are the text they spell, as every other tokenizer reads them (``data.specials_as_text``);
+    a chat template's own tokens are always special."""
     if isinstance(doc, str):
         if not doc.strip():
             return None
@@ -200,7 +206,8 @@ def encode_document(student, doc_index: int, doc, *, loss_roles=DEFAULT_LOSS_ROL
         text = rendered.text
         chat = (ChatInfo(tuple(doc), rendered.spans_M2, rendered.n_bytes, rendered.core_M2),
                 rendered)
-    ids_T, starts_T, ends_T, ph_T = encode_text(student, text)
+    ids_T, starts_T, ends_T, ph_T = encode_text(student, text,
+                                                specials_as_text=specials_as_text and chat is None)
     if ids_T.size == 0:
         return None
     raw_N = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)

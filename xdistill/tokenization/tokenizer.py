@@ -263,15 +263,17 @@ class Tokenizer:
                                       "expected text that is valid UTF-8")
         return TokenizerError(f"{self.name}: {what.removesuffix(' item')} failed: {exc}")
 
-    def encode_batch(self, texts: list[str], add_special_tokens: bool = False) -> list[Encoding]:
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = False,
+                     specials_as_text: bool = False) -> list[Encoding]:
         """:meth:`encode` for many texts (one call into the Rust tokenizer)."""
         texts = list(texts)
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise TokenizerError(f"{self.name}: encode_batch() item {i} is "
                                      f"{type(text).__name__}, expected str")
+        backend = self._text_backend if specials_as_text else self._backend
         try:
-            encs = self._backend.encode_batch(texts, add_special_tokens=add_special_tokens)
+            encs = backend.encode_batch(texts, add_special_tokens=add_special_tokens)
         except TypeError as exc:
             raise self._bad_text("encode_batch() item", texts, exc) from exc
         return [self._wrap(t, e) for t, e in zip(texts, encs)]
