@@ -8,6 +8,7 @@ import tarfile
 import zipfile
 
 import pytest
+import torch
 
 from distributed_helpers import TINY_LLAMA
 from xdistill.assets.archive import Archive
@@ -125,3 +126,32 @@ def test_export_onto_an_existing_file_is_one_clear_error(tmp_path):
     with pytest.raises(XDistillError, match="is a file, not a folder"):
         export_hf(build_causal_lm("llama", TINY_LLAMA), target)
     assert target.read_text() == "keep me"
+
+
+def test_demo_scores_a_bf16_computing_arm_with_its_float32_master_weights(monkeypatch):
+    """The real-pair demo scores the stock student in float32; an arm trained under
+    ``dtype: auto`` on a bf16 CPU computes in bf16 through the shadow mixed precision. Its
+    held-out bits per byte must be taken with the float32 master weights too, or the "change"
+    column mixes training with precision. (The scorer is replaced by a probe: it records the
+    dtype the model computes in while it is scored.)"""
+    from xdistill.demo import real_pair
+    from xdistill.student.mixed import apply_shadow_mixed_precision
+
+    model = build_causal_lm("llama", TINY_LLAMA)
+    apply_shadow_mixed_precision(model, torch.bfloat16)
+    seen = []
+
+    def probe(m, *args, **kwargs):
+        with torch.no_grad():
+            seen.append(m(torch.tensor([[1, 2, 3]])).logits.dtype)
+        return {"bpb": 1.0}
+
+    monkeypatch.setattr(real_pair, "model_bits_per_byte", probe)
+
+    class _Progress:
+        advance = None
+
+    real_pair.held_out_bpb(model, None, {"heldout": "x"}, 1, False, _Progress())
+    assert seen == [torch.float32]
+    probe(model)                                          # bf16 again after scoring
+    assert seen[-1] == torch.bfloat16

@@ -28,6 +28,7 @@ from xdistill.demo.settings import (ARMS, EVAL_BATCH, EVAL_SEQ_LEN, HELD_OUT, ST
                                      DemoSettings)
 from xdistill.projection import BuildConfig, build_projection, save_projection
 from xdistill.projection.artifact import sidecar_path
+from xdistill.student.mixed import master_weights
 from xdistill.student.model import export_hf, load_causal_lm
 from xdistill.tiny import passages
 from xdistill.tokenization import load_tokenizer
@@ -90,12 +91,15 @@ def prepare_texts(root: Path, slice_kb: int) -> dict:
 
 # ---------------------------------------------------------------- evaluation and samples
 def held_out_bpb(model, tok, data: dict, batches: int, add_bos: bool, progress: Progress) -> float:
-    """Bits per byte on the first ``batches`` held-out windows (the model's own tokenizer); a
-    model in training mode is left in it."""
+    """Bits per byte on the first ``batches`` held-out windows (the model's own tokenizer), with
+    its float32 master weights (a run computing in bf16 under ``dtype: auto`` is scored as the
+    float32 stock model is: the change column is training, not precision); a model in training
+    mode is left in it."""
     was_training = model.training
-    res = model_bits_per_byte(model, tok, [data["heldout"]], seq_len=EVAL_SEQ_LEN,
-                              batch_size=EVAL_BATCH, batches=batches, add_bos=add_bos,
-                              progress=progress.advance)
+    with master_weights(model):
+        res = model_bits_per_byte(model, tok, [data["heldout"]], seq_len=EVAL_SEQ_LEN,
+                                  batch_size=EVAL_BATCH, batches=batches, add_bos=add_bos,
+                                  progress=progress.advance)
     model.train(was_training)
     return res["bpb"]
 
@@ -105,7 +109,7 @@ def continuation(model, tok, prompt: str, new_tokens: int) -> str:
     was_training = model.training
     model.eval()
     ids_BT = torch.tensor([[int(i) for i in tok.encode(prompt).ids]])
-    with torch.no_grad():
+    with torch.no_grad(), master_weights(model):
         out_BT = model.generate(input_ids=ids_BT, attention_mask=torch.ones_like(ids_BT),
                                 do_sample=False, max_new_tokens=new_tokens,
                                 eos_token_id=tok.eos_id,
