@@ -171,11 +171,14 @@ def rss_mb() -> float | None:
 def drop_records_after(path: str | Path, step: int) -> int:
     """Remove the records of steps after ``step`` from a JSON-lines file (atomically); returns how
     many were dropped. A run resumed from the checkpoint of ``step`` replays the steps after it:
-    without this, ``metrics.jsonl`` and ``samples_rank*.jsonl`` would hold them twice."""
+    without this, ``metrics.jsonl`` and ``samples_rank*.jsonl`` would hold them twice. The
+    dropped records are appended to ``<name>.abandoned`` beside it (a resume from an older
+    checkpoint by mistake loses no record; its later checkpoints are set aside the same way);
+    a torn last line of a killed run is discarded."""
     path = Path(path)
     if not path.is_file():
         return 0
-    keep, dropped = [], 0
+    keep, aside, dropped = [], [], 0
     for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
         try:
             record_step = json.loads(line).get("step")
@@ -186,8 +189,12 @@ def drop_records_after(path: str | Path, step: int) -> int:
                 continue
         if isinstance(record_step, int) and record_step > step:
             dropped += 1
+            aside.append(line if line.endswith("\n") else line + "\n")
         else:
             keep.append(line if line.endswith("\n") else line + "\n")
+    if aside:
+        with open(path.with_name(path.name + ".abandoned"), "a", encoding="utf-8") as fh:
+            fh.write("".join(aside))
     if dropped:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text("".join(keep), encoding="utf-8")

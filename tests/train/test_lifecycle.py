@@ -33,6 +33,10 @@ def test_drop_records_after_keeps_earlier_steps_and_drops_a_torn_line(tmp_path):
     assert drop_records_after(path, 2) == 3
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
     assert drop_records_after(path, 2) == 0 and drop_records_after(tmp_path / "none", 1) == 0
+    # the dropped complete records are kept aside (a resume from an older checkpoint by
+    # mistake loses none), the torn line is not
+    aside = (tmp_path / "m.jsonl.abandoned").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in aside] == [3, 4]
 
 
 def test_resume_replays_steps_without_duplicate_records(tmp_path, tiny_assets, capsys):
