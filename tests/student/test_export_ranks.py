@@ -44,9 +44,8 @@ def _worker(rank: int, port: int, out: str, log: str) -> None:
 
 
 def test_other_ranks_raise_when_rank_0_fails_to_write(tmp_path):
-    blocker = tmp_path / "a_file"
-    blocker.write_text("not a folder")
-    out = str(blocker / "export")                     # rank 0's mkdir fails: a file is in the way
+    out = str(tmp_path / "export")
+    (tmp_path / "export.tmp").write_text("not a folder")   # rank 0's staging mkdir fails
     ctx = mp.get_context("spawn")
     port = free_port()
     logs = [str(tmp_path / f"rank{r}.log") for r in range(2)]

@@ -68,8 +68,9 @@ def _piece(tok, tid: int, phantom: int = 0) -> str:
     return escape(tok.table.token_bytes(tid)[phantom:])
 
 
-def _pieces(tok, ids, a: int, b: int, phantom: int) -> list[str]:
-    return [_piece(tok, int(ids[i]), phantom if i == 0 else 0) for i in range(a, b)]
+def _pieces(tok, ids, a: int, b: int, phantom_T) -> list[str]:
+    """Tokens ``a..b`` as text, each without its phantom bytes (``Encoding.phantom_bytes_T``)."""
+    return [_piece(tok, int(ids[i]), int(phantom_T[i])) for i in range(a, b)]
 
 
 def _runs(chunk_T: np.ndarray) -> list[tuple[int, int]]:
@@ -88,6 +89,7 @@ def render(s_tok, t_tok, s_enc, t_enc, res, max_chunks: int = 200) -> str:
     """The alignment of one row as text (see the module docstring)."""
     s_ids, t_ids = s_enc.ids, t_enc.ids
     sp, tp = s_enc.phantom_prefix, t_enc.phantom_prefix
+    s_ph, t_ph = s_enc.phantom_bytes_T(), t_enc.phantom_bytes_T()
     nc = int(res.n_chunks_B[0])
     lines = [f"student: {s_tok.name} ({s_tok.family}, {len(s_ids)} tokens, phantom {sp})   "
              f"teacher: {t_tok.name} ({t_tok.family}, {len(t_ids)} tokens, phantom {tp})",
@@ -95,7 +97,7 @@ def render(s_tok, t_tok, s_enc, t_enc, res, max_chunks: int = 200) -> str:
              f"{int(res.chunk_exact_BC[0].sum())}", ""]
     shown = nc if max_chunks <= 0 else min(nc, max_chunks)
     for k, (s0, s1, t0, t1, exact) in enumerate(res.chunks(0)[:shown]):
-        s_p, t_p = _pieces(s_tok, s_ids, s0, s1, sp), _pieces(t_tok, t_ids, t0, t1, tp)
+        s_p, t_p = _pieces(s_tok, s_ids, s0, s1, s_ph), _pieces(t_tok, t_ids, t0, t1, t_ph)
         head = f"{k:5d} {'=' if exact else ' '} s[{s0}:{s1}] t[{t0}:{t1}]"
         if s1 - s0 == 1 and t1 - t0 == 1 and s_p == t_p:
             lines.append(f"{head}  {s_p[0]!s}")
@@ -104,8 +106,8 @@ def render(s_tok, t_tok, s_enc, t_enc, res, max_chunks: int = 200) -> str:
                          f"    student {' | '.join(s_p)}    teacher {' | '.join(t_p)}")
     if shown < nc:
         lines.append(f"  ... {nc - shown} more chunks (--max-chunks 0 shows all)")
-    for side, tok, ids, ph, chunk in (("student", s_tok, s_ids, sp, res.s_chunk_BTs[0]),
-                                      ("teacher", t_tok, t_ids, tp, res.t_chunk_BTt[0])):
+    for side, tok, ids, ph, chunk in (("student", s_tok, s_ids, s_ph, res.s_chunk_BTs[0]),
+                                      ("teacher", t_tok, t_ids, t_ph, res.t_chunk_BTt[0])):
         runs = _runs(chunk[:len(ids)])
         lines += ["", f"unaligned {side} regions: {len(runs)}"]
         lines += [f"  [{a}:{b}]  {' | '.join(_pieces(tok, ids, a, b, ph))}" for a, b in runs]
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     s_enc = s_tok.encode(text, add_special_tokens=args.add_special_tokens)
     t_enc = t_tok.encode(text, add_special_tokens=args.add_special_tokens)
     res = align_pair(s_enc.ids, t_enc.ids, s_tok.table, t_tok.table,
-                     s_phantom=s_enc.phantom_prefix, t_phantom=t_enc.phantom_prefix,
+                     s_phantom=s_enc.phantom_bytes_T(), t_phantom=t_enc.phantom_bytes_T(),
                      chunks=args.chunks, method=args.method)
     print(render(s_tok, t_tok, s_enc, t_enc, res, args.max_chunks))
     return 0

@@ -12,9 +12,11 @@ content in the rendered text and returns its byte span ``spans_M2``.
 Loss masks travel between tokenizations through these spans (:func:`token_loss_mask`): a token
 carries loss iff it has bytes and all of them lie inside the content span of a message whose role
 is trained (assistant by default). Tokens straddling a span edge carry no loss. With
-``end_of_turn=True`` the first token at or after the end of a trained span also carries loss when
-it is a special token without bytes (``<|im_end|>``, ``<|eot_id|>``, ``</s>``): the student learns
-where a turn stops, and every tokenizer marks its own end-of-turn token.
+``end_of_turn=True`` the first token at or after the end of a trained span (past whitespace-only
+template text: Llama-2 writes ``" {content} </s>"``) also carries loss when it is a special token
+without bytes (``<|im_end|>``, ``<|eot_id|>``, ``</s>``; for a template without an end-of-turn
+token, the next turn's opening one): the student learns where a turn stops, and every tokenizer
+marks its own end-of-turn token.
 
 Mapping byte offsets between two renderings (:func:`map_offset`): an offset inside a content maps
 to the same offset inside that content in the other rendering (counted from the content's stripped

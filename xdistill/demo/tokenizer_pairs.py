@@ -46,7 +46,7 @@ def compare_pair(a: Tokenizer, b: Tokenizer, text: str = PARAGRAPH) -> PairRepor
     byte = len(text_byte_set(a) & text_byte_set(b))
     ea, eb = a.encode(text), b.encode(text)
     res = align_pair(ea.ids, eb.ids, a.table, b.table,
-                     s_phantom=ea.phantom_prefix, t_phantom=eb.phantom_prefix)
+                     s_phantom=ea.phantom_bytes_T(), t_phantom=eb.phantom_bytes_T())
     return PairReport(a.name, b.name, raw, byte, len(ea.ids), len(eb.ids),
                       int(res.n_chunks_B[0]), int(res.chunk_exact_BC[0].sum()),
                       float(res.s_coverage_B[0]), float(res.t_coverage_B[0]))

@@ -247,7 +247,7 @@ def unpaired_penalty(spec: OnPolicyLossSpec, student_logits_BTsV, student_ids_BT
     sel = _unpaired_sel(s_loss_mask_BTs, unpaired_BTs)
     n = int(sel.sum())
     if n == 0:
-        return (student_logits_BTsV.sum() * 0.0).float(), 0
+        return student_logits_BTsV[..., :0].sum().float(), 0   # -inf padding * 0 is NaN
     logp = input_token_logprobs(student_logits_BTsV, student_ids_BTs, sel,
                                 temperature=spec.temperature, chunk_size=chunk_size)[sel]
     floor = spec.clamps.logp_min if spec.clamps.logp_min is not None else UNPAIRED_LOGP

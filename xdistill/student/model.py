@@ -287,7 +287,10 @@ def export_hf(model: nn.Module, out_dir: str | os.PathLike, tokenizer: Any = Non
     """
     out = Path(out_dir)
     problem = None
-    if xdist.is_main_process() and out.exists() and not out.is_dir():
+    under = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if xdist.is_main_process() and under is not None:
+        problem = f"export folder {str(out)!r} lies under {str(under)!r}, which is a file"
+    elif xdist.is_main_process() and out.exists() and not out.is_dir():
         problem = f"export folder {str(out)!r} is a file, not a folder"
     elif xdist.is_main_process() and out.exists() and any(out.iterdir()) and not overwrite:
         problem = f"export folder {str(out)!r} exists and is not empty (pass overwrite=True)"

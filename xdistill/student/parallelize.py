@@ -134,9 +134,9 @@ def parallelize_student(model: nn.Module, mesh=None, cfg: StudentConfig | None =
             raise ConfigError("student.cpu_offload: CPU offload is FSDP2's and needs a process "
                               "group (run under torchrun, --nproc-per-node 1 for one GPU); one "
                               "plain process keeps the whole model on its device")
+        compute, _ = cfg.compute_dtypes(device)    # may raise: still before any change
         if cfg.activation_checkpointing:
             apply_activation_checkpointing(layers)
-        compute, _ = cfg.compute_dtypes(device)
         if compute != cfg.torch_dtype:
             apply_shadow_mixed_precision(model, compute)
         return model

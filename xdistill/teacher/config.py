@@ -7,6 +7,8 @@ config; each field is documented by the comment above it.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -84,7 +86,8 @@ class TeacherConfig:
     # (sdpa for the supported architectures; the real-pair benchmark measures both)
     attn_implementation: str = ""
     # torch device of the teacher inside its worker ("cpu", "cuda", "cuda:1"); "cuda" is the
-    # training process's current GPU (each rank's own under torchrun), also for a subprocess
+    # training process's current GPU (each rank's own under torchrun) for in-process and
+    # subprocess workers, the GPU Ray assigned for a Ray actor
     device: str = "cpu"
     # where the worker runs: in the training process, a spawned subprocess, a Ray actor, or
     # "served": an OpenAI-compatible completions server (see `served`; output "topk" only)
@@ -135,8 +138,12 @@ class TeacherConfig:
     def validate(self) -> "TeacherConfig":
         """Raise :class:`ConfigError` naming the first inconsistent field."""
         where = f"teacher {self.name!r}"
-        if self.temperature <= 0:
-            raise ConfigError(f"{where}: temperature must be > 0, got {self.temperature}")
+        if not 0 < self.temperature < math.inf:    # written so that NaN fails too
+            raise ConfigError(f"{where}: temperature must be > 0 and finite, got "
+                              f"{self.temperature}")
+        if self.num_threads < 0:
+            raise ConfigError(f"{where}: num_threads must be >= 0 (0 = torch's default), got "
+                              f"{self.num_threads}")
         if self.micro_batch_size < 1:
             raise ConfigError(f"{where}: micro_batch_size must be >= 1, "
                               f"got {self.micro_batch_size}")
@@ -146,8 +153,9 @@ class TeacherConfig:
             raise ConfigError(f"{where}: cache_mb must be >= 0 (0 = no cache), got {self.cache_mb}")
         if self.slots < 1:
             raise ConfigError(f"{where}: slots must be >= 1, got {self.slots}")
-        if self.timeout_s <= 0 or self.startup_timeout_s <= 0:
-            raise ConfigError(f"{where}: timeout_s and startup_timeout_s must be > 0")
+        if not (self.timeout_s > 0 and self.startup_timeout_s > 0):    # NaN too
+            raise ConfigError(f"{where}: timeout_s and startup_timeout_s must be > 0 (got "
+                              f"{self.timeout_s}, {self.startup_timeout_s})")
         if self.placement == "inprocess" and self.transport not in ("auto", "inprocess"):
             raise ConfigError(
                 f"{where}: transport {self.transport!r} needs placement 'subprocess' or 'ray' "
@@ -173,7 +181,7 @@ class TeacherConfig:
         if not s.url.startswith(("http://", "https://")):
             raise ConfigError(f"{where}: served.url must be an http(s) URL such as "
                               f"'http://127.0.0.1:8000/v1', got {s.url!r}")
-        if s.timeout_s <= 0 or s.retries < 0 or s.concurrency < 1:
+        if not s.timeout_s > 0 or s.retries < 0 or s.concurrency < 1:    # NaN too
             raise ConfigError(f"{where}: served.timeout_s must be > 0, served.retries >= 0 and "
                               f"served.concurrency >= 1 (got {s.timeout_s}, {s.retries}, "
                               f"{s.concurrency})")

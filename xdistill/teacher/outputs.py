@@ -175,7 +175,10 @@ def projected_logprobs(logits_NV: torch.Tensor, proj_VsVt: torch.Tensor,
     out_NVs = torch.empty(N, Vs, dtype=torch.float32, device=logits_NV.device)
     step = _chunk_rows(max(V, Vs))
     for a in range(0, N, step):
-        q_nV = torch.softmax(logits_NV[a:a + step].float() / temperature, dim=-1)[:, :Vt]
+        # over the projection's columns only: a padded vocabulary's extra (untrained) rows could
+        # otherwise hold all the mass and underflow every real column (the result is
+        # renormalised, so the dropped columns change nothing else)
+        q_nV = torch.softmax(logits_NV[a:a + step, :Vt].float() / temperature, dim=-1)
         m_Vsn = torch.sparse.mm(proj_VsVt, q_nV.T.contiguous())
         m_nVs = m_Vsn.T
         total_n1 = m_nVs.sum(dim=-1, keepdim=True)

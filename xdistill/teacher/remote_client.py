@@ -52,16 +52,18 @@ def _await_death(actor, name: str) -> None:
     from ray.exceptions import GetTimeoutError, RayError
 
     deadline = time.monotonic() + _DEATH_WAIT_S
+    what = "still answered"
     while time.monotonic() < deadline:
         try:
             ray.get(actor.__ray_ready__.remote(), timeout=max(0.0, deadline - time.monotonic()))
         except GetTimeoutError:
+            what = "did not confirm its exit"
             break
         except RayError:
             return          # dead: the kill has landed
         time.sleep(_POLL_S)
-    log.warning("teacher %r: its Ray actor still answered %g s after ray.kill; it may hold its "
-                "resources a while longer", name, _DEATH_WAIT_S)
+    log.warning("teacher %r: its Ray actor %s %g s after ray.kill; it may hold its resources a "
+                "while longer", name, what, _DEATH_WAIT_S)
 
 
 class _RemoteClient(TeacherClient):

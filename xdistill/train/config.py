@@ -9,6 +9,8 @@ sizes divide, loss kinds fit the teachers; the trainer then checks the tokenizer
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -161,6 +163,8 @@ def validate_offpolicy(cfg: OffPolicyConfig, world_size: int = 1) -> OffPolicyCo
     validate_data(cfg.data, "data")
     if not cfg.loss.ce_weight >= 0:    # NaN too
         raise ConfigError(f"loss.ce_weight must be >= 0, got {cfg.loss.ce_weight}")
+    if not math.isfinite(cfg.loss.alpha):
+        raise ConfigError(f"loss.alpha must be finite, got {cfg.loss.alpha}")
     if cfg.eval.every < -1:
         raise ConfigError(f"eval.every must be >= -1 (-1 = never, 0 = at the end), got "
                           f"{cfg.eval.every}")

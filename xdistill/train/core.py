@@ -317,15 +317,18 @@ def check_nonfinite(run: Run, step: int) -> None:
     checkpoint of ``step`` when this run trained any step (skipped steps leave the weights as
     the last good step made them), so a resume with a lower rate loses nothing."""
     if run.nonfinite_streak >= run.cfg.train.max_nonfinite_steps:
-        saved = (run.last_checkpoint is not None
-                 and run.last_checkpoint.name.endswith(f"{step:07d}"))
-        if run.finite_steps > 0 and not saved:
+        if run.finite_steps > 0 and not _saved_at(run, step):
             save(run, step)
         raise TrainingError(f"step {step}: {run.nonfinite_streak} non-finite steps in a row "
                             f"(last: {run.last_nonfinite}); stopping. "
                             f"{_last_checkpoint_text(run)} Check the teachers' outputs (NaN "
                             "weights or logits), lower optim.lr, or raise "
                             "train.max_nonfinite_steps")
+
+
+def _saved_at(run: Run, step: int) -> bool:
+    """This run's last checkpoint is the one of ``step`` (``step_0000010``, not ``step_10000010``)."""
+    return run.last_checkpoint is not None and run.last_checkpoint.name == f"step_{step:07d}"
 
 
 def _last_checkpoint_text(run: Run) -> str:
@@ -402,7 +405,7 @@ def out_of_data(run: Run, exc: DataExhausted) -> str:
     (unless written already), so a resume with more passes continues from it; returns the
     error's line (the step reached, what ran out, the keys to change, the checkpoint)."""
     done = exc.step - 1
-    saved = run.last_checkpoint is not None and run.last_checkpoint.name.endswith(f"{done:07d}")
+    saved = _saved_at(run, done)
     if done > run.start_step and not saved:
         save(run, done)
     fix = f"raise {exc.key} (null = endless)" + (f" or set train.steps to {done}" if done else "")
@@ -417,7 +420,7 @@ def _stop_on_signal(run: Run, step: int, signum: int) -> None:
     # deferred: torch.distributed.checkpoint via train.lifecycle (~1 s import)
     from xdistill.train.lifecycle import RunStopped
 
-    if run.last_checkpoint is None or not run.last_checkpoint.name.endswith(f"{step:07d}"):
+    if not _saved_at(run, step):
         save(run, step)
     name = signal.Signals(signum).name
     raise RunStopped(f"stopped by {name} after step {step}; checkpoint {run.last_checkpoint} "

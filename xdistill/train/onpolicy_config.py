@@ -238,12 +238,19 @@ def validate_onpolicy(cfg: OnPolicyConfig) -> OnPolicyConfig:
         raise ConfigError("offpolicy.data.paths: loss.offpolicy_lambda > 0 needs a corpus")
     if lam > 0:
         validate_data(cfg.offpolicy.data, "offpolicy.data")
-    if cfg.offpolicy.ce_weight < 0:
+    if not cfg.offpolicy.ce_weight >= 0:    # NaN too
         raise ConfigError(f"offpolicy.ce_weight must be >= 0, got {cfg.offpolicy.ce_weight}")
     if cfg.prompts.num_workers < 0:
         raise ConfigError(f"prompts.num_workers must be >= 0, got {cfg.prompts.num_workers}")
-    if cfg.loss.reward_beta < 0:
+    if not cfg.loss.reward_beta >= 0:    # NaN too
         raise ConfigError(f"loss.reward_beta must be >= 0, got {cfg.loss.reward_beta}")
+    for name in ("loss_max", "exp_clip"):
+        value = getattr(cfg.loss, name)
+        if value is not None and not value >= 0:
+            raise ConfigError(f"loss.{name} must be >= 0 or null (off), got {value}")
+    if cfg.loss.logp_min is not None and not cfg.loss.logp_min <= 0:
+        raise ConfigError(f"loss.logp_min must be <= 0 (a log-probability) or null, got "
+                          f"{cfg.loss.logp_min}")
     check_chunk_size(cfg.loss.chunk_size)
     if cfg.loss.byte_units == "token":
         chunk_only = set(BYTE_CREDIT_KINDS) - set(SAMPLED_LOSSES)   # dpca, simple_opd
@@ -277,8 +284,8 @@ def _validate_teacher(t: OnPolicyTeacherConfig, key: str) -> None:
     if lc.kind in ("dpca", "simple_opd") and t.worker.output == "projected":
         raise ConfigError(f"{key}: loss {lc.kind!r} needs the teacher's token log-probs "
                           "(worker.output logits or topk)")
-    if lc.top_k < 1 or lc.ref_beta < 0 or not (0 <= lc.clip_low < 1) or lc.clip_high < 0 \
-            or lc.dual_clip <= 1:
+    if lc.top_k < 1 or not lc.ref_beta >= 0 or not (0 <= lc.clip_low < 1) \
+            or not lc.clip_high >= 0 or not lc.dual_clip > 1:    # written so that NaN fails too
         raise ConfigError(f"{key}.loss: top_k must be >= 1, ref_beta >= 0, clip_low in [0, 1), "
                           "clip_high >= 0 and dual_clip > 1")
     if full and t.worker.output != "logits":

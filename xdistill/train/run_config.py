@@ -190,7 +190,8 @@ def check_model_path(spec: str, key: str, kind: str = "any") -> None:
 
 def validate_run_sections(cfg: RunConfig) -> None:
     """Checks shared by the off- and on-policy configs: student, optim, scheduler (fills
-    ``scheduler.total_steps`` from ``train.steps``), ``train.steps`` and ``train.stop_after``."""
+    ``scheduler.total_steps`` from ``train.steps``), checkpoint cadence and the ``train``
+    section (steps, log_every, seed, num_threads, stop_after, max_nonfinite_steps)."""
     cfg.student.validate()
     cfg.optim.validate()
     if cfg.scheduler.total_steps == 0:
@@ -242,5 +243,6 @@ def validate_teacher_worker(t, key: str, model_kind: str = "any") -> None:
 
 
 def check_loss_scale(loss, key: str) -> None:
-    if loss.temperature <= 0 or loss.weight < 0:
-        raise ConfigError(f"{key}.loss: temperature must be > 0 and weight >= 0")
+    if not loss.temperature > 0 or not loss.weight >= 0:    # written so that NaN fails too
+        raise ConfigError(f"{key}.loss: temperature must be > 0 and weight >= 0 (got "
+                          f"temperature={loss.temperature}, weight={loss.weight})")
