@@ -56,6 +56,9 @@ class TeacherView:
     # on-policy: student loss tokens whose bytes the teacher read but that no chunk pairs
     # (bytes the teacher cannot spell, regions the aligner could not pair); None off-policy
     s_unpaired_BTs: torch.Tensor | None = None
+    # on-policy: each teacher token's phantom bytes (a token straddling the prompt/response edge
+    # holds the prompt's last bytes; byte credit scores its unit given them); None off-policy
+    t_phantom_BTt: torch.Tensor | None = None
 
     def to(self, device, non_blocking: bool = False) -> "TeacherView":
         return _move(self, device, non_blocking)

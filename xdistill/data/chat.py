@@ -112,6 +112,15 @@ def chat_template_of(tok) -> str | None:
     return template if isinstance(template, str) and template else None
 
 
+def renders_alike(a, b, chat: bool) -> bool:
+    """Tokenizers ``a`` and ``b`` write the same ids for the same document: one vocabulary
+    (fingerprint) and the same BOS/EOS ids, and for ``chat`` the same template (a base and an
+    instruct checkpoint share ``tokenizer.json`` but not their templates)."""
+    if a.fingerprint != b.fingerprint or a.bos_id != b.bos_id or a.eos_id != b.eos_id:
+        return False
+    return not chat or chat_template_of(a) == chat_template_of(b)
+
+
 def _probes(content: str) -> list[str]:
     """What a template may put in place of ``content``: itself, or trimmed on one or both sides."""
     out = []

@@ -43,7 +43,7 @@ import torch
 
 from xdistill.align import align_batch
 from xdistill.data.batch import BatchStats, DistillBatch, TeacherView
-from xdistill.data.chat import chat_template_of, map_offset, render_chat, token_loss_mask
+from xdistill.data.chat import map_offset, render_chat, renders_alike, token_loss_mask
 from xdistill.data.packing import DEFAULT_LOSS_ROLES, Segment, Window, phantom_T
 from xdistill.tokenization.bos import resolve_add_bos
 from xdistill.tokenization.tokenizer import padding_id
@@ -146,12 +146,9 @@ class CrossTokenizerCollator:
         """The teacher would write exactly the student's ids (the identity view applies): the
         same vocabulary and BOS/EOS, and for chat the same template (a base and an instruct
         checkpoint share ``tokenizer.json`` but not their templates)."""
-        tok, st = spec.tokenizer, self.student
-        if (tok.fingerprint != st.fingerprint or spec.add_bos != any(w.bos for w in windows)
-                or tok.bos_id != st.bos_id or tok.eos_id != st.eos_id):
-            return False
         has_chat = any(seg.chat is not None for w in windows for seg in w.segments)
-        return not has_chat or chat_template_of(tok) == chat_template_of(st)
+        return (spec.add_bos == any(w.bos for w in windows)
+                and renders_alike(spec.tokenizer, self.student, has_chat))
 
     def __call__(self, windows) -> DistillBatch:
         t0 = time.perf_counter()

@@ -38,6 +38,11 @@ on-path level ``m`` (remaining bytes ``rho_m``) the token ``w`` taken there is c
   next on-path row (tokens starting with an ``e``: violated; strict prefixes of an ``e``: gap),
   or, with a stop, the stop token's own probability.
 
+A unit whose first token starts with bytes before the unit (a teacher token that straddles the
+prompt/response edge, ``" Paris"`` after a prompt ending in a space: its phantom bytes) is
+scored *given* those bytes: both bounds are divided by the covering probability of the phantom
+bytes alone from the same state (its upper bound, exact for one byte; ``ByteTerms.den_N``).
+
 So ``P_lb = sum_m pi_m ok_m + pi_n B_lb <= P_exact <= P_ub = P_lb + gap``; both bounds come from
 the same forward, the measured error is ``log P_ub - log P_lb`` (counted), and ``P_lb`` is exact
 whenever the model puts no mass off its own path (single-byte extensions, digit-splitting
@@ -105,6 +110,13 @@ class ByteTerms:
     # True: a gap term whose token re-spells the path's own token at that level (another id with
     # the same bytes: a byte-fallback id, an added duplicate); reported apart, bool [K]
     respell_K: torch.Tensor | None = None
+    # units whose first token starts with phantom bytes (bytes before the unit: the prompt's
+    # last space in a teacher token that straddles the prompt/response edge): their bounds are
+    # divided by the covering probability of those bytes alone (unit ``num_units + den_N[n]``
+    # of the terms; -1: none), so the unit is scored *given* them, int64 [num_units] or None
+    den_N: torch.Tensor | None = None
+    # number of such denominator units (their terms follow the num_units units')
+    num_den: int = 0
 
     def to(self, device) -> "ByteTerms":
         return ByteTerms(**{f.name: (getattr(self, f.name).to(device)
@@ -262,14 +274,25 @@ def byte_bounds(logits_BTV, token_logp_BT, terms: ByteTerms, *, temperature: flo
         log_pi_K = _path_logprobs(token_logp_BT, terms)
         log_val_K = log_pi_K + _log_masses(logits_BTV, terms, temperature, block)
         N, gap = terms.num_units, terms.gap_K
-        lb_N = _log_sums(log_val_K, terms.unit_K, ~gap, N)
-        ub_N = torch.logaddexp(lb_N, _log_sums(log_val_K, terms.unit_K, gap, N))
+        M = N + terms.num_den
+        lb_N = _log_sums(log_val_K, terms.unit_K, ~gap, M)
+        ub_N = torch.logaddexp(lb_N, _log_sums(log_val_K, terms.unit_K, gap, M))
         seg = gap if terms.respell_K is None else gap & ~terms.respell_K.to(gap.device)
-        seg_N = torch.logaddexp(lb_N, _log_sums(log_val_K, terms.unit_K, seg, N))
+        seg_N = torch.logaddexp(lb_N, _log_sums(log_val_K, terms.unit_K, seg, M))
+        if terms.num_den:
+            lb_N, ub_N, seg_N = _given_phantom(terms, N, lb_N, ub_N, seg_N)
         zero = torch.isneginf(lb_N)
         lb_N = torch.where(zero, ub_N, lb_N).clamp_min(LOG_PROB_MIN)
         seg_N = torch.where(zero, ub_N, seg_N)         # lb <= P_ub' <= ub holds
         return lb_N, ub_N.clamp_min(LOG_PROB_MIN), seg_N.clamp_min(LOG_PROB_MIN), zero
+
+
+def _given_phantom(terms: ByteTerms, N: int, lb_M, ub_M, seg_M):
+    """The first ``N`` units' bounds divided by their denominator unit's upper bound (the
+    phantom bytes' covering probability; exact for one byte: no token ends inside it)."""
+    den = terms.den_N.to(lb_M.device)
+    log_den_N = torch.where(den >= 0, ub_M[N + den.clamp_min(0)], 0.0)
+    return lb_M[:N] - log_den_N, ub_M[:N] - log_den_N, seg_M[:N] - log_den_N
 
 
 def _path_logprobs(token_logp_BT, terms: ByteTerms) -> torch.Tensor:

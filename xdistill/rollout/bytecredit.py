@@ -139,7 +139,16 @@ class _Terms:
             if tid != skip:
                 self.add(unit, gap, ps, pl, MASS_ID, row, tid, 0, respell)
 
-    def tensors(self, num_units: int) -> ByteTerms:
+    def tensors(self, num_units: int, dens: list | None = None) -> ByteTerms:
+        """The terms of ``num_units`` units; ``dens``: (units, b, token id, position, phantom
+        bytes) per unit group whose first token starts with phantom bytes: each gets a
+        denominator unit after the ``num_units`` (ByteTerms.den_N)."""
+        den_N = None
+        if dens:
+            den_N = np.full(num_units, -1, dtype=np.int64)
+            for i, (units, b, tid, pos, k) in enumerate(dens):
+                _side_terms(self, num_units + i, b, [tid], [pos], False, ((), ()), limit=k)
+                den_N[list(units)] = i
         c = self.cols
         long = lambda x: torch.as_tensor(np.asarray(x, dtype=np.int64))  # noqa: E731
         rows = sorted(self.rows.items(), key=lambda kv: kv[1])
@@ -149,7 +158,9 @@ class _Terms:
                          long(c["hi"]), long([b for (b, _), _ in rows]),
                          long([t for (_, t), _ in rows]), long(self.path_b), long(self.path_t),
                          torch.as_tensor(self.index.sorted_ids), int(num_units),
-                         torch.as_tensor(np.asarray(c["respell"], dtype=bool)))
+                         torch.as_tensor(np.asarray(c["respell"], dtype=bool)),
+                         None if den_N is None else torch.as_tensor(den_N),
+                         len(dens) if dens else 0)
 
 
 def _side_terms(T: _Terms, unit: int, b: int, ids: list[int], pos: list[int], stop: bool,
@@ -219,13 +230,17 @@ def _level_terms(T: _Terms, unit, b, pos, content, pieces, m: int, rho: bytes, o
 
 def build_byte_terms(student_table, teacher_table, student_ids_BTs, teacher_ids_BTt, align,
                      s_loss_mask_BTs=None, t_loss_mask_BTt=None, stop_BTs=None, *,
-                     student_key=None, teacher_key=None, units: str = "chunk") -> ByteCredit:
+                     student_key=None, teacher_key=None, units: str = "chunk",
+                     t_phantom_BTt=None) -> ByteCredit:
     """Both sides' terms for the units of ``align`` (already stop-merged:
     :func:`xdistill.losses.bytecredit.merge_stop_chunks`), in :func:`credit_units` order.
     ``units = "token"``: one sub-unit per student token of each unit, in token order (the
     prefix of the unit's content up to and including that token, then the student's boundary;
     the last one is the unit itself), for :mod:`xdistill.losses.bytecredit_tokens`.
-    ``*_key``: tokenizer fingerprints to cache the vocabulary indexes by."""
+    ``*_key``: tokenizer fingerprints to cache the vocabulary indexes by. ``t_phantom_BTt``: the
+    teacher's phantom bytes per token (a token straddling the prompt/response edge holds the
+    prompt's last bytes): a unit starting with one is scored given those bytes (its covering
+    probability divided by theirs, :class:`ByteTerms` ``den_N``)."""
     if units not in BYTE_UNITS:
         raise ValueError(f"unknown byte-credit units {units!r}; allowed: {BYTE_UNITS}")
     s_idx = VocabIndex.of(student_table, student_key)
@@ -240,7 +255,8 @@ def build_byte_terms(student_table, teacher_table, student_ids_BTs, teacher_ids_
             else np.asarray(torch.as_tensor(stop_BTs).cpu()).astype(bool))
     ext_of = (lambda a: s_idx.extensions(a) if s_idx.table.roles_V[a] == ROLE_TEXT  # noqa: E731
               else ((), ()))
-    u = 0
+    t_ph = None if t_phantom_BTt is None else np.asarray(torch.as_tensor(t_phantom_BTt).cpu())
+    u, dens = 0, []
     for b, c in zip(b_N.tolist(), c_N.tolist()):
         s_pos = np.flatnonzero(s_chunk[b] == c).tolist()
         t_pos = np.flatnonzero(t_chunk[b] == c).tolist()
@@ -248,14 +264,21 @@ def build_byte_terms(student_table, teacher_table, student_ids_BTs, teacher_ids_
         a_ids = [int(s_ids[b, i]) for i in s_pos]
         t_all = [int(t_ids[b, j]) for j in t_pos]
         t_stop = ends and len(t_pos) > 1
+        u0, k = u, int(t_ph[b, t_pos[0]]) if t_ph is not None else 0
         if units == "token":
             u = _prefix_units(S, T, u, b, a_ids[:-1], s_pos,
                               t_all[:-1] if t_stop else t_all, t_pos, ext_of)
         a = a_ids[-2] if ends and len(a_ids) > 1 else a_ids[-1]
         _side_terms(S, u, b, a_ids, s_pos, ends, ext_of(a))
         _side_terms(T, u, b, t_all, t_pos, t_stop, ext_of(a))
+        if k and table_is_text(t_idx.table, t_all[0]):
+            dens.append((range(u0, u + 1), b, t_all[0], t_pos[0], k))
         u += 1
-    return ByteCredit(T.tensors(u), S.tensors(u), units)
+    return ByteCredit(T.tensors(u, dens), S.tensors(u), units)
+
+
+def table_is_text(table, tid: int) -> bool:
+    return bool(table.roles_V[tid] == ROLE_TEXT and table.lengths_V[tid] > 0)
 
 
 def _prefix_units(S: _Terms, T: _Terms, u: int, b: int, content: list[int], s_pos, t_content,

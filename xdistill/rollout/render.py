@@ -22,13 +22,14 @@ from __future__ import annotations
 import numpy as np
 
 from xdistill.data.chat import (PLAIN_CHAT_TEMPLATE, as_conversation, char_to_byte_spans,
-                                 locate_contents, map_offset, render_chat, render_plain)
+                                 chat_template_of, locate_contents, map_offset, render_chat,
+                                 render_plain)
 from xdistill.errors import DataError
 from xdistill.tokenization.bos import resolve_add_bos
 from xdistill.tokenization.table import ROLE_TEXT
 
 _PROBE = "xdistill-probe"
-_EOT_CACHE: dict[str, int | None] = {}
+_EOT_CACHE: dict[tuple, int | None] = {}
 
 
 def is_chat(prompt) -> bool:
@@ -60,7 +61,8 @@ def end_of_turn_id(tok) -> int | None:
     Found by rendering a probe conversation and taking the first token after the assistant
     content when it is a role token (``<|im_end|>``, ``<|eot_id|>``, ``</s>``); else the EOS id.
     """
-    key = tok.fingerprint
+    # the template and EOS are not in the fingerprint (a base and an instruct checkpoint)
+    key = (tok.fingerprint, chat_template_of(tok), tok.eos_id)
     if key not in _EOT_CACHE:
         r = render_chat(tok, (("user", "hi"), ("assistant", _PROBE)))
         found = None
@@ -119,6 +121,8 @@ def prompt_cut_offset(tok, prompt, kept_tokens: int) -> int:
     first = len(starts) - int(kept_tokens)
     if first <= 0:
         return 0
+    if first >= len(starts):       # nothing kept (a row cut down to its BOS)
+        return len(text.encode("utf-8"))
     return int(starts[first])
 
 

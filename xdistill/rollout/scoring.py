@@ -43,7 +43,7 @@ import torch
 
 from xdistill.align import align_batch
 from xdistill.data.batch import BatchStats, DistillBatch, TeacherView
-from xdistill.data.chat import token_loss_mask
+from xdistill.data.chat import renders_alike, token_loss_mask
 from xdistill.data.collator import resolve_teacher_bos
 from xdistill.rollout.engine import Rollouts, _right_pad
 from xdistill.rollout.render import (encode_prompts, end_of_turn_id, is_chat, prompt_cut_offset,
@@ -197,9 +197,10 @@ class RolloutScorer:
         tool_ratio = float((real & ~ro.response_mask_BTr).sum()) / max(n_resp, 1)
         views, t_tool, cov, dp, unal, missing = [], {}, {}, {}, {}, {}
         cuts = None   # where each student prompt row starts in its rendering: once per batch
+        chat = any(is_chat(p) for p in ro.prompts)
         for spec in self.teachers:
-            if (spec.tokenizer.fingerprint == self.student.fingerprint
-                    and bool(spec.add_bos) == self.student_add_bos):
+            if (bool(spec.add_bos) == self.student_add_bos
+                    and renders_alike(spec.tokenizer, self.student, chat)):
                 view = _identity_view(spec, ids, attn, loss)
                 t_tool[spec.name], dp[spec.name] = tool_ratio, 0.0
                 unal[spec.name], missing[spec.name] = 0.0, 0
@@ -279,11 +280,13 @@ class RolloutScorer:
         loss_BTt = np.zeros((B, Tt), dtype=bool)
         s_chunk = np.full((B, Ts), -1, dtype=np.int64)
         t_chunk = np.full((B, Tt), -1, dtype=np.int64)
+        ph_BTt = np.zeros((B, Tt), dtype=np.int64)
         p_s = ro.prompt_len_B.numpy()
         for b, (pre, reg, reg_loss, *_) in enumerate(regions):
             n = pre.size + reg.size
             ids_BTt[b, :n], attn_BTt[b, :n] = rows[b], True
             loss_BTt[b, pre.size:n] = reg_loss
+            ph_BTt[b, pre.size:n] = t_ph[b, :reg.size]
             s_chunk[b, p_s[b]:p_s[b] + s_len[b]] = res.s_chunk_BTs[b, :s_len[b]]
             t_chunk[b, pre.size:n] = res.t_chunk_BTt[b, :reg.size]
         C = int(res.n_chunks_B.max(initial=0)) + 1   # a spare column for the stop bridge
@@ -306,7 +309,8 @@ class RolloutScorer:
                            torch.from_numpy(t_chunk), torch.from_numpy(valid),
                            torch.from_numpy(exact & valid), identity=False,
                            coverage_s=cov_s, coverage_t=cov_t,
-                           s_unpaired_BTs=torch.from_numpy(unpaired))
+                           s_unpaired_BTs=torch.from_numpy(unpaired),
+                           t_phantom_BTt=torch.from_numpy(ph_BTt))
         extra = {"unaligned_frac": frac, "missing_bytes": sum(reg[5] for reg in regions)}
         return view, tool, float(np.mean(res.used_dp_B)) if B else 0.0, extra
 

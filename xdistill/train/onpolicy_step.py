@@ -274,7 +274,7 @@ def byte_credit_terms(plan, name: str, batch, align, stop_BTs, s_mask_BTs):
                                 merged.chunk_exact_BC))), cpu(s_mask_BTs),
                             cpu(view.loss_mask_BTt), cpu(stop_BTs),
                             student_key=student.fingerprint, teacher_key=teacher.fingerprint,
-                            units=spec.byte_units)
+                            units=spec.byte_units, t_phantom_BTt=cpu(view.t_phantom_BTt))
 
 
 def onpolicy_losses(plan, logits_BTsVs, batch, outputs, num_valid, metrics, *,
