@@ -27,6 +27,8 @@ from xdistill.losses.onpolicy import (Clamps, OnPolicyLossSpec, count_onpolicy_u
 from xdistill.rollout.bytecredit import VocabIndex, build_byte_terms
 from xdistill.tokenization.table import ROLE_BOS, ROLE_EOS, ROLE_TEXT, TokenByteTable
 
+from bytecredit_reference import p_cover
+
 BOS, END = 0, 1
 
 
@@ -76,19 +78,6 @@ class LM:
 
 
 # ----------------------------------------------------------------------- reference (definition)
-def p_cover(lm: LM, x: bytes, prefix: tuple) -> float:
-    if not x:
-        return 1.0
-    q, total = lm.p(prefix), 0.0
-    for t in range(2, lm.vocab.V):
-        bt = lm.vocab.pieces[t]
-        if bt.startswith(x):
-            total += q[t]
-        elif x.startswith(bt):
-            total += q[t] * p_cover(lm, x[len(bt):], prefix + (t,))
-    return total
-
-
 def p_end(lm: LM, x: bytes, prefix: tuple) -> float:
     q = lm.p(prefix)
     if not x:

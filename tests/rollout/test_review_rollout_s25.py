@@ -12,6 +12,8 @@ from xdistill.losses.onpolicy import input_token_logprobs
 from xdistill.rollout.bytecredit import build_byte_terms
 from xdistill.tokenization.table import ROLE_BOS, ROLE_EOS, ROLE_TEXT, TokenByteTable
 
+from bytecredit_reference import p_cover
+
 BOS, END = 0, 1
 
 
@@ -50,20 +52,6 @@ class _LM:
     def logits(self, ids) -> torch.Tensor:
         return torch.tensor(np.stack([self.logp(tuple(ids[:t + 1])) for t in range(len(ids))]),
                             dtype=torch.float64)[None]
-
-
-def _p_cover(lm: _LM, x: bytes, prefix: tuple) -> float:
-    """P(the text continues with ``x``): every covering token sequence (the definition)."""
-    if not x:
-        return 1.0
-    q, total = lm.p(prefix), 0.0
-    for t in range(2, lm.vocab.V):
-        bt = lm.vocab.pieces[t]
-        if bt.startswith(x):
-            total += q[t]
-        elif x.startswith(bt):
-            total += q[t] * _p_cover(lm, x[len(bt):], prefix + (t,))
-    return total
 
 
 def _bounds(lm: _LM, ids, terms):
@@ -121,7 +109,7 @@ def test_byte_credit_of_a_unit_after_a_straddling_teacher_token_is_conditioned_o
                               align, s_mask, t_mask, None,
                               t_phantom_BTt=torch.tensor([[0, 0, 0, 1, 0]]))   # the view's
     ctx = (BOS, a_t, colon_t)
-    ref = _p_cover(t_lm, b" 28", ctx) / _p_cover(t_lm, b" ", ctx)
+    ref = p_cover(t_lm, b" 28", ctx) / p_cover(t_lm, b" ", ctx)
     lb, ub = _bounds(t_lm, t_ids, credit.teacher)
     assert lb[0] <= ref * (1 + 1e-9) and ref <= ub[0] * (1 + 1e-9), (lb[0], ref, ub[0])
 
