@@ -368,9 +368,17 @@ def load_config(cls: type[T], path: str | Path | None = None,
     data: dict = {}
     if path is not None:
         path = Path(path)
+        if path.is_dir():
+            raise ConfigError(f"config file {str(path)!r} is a folder; expected a YAML file")
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} does not exist")
-        loaded = yaml_load(path.read_text(encoding="utf-8"), str(path))
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            line = path.read_bytes()[:exc.start].count(b"\n") + 1
+            raise ConfigError(f"{path}:{line}: not UTF-8 text ({exc.reason}); save the config "
+                              "as UTF-8") from None
+        loaded = yaml_load(text, str(path))
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of config keys")
         data = loaded or {}

@@ -49,7 +49,9 @@ def format_metrics(step: int, metrics: dict[str, Any], keys: list[str] | None = 
         if isinstance(value, float) and not math.isfinite(value):
             text = str(value)                          # nan, inf, -inf (metrics.jsonl: null)
         elif isinstance(value, float):
-            text = f"{value:.4g}" if abs(value) < 1e4 else f"{value:.0f}"
+            text = f"{value:.4g}"
+            if "e+" in text:                           # 9999.7 rounds to 1e+04: write 10000
+                text = f"{value:.0f}"
         else:
             text = str(value)
         parts.append(f"{key} {text}")
@@ -113,6 +115,9 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     (a malformed line, another kind of JSON, a record without a step, text that is not UTF-8)
     is an error naming the line."""
     path = Path(path)
+    if path.is_dir():
+        raise XDistillError(f"metrics file {str(path)!r} is a folder; expected a metrics.jsonl "
+                            "file (e.g. RUN_DIR/metrics.jsonl)")
     if not path.is_file():
         raise XDistillError(f"metrics file {str(path)!r} does not exist")
     try:

@@ -54,6 +54,11 @@ def score_model(args) -> dict:
         raise ConfigError(f"--batches must be >= 1, got {args.batches}")
     tok = load_tokenizer(args.tokenizer or args.model)
     model = load_causal_lm(args.model)
+    rows = model.get_input_embeddings().num_embeddings
+    if tok.vocab_size > rows:
+        raise ConfigError(f"--tokenizer {tok.name!r} has a vocabulary of {tok.vocab_size} ids "
+                          f"but --model {args.model!r} embeds only {rows}: give the model's own "
+                          "tokenizer")
     with tqdm(total=args.batches, desc="eval", unit="batch", file=sys.stderr) as bar:
         out = model_bits_per_byte(model, tok, args.data, seq_len=args.seq_len,
                                   batch_size=args.batch, batches=args.batches, add_bos=args.bos,

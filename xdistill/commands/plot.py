@@ -67,9 +67,14 @@ def plot_runs(runs: dict[str, list[dict]], keys: list[str], out: Path) -> None:
     for ax in list(axes.flat)[len(keys):]:
         ax.set_visible(False)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=110)
+    except OSError as exc:     # a folder in the way is a file, no space, no permission
+        raise XDistillError(f"-o {str(out)!r}: cannot write the plot: "
+                            f"{exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:

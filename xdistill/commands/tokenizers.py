@@ -142,7 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.action == "inspect" and args.max_roles < 0:
+        parser.error(f"--max-roles must be >= 0, got {args.max_roles}")
     if args.action == "inspect":
         info = describe(load_tokenizer(args.name))
         if args.json:

@@ -94,6 +94,9 @@ class DistillBatch:
     # one view per teacher, in config order
     teachers: tuple[TeacherView, ...] = ()
     stats: BatchStats = field(default_factory=BatchStats)
+    # each student token's phantom bytes (in its table bytes, not in the text: a SentencePiece
+    # dummy-prefix space), so bits per byte count the text's own bytes; None = all 0
+    phantom_BTs: torch.Tensor | None = None
 
     def to(self, device, non_blocking: bool = False) -> "DistillBatch":
         moved = _move(self, device, non_blocking)

@@ -125,22 +125,25 @@ class CrossTokenizerCollator:
     def _student_rows(self, windows: list[Window]):
         """Student ids/loss per window and the row position of each segment's first token."""
         tok = self.student
-        rows, losses, seg_pos = [], [], []
+        rows, losses, phantoms, seg_pos = [], [], [], []
         for w in windows:
-            parts, loss, pos, p = [], [], [], 0
+            parts, loss, ph, pos, p = [], [], [], [], 0
             if w.bos:
                 parts.append(np.array([tok.bos_id], dtype=np.int64))
                 loss.append(np.zeros(1, dtype=bool))
+                ph.append(np.zeros(1, dtype=np.int64))
                 p = 1
             for seg in w.segments:
                 pos.append(p)
                 parts += [seg.ids_T, np.array([tok.eos_id] * int(seg.eos), dtype=np.int64)]
                 loss += [seg.loss_T, np.full(int(seg.eos), seg.chat is None)]
+                ph += [seg.phantom_T, np.zeros(int(seg.eos), dtype=np.int64)]
                 p += seg.n_tokens
             rows.append(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
             losses.append(np.concatenate(loss) if loss else np.zeros(0, dtype=bool))
+            phantoms.append(np.concatenate(ph) if ph else np.zeros(0, dtype=np.int64))
             seg_pos.append(pos)
-        return rows, losses, seg_pos
+        return rows, losses, phantoms, seg_pos
 
     def _same_rendering(self, spec: TeacherTokenization, windows) -> bool:
         """The teacher would write exactly the student's ids (the identity view applies): the
@@ -153,11 +156,13 @@ class CrossTokenizerCollator:
     def __call__(self, windows) -> DistillBatch:
         t0 = time.perf_counter()
         windows = list(windows)
-        rows, losses, seg_pos = self._student_rows(windows)
+        rows, losses, phantoms, seg_pos = self._student_rows(windows)
         ids_BTs, attn_BTs = self._pad(rows, padding_id(self.student))
         loss_BTs = np.zeros_like(attn_BTs)
-        for b, loss in enumerate(losses):
+        phantom_BTs = np.zeros(ids_BTs.shape, dtype=np.int64)
+        for b, (loss, ph) in enumerate(zip(losses, phantoms)):
             loss_BTs[b, :loss.size] = loss
+            phantom_BTs[b, :ph.size] = ph
         views = []
         for spec in self.teachers:
             if self._same_rendering(spec, windows):
@@ -170,7 +175,7 @@ class CrossTokenizerCollator:
                            unaligned_fraction={v.name: 1.0 - v.coverage_s for v in views})
         return DistillBatch(torch.from_numpy(ids_BTs), torch.from_numpy(attn_BTs),
                             torch.from_numpy(labels_BTs), torch.from_numpy(loss_BTs & attn_BTs),
-                            tuple(views), stats)
+                            tuple(views), stats, torch.from_numpy(phantom_BTs))
 
     def _pad(self, rows, pad_id: int, length: int | None = None):
         T = _round_up(max((r.size for r in rows), default=1), self.pad_to_multiple_of)

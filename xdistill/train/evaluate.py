@@ -37,13 +37,19 @@ from xdistill.train.step import global_counts, micro_step, record_report
 
 
 @torch.no_grad()
-def nll_and_bytes(logits_BTsVs, labels_BTs, lengths_V: torch.Tensor) -> tuple[float, int, int]:
-    """(sum of NLL in nats, predicted tokens, their UTF-8 bytes) of one batch."""
+def nll_and_bytes(logits_BTsVs, labels_BTs, lengths_V: torch.Tensor,
+                  phantom_BTs: torch.Tensor | None = None) -> tuple[float, int, int]:
+    """(sum of NLL in nats, predicted tokens, the UTF-8 bytes of the text they stand for) of one
+    batch: each target's table bytes minus its phantom bytes (``DistillBatch.phantom_BTs``: a
+    SentencePiece dummy-prefix space is in ``▁Hello``'s table bytes, not in the text)."""
     target_BTs = shift_targets(labels_BTs.clamp_min(0), labels_BTs >= 0)
     logp_BTs = token_logprobs(logits_BTsVs, target_BTs)
     valid = target_BTs >= 0
     nll = float(-(logp_BTs[valid]).double().sum())
-    n_bytes = int(lengths_V[target_BTs[valid]].sum())
+    bytes_BTs = lengths_V[target_BTs.clamp_min(0)]
+    if phantom_BTs is not None:       # the phantom bytes of the token each output predicts
+        bytes_BTs[:, :-1] -= phantom_BTs[:, 1:].to(bytes_BTs.device)
+    n_bytes = int(bytes_BTs[valid].sum())
     return nll, int(valid.sum()), n_bytes
 
 
@@ -84,7 +90,9 @@ def eval_figures(reduced: ReducedMetrics, distill: bool, ce_weight: float) -> di
     """The evaluation's figures (module doc) from its typed metrics, reduced over all batches
     and ranks: the flat ``eval/*`` keys, in the order they are written."""
     nll, tokens, n_bytes = (reduced.get(m, 0.0) for m in (NLL, TOKENS, BYTES))
-    out = {"eval/loss": nll / max(tokens, 1), "eval/bpb": nll / (math.log(2) * max(n_bytes, 1)),
+    # bits per byte over no byte is undefined (written as null), not the NLL in bits
+    bpb = nll / (math.log(2) * n_bytes) if n_bytes > 0 else math.nan
+    out = {"eval/loss": nll / max(tokens, 1), "eval/bpb": bpb,
            "eval/tokens": int(tokens), "eval/bytes": int(n_bytes)}
     terms = {}
     for name, loss in reduced.teacher_losses().items():
@@ -98,7 +106,8 @@ def eval_figures(reduced: ReducedMetrics, distill: bool, ce_weight: float) -> di
 
 
 def _accumulate(metrics: StepMetrics, logits_BTsVs, batch, lengths_V) -> None:
-    nll, tokens, n_bytes = nll_and_bytes(logits_BTsVs, batch.labels_BTs, lengths_V.to(logits_BTsVs.device))
+    nll, tokens, n_bytes = nll_and_bytes(logits_BTsVs, batch.labels_BTs,
+                                         lengths_V.to(logits_BTsVs.device), batch.phantom_BTs)
     metrics.add(NLL, nll)
     metrics.add(TOKENS, tokens)
     metrics.add(BYTES, n_bytes)
@@ -125,7 +134,8 @@ def model_bits_per_byte(model, tok, paths, *, seq_len: int = 256, batch_size: in
         with torch.no_grad():
             logits = model(input_ids=batch.input_ids_BTs.to(device),
                            attention_mask=batch.attention_mask_BTs.long().to(device)).logits
-        a, b, c = nll_and_bytes(logits, batch.labels_BTs.to(device), lengths_V.to(device))
+        a, b, c = nll_and_bytes(logits, batch.labels_BTs.to(device), lengths_V.to(device),
+                                batch.phantom_BTs)
         nll, tokens, n_bytes = nll + a, tokens + b, n_bytes + c
         if progress is not None:
             progress(i + 1)
