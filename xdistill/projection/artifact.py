@@ -121,6 +121,25 @@ def save_projection(proj: Projection, path: str | os.PathLike) -> tuple[Path, Pa
     _sidecar_text(proj.meta)      # fails here, with the previous pair intact
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
+    side = sidecar_path(path)
+    side_tmp = side.with_name(side.name + ".tmp")
+    try:    # both files complete beside the old pair before either is replaced
+        _write_npz(proj, tmp)
+        meta = dict(proj.meta)
+        meta["npz_sha256"] = _sha256(tmp)
+        side_tmp.write_text(_sidecar_text(meta))
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        side_tmp.unlink(missing_ok=True)
+        raise ProjectionError(f"writing projection {str(path)!r} failed: "
+                              f"{exc.strerror or exc}; the previous files are unchanged") from None
+    os.replace(tmp, path)
+    os.replace(side_tmp, side)
+    return path, side
+
+
+def _write_npz(proj: Projection, tmp: Path) -> None:
+    """The deterministic .npz (fixed member dates and modes) of ``proj`` at ``tmp``."""
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
         for name, arr in _npz_bytes_members(proj):
             info = zipfile.ZipInfo(name + ".npy", date_time=_ZIP_DATE)
@@ -128,14 +147,6 @@ def save_projection(proj: Projection, path: str | os.PathLike) -> tuple[Path, Pa
             info.external_attr = 0o644 << 16
             with zf.open(info, "w", force_zip64=True) as fh:
                 np.lib.format.write_array(fh, arr, allow_pickle=False)
-    os.replace(tmp, path)
-    meta = dict(proj.meta)
-    meta["npz_sha256"] = _sha256(path)
-    side = sidecar_path(path)
-    side_tmp = side.with_name(side.name + ".tmp")
-    side_tmp.write_text(_sidecar_text(meta))
-    os.replace(side_tmp, side)
-    return path, side
 
 
 def _sidecar_text(meta: dict) -> str:

@@ -7,8 +7,9 @@ Token categories of the *student* vocabulary (exclusive; the first that applies 
               or only control characters (``\\x00``);
 ``whitespace`` only whitespace (spaces, tabs, newlines, indentation runs);
 ``numeral``   digits, optionally with surrounding whitespace (``" 123"``);
-``punct``     only punctuation/symbols (``.``, ``",``, ``),``), optionally with whitespace, and none of
-              the code-only characters ``{}<>=_\\#$@`|~^``;
+``punct``     only punctuation and math/currency/modifier symbols (``.``, ``",``, ``),``, ``€``),
+              optionally with whitespace, and none of the code-only characters
+              ``{}<>=_\\#$@`|~^``;
 ``code``      contains a programming character (``{}[]()<>;=_\\#$@`|~^*``) or is indentation followed
               by text;
 ``non-ascii`` other valid UTF-8 with a non-ASCII character (CJK, accents, emoji);
@@ -54,13 +55,20 @@ def categorize(data: bytes, role: int) -> str:
         return "byte"  # control/format characters: the byte tokens of byte-BPE and <0xNN>
     if core.isdigit():
         return "numeral"
-    if all(unicodedata.category(ch)[0] in "PS" for ch in core) and not (set(core) & _CODE_ONLY):
+    if all(_punct_like(ch) for ch in core) and not (set(core) & _CODE_ONLY):
         return "punct"
     if set(core) & _CODE_CHARS or (text[:2] in ("  ", "\t\t") or text.startswith("\t")):
         return "code"
     if any(ord(ch) > 127 for ch in core):
         return "non-ascii"
     return "word"
+
+
+def _punct_like(ch: str) -> bool:
+    """Punctuation, or a math / currency / modifier symbol; other symbols (So: emoji, ``©``)
+    are not punctuation (``non-ascii``)."""
+    cat = unicodedata.category(ch)
+    return cat[0] == "P" or cat in ("Sm", "Sc", "Sk")
 
 
 def categories_V(table: TokenByteTable) -> np.ndarray:

@@ -162,15 +162,32 @@ def _pad(encs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return ids_BT, len_B, phantom_BT
 
 
+def _first_with_text(ids_BT, ph_BT, lengths_V, b_N, start_N, end_N) -> np.ndarray:
+    """Each chunk's first token that holds text bytes: a SentencePiece ``▁`` made only of its
+    dummy-prefix space (before digits, CJK, a special token's text) is passed over while the
+    chunk has a later token."""
+    pos = start_N.copy()
+    while True:
+        empty = lengths_V[ids_BT[b_N, pos]] - ph_BT[b_N, pos] <= 0
+        move = empty & (pos + 1 < end_N)
+        if not move.any():
+            return pos
+        pos = pos + move
+
+
 def chunk_start_pairs(student, teacher, texts: list[str]) -> np.ndarray:
-    """Keys ``s * Vt + t`` of the first student/teacher token of every valid aligned chunk."""
+    """Keys ``s * Vt + t`` of the first student/teacher token with text bytes of every valid
+    aligned chunk (phantom-only tokens are skipped, :func:`_first_with_text`)."""
     s_ids, s_len, s_ph = _pad(student.encode_batch(texts, add_special_tokens=False))
     t_ids, t_len, t_ph = _pad(teacher.encode_batch(texts, add_special_tokens=False))
     res = align_batch(s_ids, s_len, t_ids, t_len, student.table, teacher.table,
                       s_phantom_BTs=s_ph, t_phantom_BTt=t_ph)
     b_N, c_N = np.nonzero(res.chunk_valid_BC)
-    s_first = s_ids[b_N, res.chunk_s_start_BC[b_N, c_N]]
-    t_first = t_ids[b_N, res.chunk_t_start_BC[b_N, c_N]]
+    s_pos = _first_with_text(s_ids, s_ph, student.table.lengths_V, b_N,
+                             res.chunk_s_start_BC[b_N, c_N], res.chunk_s_end_BC[b_N, c_N])
+    t_pos = _first_with_text(t_ids, t_ph, teacher.table.lengths_V, b_N,
+                             res.chunk_t_start_BC[b_N, c_N], res.chunk_t_end_BC[b_N, c_N])
+    s_first, t_first = s_ids[b_N, s_pos], t_ids[b_N, t_pos]
     return s_first.astype(np.int64) * int(teacher.vocab_size) + t_first.astype(np.int64)
 
 
