@@ -111,8 +111,8 @@ def trim_logs(out_dir: str | os.PathLike, step: int) -> None:
     for name in names:
         dropped = drop_records_after(out / name, step)
         if dropped:
-            log.info("%s: dropped %d record(s) of steps after %d (replayed on resume)",
-                     out / name, dropped, step)
+            log.info("%s: %d record(s) of steps after %d set aside in %s.abandoned (replayed on "
+                     "resume)", out / name, dropped, step, name)
 
 
 def io_error(exc: BaseException, what: str) -> CheckpointError | None:
