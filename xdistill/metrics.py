@@ -115,9 +115,11 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     (a malformed line, another kind of JSON, a record without a step, text that is not UTF-8)
     is an error naming the line."""
     path = Path(path)
+    if path.is_dir() and (path / "metrics.jsonl").is_file():
+        path = path / "metrics.jsonl"          # a run folder stands for its metrics
     if path.is_dir():
-        raise XDistillError(f"metrics file {str(path)!r} is a folder; expected a metrics.jsonl "
-                            "file (e.g. RUN_DIR/metrics.jsonl)")
+        raise XDistillError(f"metrics file {str(path)!r} is a folder without a metrics.jsonl; "
+                            "expected a metrics.jsonl file or a run folder")
     if not path.is_file():
         raise XDistillError(f"metrics file {str(path)!r} does not exist")
     try:

@@ -79,7 +79,8 @@ def plot_runs(runs: dict[str, list[dict]], keys: list[str], out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="xdistill plot", description=plain(__doc__))
-    parser.add_argument("metrics", nargs="+", help="metrics.jsonl file(s) to plot")
+    parser.add_argument("metrics", nargs="+",
+                        help="metrics.jsonl file(s) to plot (or run folders holding one)")
     parser.add_argument("-o", "--output", required=True, help="PNG file to write")
     parser.add_argument("--keys", help="comma-separated metric keys (default: those of "
                         f"{', '.join(DEFAULT_KEYS)} the runs have)")
