@@ -25,3 +25,14 @@ def test_plot_unknown_key(tmp_path, capsys):
     assert main(["plot", str(tmp_path / "metrics.jsonl"), "-o", str(tmp_path / "x.png"),
                  "--keys", "nope"]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_plot_takes_run_folders(tmp_path, capsys):
+    """A run folder stands for its metrics.jsonl; a folder without one is a one-line error."""
+    make_run(tmp_path / "a" / "metrics.jsonl")
+    out = tmp_path / "c.png"
+    assert main(["plot", str(tmp_path / "a"), "-o", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "empty").mkdir()
+    assert main(["plot", str(tmp_path / "empty"), "-o", str(out)]) == 2
+    assert "without a metrics.jsonl" in capsys.readouterr().err
