@@ -81,3 +81,15 @@ def test_a_large_list_messages_column_reads_like_a_list_one(tmp_path):
         src = DocumentSource(tmp_path / f"{name}.arrow")
         got[name] = [src.get(i) for i in range(len(src))]
     assert got["large"] == got["list"] and got["list"][4][1] == ("assistant", "yo " * 5)
+
+
+def test_a_raw_jsonl_given_as_data_names_data_prepare(tmp_path):
+    """A .jsonl file passed where prepared data is expected (eval --data, data.paths) is not an
+    arrow shard: the error says to prepare it first."""
+    from xdistill.data.source import DocumentSource
+    from xdistill.errors import DataError
+
+    raw = tmp_path / "m.jsonl"
+    raw.write_text('{"text": "hello"}\n')
+    with pytest.raises(DataError, match="xdistill data prepare"):
+        len(DocumentSource([str(raw)]))

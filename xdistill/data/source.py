@@ -43,6 +43,9 @@ INDEX_NAME = "index.json"
 INCOMPLETE = "incomplete"
 
 
+# suffixes of the raw input formats `xdistill data prepare` reads (not arrow shards)
+_RAW_SUFFIXES = (".jsonl", ".ndjson", ".json", ".txt", ".md", ".csv")
+
 def check_complete(folder: Path, index) -> None:
     """DataError when ``index`` (of ``folder``) is the marker an interrupted prepare left."""
     if isinstance(index, dict) and index.get(INCOMPLETE):
@@ -110,7 +113,10 @@ def _open_arrow(path: Path) -> pa.Table:
         table.validate()   # buffer sizes against lengths (cheap; row offsets: see _offsets_ok)
         return table
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
-        raise DataError(f"corrupt or unreadable arrow shard {path}: {exc}") from None
+        raw = Path(path).suffix.lower() in _RAW_SUFFIXES
+        hint = (f"; {Path(path).suffix} is an input format: prepare it first (xdistill data "
+                f"prepare {path} -o DIR) and give DIR" if raw else "")
+        raise DataError(f"corrupt or unreadable arrow shard {path}: {exc}{hint}") from None
 
 
 def _open_parquet(path: Path, columns: list[str] | None) -> pa.Table:
