@@ -119,22 +119,26 @@ def save_projection(proj: Projection, path: str | os.PathLike) -> tuple[Path, Pa
     returns both paths. Metadata JSON cannot hold is refused before either file is replaced."""
     path = Path(path)
     _sidecar_text(proj.meta)      # fails here, with the previous pair intact
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     side = sidecar_path(path)
+    for target in (path, side):
+        if target.is_dir():
+            raise ProjectionError(f"cannot write projection {str(path)!r}: {str(target)!r} is "
+                                  "a folder")
+    tmp = path.with_name(path.name + ".tmp")
     side_tmp = side.with_name(side.name + ".tmp")
     try:    # both files complete beside the old pair before either is replaced
+        path.parent.mkdir(parents=True, exist_ok=True)
         _write_npz(proj, tmp)
         meta = dict(proj.meta)
         meta["npz_sha256"] = _sha256(tmp)
         side_tmp.write_text(_sidecar_text(meta))
+        os.replace(tmp, path)
+        os.replace(side_tmp, side)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         side_tmp.unlink(missing_ok=True)
         raise ProjectionError(f"writing projection {str(path)!r} failed: "
-                              f"{exc.strerror or exc}; the previous files are unchanged") from None
-    os.replace(tmp, path)
-    os.replace(side_tmp, side)
+                              f"{exc.strerror or exc}") from None
     return path, side
 
 

@@ -267,7 +267,7 @@ def build_byte_terms(student_table, teacher_table, student_ids_BTs, teacher_ids_
         u0, k = u, int(t_ph[b, t_pos[0]]) if t_ph is not None else 0
         if units == "token":
             u = _prefix_units(S, T, u, b, a_ids[:-1], s_pos,
-                              t_all[:-1] if t_stop else t_all, t_pos, ext_of)
+                              t_all[:-1] if t_stop else t_all, t_pos, ext_of, k)
         a = a_ids[-2] if ends and len(a_ids) > 1 else a_ids[-1]
         _side_terms(S, u, b, a_ids, s_pos, ends, ext_of(a))
         _side_terms(T, u, b, t_all, t_pos, t_stop, ext_of(a))
@@ -282,16 +282,19 @@ def table_is_text(table, tid: int) -> bool:
 
 
 def _prefix_units(S: _Terms, T: _Terms, u: int, b: int, content: list[int], s_pos, t_content,
-                  t_pos, ext_of) -> int:
+                  t_pos, ext_of, t_phantom: int = 0) -> int:
     """The sub-units of one unit before its last (``content``: the student tokens that end a
-    strict prefix of the unit, i.e. all but the unit's last token); returns the next unit id."""
+    strict prefix of the unit, i.e. all but the unit's last token); returns the next unit id.
+    ``t_phantom``: the teacher's first token starts with that many bytes before the unit (its
+    prefixes are that much longer on the teacher's side)."""
     table = S.index.table
     limit = 0
     for j, a in enumerate(content):
         limit += int(table.lengths_V[a])
         ext = ext_of(a)
         _side_terms(S, u, b, content[:j + 1], s_pos[:j + 1], False, ext, limit=limit)
-        _side_terms(T, u, b, t_content, t_pos[:len(t_content)], False, ext, limit=limit)
+        _side_terms(T, u, b, t_content, t_pos[:len(t_content)], False, ext,
+                    limit=limit + t_phantom)
         u += 1
     return u
 

@@ -212,3 +212,11 @@ def _validate_teacher(t: TeacherRunConfig, key: str) -> None:
         raise ConfigError(f"{key}: loss 'topk_kl' needs worker.output = 'topk', "
                           f"got {t.worker.output!r}")
     check_loss_scale(t.loss, key)
+    lc = t.loss      # written so that NaN fails too
+    for name, ok, want in (("alm_temperature", 0 < lc.alm_temperature < math.inf, "> 0"),
+                           ("common_weight", 0 <= lc.common_weight < math.inf, ">= 0"),
+                           ("uncommon_weight", 0 <= lc.uncommon_weight < math.inf, ">= 0"),
+                           ("beta", 0 <= lc.beta <= 1, "in [0, 1]")):
+        if not ok:
+            raise ConfigError(f"{key}.loss.{name} must be {want} and finite, got "
+                              f"{getattr(lc, name)}")

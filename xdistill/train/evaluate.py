@@ -7,8 +7,10 @@ evaluation: a fresh loader each time), summed over all ranks:
 
 * ``eval/loss``: mean student next-token NLL (nats) over predicted tokens (labels >= 0, i >= 1);
 * ``eval/bpb``: bits per byte = ``sum NLL / (ln 2 * sum bytes)``, where ``bytes`` is the number of
-  UTF-8 bytes the predicted tokens cover (``TokenByteTable.lengths_V``; special tokens count 0
-  bytes but their NLL counts). Unlike per-token loss this is comparable across tokenizers;
+  UTF-8 bytes of the text the predicted tokens stand for (``TokenByteTable.lengths_V`` minus the
+  token's phantom bytes, ``DistillBatch.phantom_BTs``: a SentencePiece dummy-prefix space is not
+  text; special tokens count 0 bytes but their NLL counts); null when no byte was scored. Unlike
+  per-token loss this is comparable across tokenizers;
 * ``eval/<teacher>/loss``: the teacher's loss term (no grad), normalised by its global unit count;
   ``eval/<teacher>/coverage``: fraction of student loss tokens its loss covers (mean over batches);
 * ``eval/distill_loss``: the weighted total of the distillation loss.

@@ -285,9 +285,9 @@ def _validate_teacher(t: OnPolicyTeacherConfig, key: str) -> None:
         raise ConfigError(f"{key}: loss {lc.kind!r} needs the teacher's token log-probs "
                           "(worker.output logits or topk)")
     if lc.top_k < 1 or not lc.ref_beta >= 0 or not (0 <= lc.clip_low < 1) \
-            or not lc.clip_high >= 0 or not lc.dual_clip > 1:    # written so that NaN fails too
+            or not lc.clip_high >= 0 or not lc.dual_clip > 1 or not 0 <= lc.beta <= 1:  # NaN too
         raise ConfigError(f"{key}.loss: top_k must be >= 1, ref_beta >= 0, clip_low in [0, 1), "
-                          "clip_high >= 0 and dual_clip > 1")
+                          "clip_high >= 0, dual_clip > 1 and beta in [0, 1]")
     if full and t.worker.output != "logits":
         raise ConfigError(f"{key}: loss {lc.kind!r} needs worker.output = 'logits' "
                           f"(got {t.worker.output!r}); use k1/k3 with top-k teachers")

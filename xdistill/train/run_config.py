@@ -13,6 +13,8 @@ Every field is documented by the comment above it (``xdistill config show`` prin
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -243,6 +245,6 @@ def validate_teacher_worker(t, key: str, model_kind: str = "any") -> None:
 
 
 def check_loss_scale(loss, key: str) -> None:
-    if not loss.temperature > 0 or not loss.weight >= 0:    # written so that NaN fails too
+    if not (0 < loss.temperature < math.inf and 0 <= loss.weight < math.inf):    # NaN too
         raise ConfigError(f"{key}.loss: temperature must be > 0 and weight >= 0 (got "
                           f"temperature={loss.temperature}, weight={loss.weight})")
