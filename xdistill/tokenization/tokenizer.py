@@ -311,6 +311,13 @@ class Tokenizer:
             tid = tok.get("id")
             if isinstance(tid, int) and 0 <= tid < roles.size and roles[tid] != ROLE_TEXT:
                 tok["special"] = True
+        model = spec.get("model") or {}
+        if model.get("type") == "Unigram":
+            # a Unigram model holds its control pieces (<s>, </s>, <unk>) with score 0, which
+            # beats any spelling of "</s>" in text: never let the model itself pick a role id
+            for tid, piece in enumerate(model.get("vocab") or []):
+                if tid < roles.size and roles[tid] != ROLE_TEXT and isinstance(piece, list):
+                    piece[1] = -1e9
         backend = _plain_copy(json.dumps(spec))
         backend.encode_special_tokens = True
         return backend
