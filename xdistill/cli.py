@@ -50,22 +50,28 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"xdistill: error: unknown command {name!r}; choose from {', '.join(COMMANDS)}",
-              file=sys.stderr)
+        _error_line(f"unknown command {name!r}; choose from {', '.join(COMMANDS)}")
         return 2
     try:
         module = importlib.import_module(COMMANDS[name][0])
     except ModuleNotFoundError as exc:
         if exc.name == COMMANDS[name][0]:
-            print(f"xdistill: error: command {name!r} is not available in this version",
-                  file=sys.stderr)
+            _error_line(f"command {name!r} is not available in this version")
             return 2
         raise
     try:
         return int(module.main(rest) or 0)
     except XDistillError as exc:
-        print(f"xdistill: error: {_rank_label()}{exc}", file=sys.stderr)
+        _error_line(f"{_rank_label()}{exc}")
         return int(getattr(exc, "exit_code", 2))
+
+
+def _error_line(text: str) -> None:
+    """``xdistill: error: TEXT`` in one write: the ranks of a torchrun launch share one stderr
+    pipe, and print()'s two writes (text, then newline) on an unbuffered stderr let two ranks'
+    lines run into one."""
+    sys.stderr.write(f"xdistill: error: {text}\n")
+    sys.stderr.flush()
 
 
 def _rank_label() -> str:
