@@ -8,20 +8,11 @@ import re
 
 import pytest
 from test_review_cli_s23 import tiny_run_config
+from test_review_commands_s24 import _run   # cli main; a traceback fails the test
 
 from xdistill.cli import main as cli_main
 
 DOCS = ["Hello there, a short held-out text.", "Second document here.", "Third one, café crème."]
-
-
-def _run(argv):
-    """cli_main, turning an escaped exception into a failing assertion naming it."""
-    try:
-        return cli_main(argv)
-    except SystemExit as exc:   # argparse
-        return exc.code
-    except BaseException as exc:  # noqa: BLE001 - a traceback is the defect under test
-        pytest.fail(f"{' '.join(argv[:2])}: traceback {type(exc).__name__}: {exc}")
 
 
 def _one_line_error(capsys, rc, *needles):

@@ -362,6 +362,16 @@ def _strip_optional(tp: Any) -> Any:
     return tp
 
 
+def read_utf8(path: Path, error: type[Exception], hint: str) -> str:
+    """``path``'s text; text that is not UTF-8 is one ``error`` naming the file, line and
+    ``hint``."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        raise error(f"{path}:{line}: not UTF-8 text ({exc.reason}); {hint}") from None
+
+
 def load_config(cls: type[T], path: str | Path | None = None,
                 overrides: list[str] | tuple[str, ...] = ()) -> T:
     """Load ``cls`` from a YAML file (optional) and apply dotted overrides, strictly."""
@@ -372,12 +382,7 @@ def load_config(cls: type[T], path: str | Path | None = None,
             raise ConfigError(f"config file {str(path)!r} is a folder; expected a YAML file")
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} does not exist")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            line = path.read_bytes()[:exc.start].count(b"\n") + 1
-            raise ConfigError(f"{path}:{line}: not UTF-8 text ({exc.reason}); save the config "
-                              "as UTF-8") from None
+        text = read_utf8(path, ConfigError, "save the config as UTF-8")
         loaded = yaml_load(text, str(path))
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of config keys")

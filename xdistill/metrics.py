@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from xdistill.config import read_utf8
 from xdistill.errors import XDistillError
 from xdistill.log import get_logger
 
@@ -122,12 +123,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
                             "expected a metrics.jsonl file or a run folder")
     if not path.is_file():
         raise XDistillError(f"metrics file {str(path)!r} does not exist")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        line = path.read_bytes()[:exc.start].count(b"\n") + 1
-        raise XDistillError(f"{path}:{line}: not UTF-8 text ({exc.reason}); is this a "
-                            "metrics.jsonl file?") from None
+    text = read_utf8(path, XDistillError, "is this a metrics.jsonl file?")
     records = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
