@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from toyq import task
 from toyq.evaluate import well_formed
@@ -109,6 +110,54 @@ def test_second_teachers_are_prepared_only_for_their_arms_with_another_seed():
         assert teacher_seed(name) == 1 and teacher_seed(name[:-3]) == 0
     assert "teacher_same_big_t2" in SAME_TOKENIZER_TEACHERS
     assert "teacher_big_t2" not in SAME_TOKENIZER_TEACHERS
+
+
+def test_third_and_fourth_teachers_have_their_own_seeds_and_tokenizers():
+    from toyq.continued import CONT_ARMS, SAME_ARMS, teacher_suffix
+    from toyq.prepare import SAME_TOKENIZER_TEACHERS, teacher_seed
+    from toyq.run import teachers_needed
+
+    assert teachers_needed(["cont_ce", "op_k1_byte_mean_clip_t3", "op_k1_same_mean_clip_t4"]) == [
+        "teacher_big", "teacher_big_t3", "teacher_same_big_t4"]
+    assert [teacher_seed(f"teacher_big{s}") for s in ("", "_t2", "_t3", "_t4")] == [0, 1, 2, 3]
+    assert teacher_seed("teacher_same_big_t4") == 3
+    assert {"teacher_same_big_t3", "teacher_same_big_t4"} <= set(SAME_TOKENIZER_TEACHERS)
+    assert "teacher_big_t4" not in SAME_TOKENIZER_TEACHERS
+    assert "op_k1_same_mean_clip_t3" in SAME_ARMS and "op_k1_byte_mean_clip_t4" in CONT_ARMS
+    assert teacher_suffix("op_k1_byte_mean_clip_t3") == "_t3"
+    assert teacher_suffix("op_k1_byte_mean_clip") == ""
+
+
+def test_teachers_train_jobs_at_a_time_and_all_reach_the_manifest(monkeypatch, tmp_path):
+    """``prepare_all(jobs=2)`` trains two missing teachers at once (their trainer children are
+    what takes the time; here a fake that waits until both have started) and writes every one,
+    with its own seed and tokenizer, to the manifest."""
+    import json
+    import threading
+
+    from toyq import prepare
+
+    root = tmp_path / prepare.cache_key(prepare.PrepConfig())
+    root.mkdir()
+    (root / "assets.json").write_text(json.dumps({
+        "tok_student": "S", "tok_teacher": "T", "corpus": {}, "timings": {}, "prep": {}}))
+    both_started = threading.Barrier(2, timeout=30)
+    seen = []
+
+    def fake_train(out, tok, corpus, layers, hidden, steps, cfg, log, watch, seed):
+        seen.append((out.name, tok, seed))
+        both_started.wait()                    # fails (BrokenBarrierError) if run one at a time
+        return {"model": str(out), "accuracy": 0.5 + seed / 10, "bpb": 1.0}
+
+    monkeypatch.setattr(prepare, "train_teacher", fake_train)
+    monkeypatch.setattr(prepare, "reusable_teacher", lambda *a: None)
+    assets = prepare.prepare_all(tmp_path, teachers=["teacher_big_t3", "teacher_same_big_t4"],
+                                 log=lambda *a: None, jobs=2)
+    assert sorted(seen) == [("teacher_big_t3", "T", 2), ("teacher_same_big_t4", "S", 3)]
+    saved = json.loads((root / "assets.json").read_text())
+    for name, acc in (("teacher_big_t3", 0.7), ("teacher_same_big_t4", 0.8)):
+        assert saved[name]["accuracy"] == assets[name]["accuracy"] == pytest.approx(acc)
+        assert name in saved["timings"]
 
 
 def test_corpora_carry_the_validation_split_and_the_harness_scores_the_chosen_one(tmp_path):

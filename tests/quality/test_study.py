@@ -434,3 +434,50 @@ def test_twelfth_protocol_tests_student_token_units_against_chunk_units(monkeypa
                                {"accuracy": 0.5, "bpb": 2.0000001})["identical"]
     assert v12.repro_check({"arm": C, "seed": 1, "accuracy": 0.5, "bpb": 2.0},
                            {"accuracy": 0.5, "bpb": 2.0})["identical"]
+
+
+def test_thirteenth_protocol_takes_the_teacher_as_the_unit(monkeypatch, tmp_path):
+    """study_v13's fixed rules, the harness replaced by a table: continued CE and eight k1 arms
+    (four teachers of each tokenizer) on fresh seeds 140-142 of the test half; the teacher-level
+    Welch test of the tokenizer effect (with its exact permutation p), the penalty over the four
+    teachers of each tokenizer with a teachers-and-seeds interval, and per-teacher rows."""
+    v13 = _load_script(monkeypatch, "study_v13.py")
+    assert v13.ARMS[0] == "cont_ce" and len(v13.SAME) == len(v13.CROSS) == 4
+    assert v13.TEACHER_OF["op_k1_byte_mean_clip_t3"] == "teacher_big_t3"
+    assert v13.TEACHER_OF["op_k1_same_mean_clip"] == "teacher_same_big"
+    same_gain = dict(zip(v13.SAME, (0.20, 0.24, 0.22, 0.26)))
+    cross_gain = dict(zip(v13.CROSS, (0.10, 0.12, 0.14, 0.16)))
+    gain = {"cont_ce": 0.0, **same_gain, **cross_gain}
+    calls = _table_harness(monkeypatch, v13, lambda a, s: 0.15 + gain[a] + 0.05 * (s % 3))
+    monkeypatch.setattr(v13, "RECORDS", tmp_path / "records")
+    assert v13.main(["--out", str(tmp_path / "out")]) == 0
+    ((_, arms, seeds, extra),) = calls
+    assert arms == v13.ARMS and seeds == (140, 141, 142)
+    assert not set(seeds) & {*range(0, 140)}                # no seed of an earlier protocol
+    assert "unlabeled_test" in extra
+    state = json.loads((tmp_path / "out" / "study.json").read_text())["confirm"]
+    te = state["tokenizer_effect"]
+    assert te["difference"] == pytest.approx(0.23 - 0.13)
+    assert te["holds"] and te["welch_p"] < 0.01
+    assert te["permutation_p"] == pytest.approx(2 / 70)    # the two most extreme splits of 70
+    pen = state["penalty"]
+    assert pen["penalty"] == pytest.approx(1 - 0.13 / 0.23)
+    assert pen["met"] is False and pen["goal"] == 0.2
+    lo, hi = pen["interval"]
+    assert lo <= pen["penalty"] <= hi and hi - lo > 0.05   # teachers resampled: not a point
+    rows = state["per_teacher"]["teachers"]
+    assert rows["op_k1_byte_mean_clip_t4"]["gain"] == pytest.approx(0.16)
+    assert rows["op_k1_byte_mean_clip_t4"]["teacher"] == "teacher_big_t4"
+    assert state["seed_effect"]["per_seed"] == pytest.approx([0.10] * 3)
+    assert state["collapsed"] == []
+
+
+def test_thirteenth_protocol_permutation_p_against_enumeration(monkeypatch):
+    """The exact permutation p: identical groups give 1, fully separated groups of four 2/70,
+    and one overlap is counted split by split."""
+    v13 = _load_script(monkeypatch, "study_v13.py")
+    assert v13.permutation_p([0.1] * 4, [0.1] * 4) == 1.0
+    assert v13.permutation_p([5, 6, 7, 8], [1, 2, 3, 4]) == pytest.approx(2 / 70)
+    # observed |mean diff| 3.5: a split is as extreme when its first group sums to >= 25 or <= 11
+    # (of 36): {5,6,7,8}, {4,6,7,8} and their mirrors {1,2,3,4}, {1,2,3,5}
+    assert v13.permutation_p([4, 6, 7, 8], [1, 2, 3, 5]) == pytest.approx(4 / 70)

@@ -69,11 +69,11 @@ arm                 what continues training the CE checkpoint
                     split by the chain rule over the student's token boundaries, so the
                     baseline and the clamp act on the student's own tokens, as with
                     ``op_k1_same_mean_clip``; ``xdistill/losses/bytecredit_tokens.py``)
-``<arm>_t2``        ``op_k1_byte_mean_clip_t2``, ``op_k1_byte_tok_mean_clip_t2`` and
-                    ``op_k1_same_mean_clip_t2``: the arm with the
-                    second teacher of its kind (``teacher_big_t2`` / ``teacher_same_big_t2``: the
-                    same settings, data and tokenizer, another training seed), so that a gain's
-                    dependence on *which* teacher is measured next to its tokenizer's
+``<arm>_t<k>``      ``op_k1_byte_mean_clip_t<k>``, ``op_k1_same_mean_clip_t<k>`` (k = 2, 3, 4)
+                    and ``op_k1_byte_tok_mean_clip_t2``: the arm with the k-th teacher of its kind
+                    (``teacher_big_t<k>`` / ``teacher_same_big_t<k>``: the same settings, data
+                    and tokenizer, training seed k - 1), so that a gain's dependence on *which*
+                    teacher is measured next to its tokenizer's
 ==================  =============================================================================
 
 On-policy arms sample ``cont_new_tokens`` tokens per prompt at temperature 1 from the current
@@ -95,13 +95,18 @@ SAME_ARMS = tuple(f"op_{k}_same" for k in ("k1", "k3", "rkl", "strict", "dpca", 
                                                        "op_k1_same_cmean_clip")
 # the same-tokenizer teacher through the cross-tokenizer pipeline (its tokenizer's twin)
 TWIN_ARMS = ("op_k1_twin_byte_mean_clip",)
-# arms read by a second teacher of their kind (toyq.prepare.SECOND_TEACHERS)
-SECOND_TEACHER_SUFFIX = "_t2"
-SAME_ARMS = SAME_ARMS + ("op_k1_same_mean_clip_t2",)
+# arms read by a further teacher of their kind, ``<arm>_t<k>`` (toyq.prepare.SECOND_TEACHERS)
+TEACHER_SUFFIXES = ("_t2", "_t3", "_t4")
+SAME_ARMS = SAME_ARMS + tuple(f"op_k1_same_mean_clip{sfx}" for sfx in TEACHER_SUFFIXES)
 # byte credit on student-token units (loss.byte_units: token), with either cross teacher
 TOKEN_UNIT_ARMS = ("op_k1_byte_tok_mean_clip", "op_k1_byte_tok_mean_clip_t2")
-CONT_ARMS = (CONT_ARMS + ("op_k1_byte_mean_clip_t2",) + SAME_ARMS + TWIN_ARMS
-             + TOKEN_UNIT_ARMS)
+CONT_ARMS = (CONT_ARMS + tuple(f"op_k1_byte_mean_clip{sfx}" for sfx in TEACHER_SUFFIXES)
+             + SAME_ARMS + TWIN_ARMS + TOKEN_UNIT_ARMS)
+
+
+def teacher_suffix(arm: str) -> str:
+    """``_t<k>`` when ``arm`` reads a further teacher of its kind, else ``""``."""
+    return next((sfx for sfx in TEACHER_SUFFIXES if arm.endswith(sfx)), "")
 ONPOLICY_KIND = {"op_k1": "k1", "op_k3": "k3", "op_rkl": "reverse_kl", "op_strict": "strict_topk",
                  "op_dpca": "dpca", "op_simple": "simple_opd", "op_bpm": "bpm", "op_escd": "escd"}
 for _arm in CONT_ARMS:                       # op_k1_byte_mean_clip, op_k1_same -> op_k1's kind
@@ -167,7 +172,7 @@ def cont_config(arm: str, seed: int, assets: dict, s, out_dir: str) -> dict:
         return base
     kind = ONPOLICY_KIND[arm]
     loss = {"kind": kind, "weight": 1.0, "temperature": 1.0}
-    second = SECOND_TEACHER_SUFFIX if arm.endswith(SECOND_TEACHER_SUFFIX) else ""
+    second = teacher_suffix(arm)
     if arm in SAME_ARMS:      # the same-tokenizer control teacher: no projection, identity view
         cross = _teacher("same", assets["teacher_same_big" + second]["model"],
                          assets["tok_student"], kind, s)

@@ -10,7 +10,8 @@ Layout under ``<root>/<key>``: ``corpus/*.jsonl`` + prepared ``corpus/{teacher,s
 ``tok_teacher/``, ``tok_student/``, ``teacher_big/``, ``teacher_weak/`` and, when an arm asks for
 it, ``teacher_same_big/`` (the same-tokenizer control: the student's tokenizer at the big
 teacher's size and steps) and the second teachers ``teacher_big_t2/``, ``teacher_same_big_t2/``
-(the same settings as ``teacher_big`` / ``teacher_same_big``, training seed 1) (trainer runs;
+(the same settings as ``teacher_big`` / ``teacher_same_big``, training seed 1; ``_t3``, ``_t4``:
+seeds 2, 3) (trainer runs;
 models in ``export/``), ``proj_multitoken.npz``, ``proj_corpus.npz``, ``assets.json`` (paths,
 teacher accuracies, timings).
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -81,8 +83,10 @@ def ce_run_config(out: Path, tokenizer: str, data: str, eval_text: str, layers: 
                   steps: int, cfg: PrepConfig, seed: int = 0) -> dict:
     """A CE-only trainer config that trains a fresh model (the teachers)."""
     return {
+        # float32 pinned (not auto, which is bfloat16 on a CPU with bf16 units): every published
+        # teacher was trained in float32
         "student": {"model_type": "llama", "model_config": model_config(layers, hidden),
-                    "init_seed": seed},
+                    "init_seed": seed, "param_dtype": "float32"},
         "student_tokenizer": tokenizer,
         "teachers": [],
         "data": {"paths": [data], "seq_len": cfg.seq_len, "batch_size": cfg.batch,
@@ -140,11 +144,14 @@ def build_projections(root: Path, tok_s: str, tok_t: str, corpus_jsonl: str) -> 
 
 TEACHERS = ("teacher_big", "teacher_weak")
 # teachers over the student's tokenizer, and each one's (layers, hidden, steps) settings
-SAME_TOKENIZER_TEACHERS = ("teacher_weak", "teacher_same_big", "teacher_same_big_t2")
-# a second teacher of each big kind: the same settings, data and tokenizer, another training seed
-# (initialisation and data order): how much a gain depends on which teacher, not its tokenizer
-SECOND_TEACHERS = ("teacher_big_t2", "teacher_same_big_t2")
-SECOND_TEACHER_SEED = 1
+# further teachers of each big kind, ``<kind>_t<k>``: the same settings, data and tokenizer,
+# training seed k - 1 (initialisation and data order): how much a gain depends on which teacher,
+# not its tokenizer (``_t2`` is the eleventh protocol's second teacher, seed 1)
+TEACHER_SUFFIXES = ("_t2", "_t3", "_t4")
+SECOND_TEACHERS = tuple(f"{kind}{sfx}" for sfx in TEACHER_SUFFIXES
+                        for kind in ("teacher_big", "teacher_same_big"))
+SAME_TOKENIZER_TEACHERS = ("teacher_weak", "teacher_same_big",
+                           *(t for t in SECOND_TEACHERS if t.startswith("teacher_same_big")))
 BIG_TEACHERS = ("teacher_big", "teacher_same_big", *SECOND_TEACHERS)
 
 
@@ -156,16 +163,17 @@ def teacher_size(cfg: "PrepConfig", name: str) -> tuple[int, int, int]:
 
 
 def teacher_seed(name: str) -> int:
-    """The training seed of a prepared teacher: 0, or ``SECOND_TEACHER_SEED`` for a second one."""
-    return SECOND_TEACHER_SEED if name in SECOND_TEACHERS else 0
+    """The training seed of a prepared teacher: 0, or k - 1 for a further one (``..._t<k>``)."""
+    return int(name.rsplit("_t", 1)[1]) - 1 if name in SECOND_TEACHERS else 0
 
 
 def prepare_all(root: str | Path, cfg: PrepConfig = PrepConfig(), log=say,
-                teachers=TEACHERS, watch: Watch = Watch()) -> dict:
+                teachers=TEACHERS, watch: Watch = Watch(), jobs: int = 1) -> dict:
     """Everything the arms need (cached under ``root/<key>``); returns ``assets.json``'s content.
 
     ``teachers`` names the teachers to have ready (``--short`` needs only ``teacher_big``); one that
-    a later call asks for is trained then and added to the manifest. A teacher's trainer run is
+    a later call asks for is trained then and added to the manifest, ``jobs`` of them at a time
+    (each a trainer child process on ``cfg.threads`` threads). A teacher's trainer run is
     watched (progress lines, stall detection: :mod:`toyq.runner`); one that fails
     raises :class:`~toyq.runner.RunFailed` naming its log.
     """
@@ -176,24 +184,39 @@ def prepare_all(root: str | Path, cfg: PrepConfig = PrepConfig(), log=say,
     else:
         assets = _prepare_base(root, cfg, log)
     missing = [name for name in teachers if name not in assets]
+    to_train = []
     for name in missing:
-        tok = assets["tok_student"] if name in SAME_TOKENIZER_TEACHERS else assets["tok_teacher"]
-        reused = reusable_teacher(root, assets, name, tok)
+        reused = reusable_teacher(root, assets, name, _teacher_tokenizer(assets, name))
         if reused:
             assets[name] = reused
             log(f"[prepare] {name}: reusing {reused['model']} (same teacher settings, corpus "
                 f"and tokenizer; held-out accuracy {reused['accuracy']:.3f})")
-            continue
-        layers, hidden, steps = teacher_size(cfg, name)
-        t1 = time.perf_counter()
-        assets[name] = train_teacher(root / name, tok, assets["corpus"], layers, hidden, steps, cfg,
-                                     log=log, watch=watch, seed=teacher_seed(name))
-        assets["timings"][name] = time.perf_counter() - t1
-        log(f"[prepare] {name}: held-out accuracy {assets[name]['accuracy']:.3f}, "
-            f"bpb {assets[name]['bpb']:.3f} ({assets['timings'][name]:.0f}s)")
+        else:
+            to_train.append(name)
+    with ThreadPoolExecutor(max(1, min(jobs, len(to_train) or 1))) as pool:
+        done = [pool.submit(_train_one, root, assets, name, cfg, log, watch) for name in to_train]
+        for name, future in zip(to_train, done):   # the threads only wait on trainer children
+            assets[name], assets["timings"][name] = future.result()
     if missing or not manifest.exists():
         manifest.write_text(json.dumps(assets, indent=1))
     return assets
+
+
+def _teacher_tokenizer(assets: dict, name: str) -> str:
+    return assets["tok_student"] if name in SAME_TOKENIZER_TEACHERS else assets["tok_teacher"]
+
+
+def _train_one(root: Path, assets: dict, name: str, cfg: PrepConfig, log,
+               watch: Watch) -> tuple[dict, float]:
+    """Train one teacher of ``prepare_all``; returns its manifest entry and seconds taken."""
+    layers, hidden, steps = teacher_size(cfg, name)
+    t1 = time.perf_counter()
+    entry = train_teacher(root / name, _teacher_tokenizer(assets, name), assets["corpus"], layers,
+                          hidden, steps, cfg, log=log, watch=watch, seed=teacher_seed(name))
+    took = time.perf_counter() - t1
+    log(f"[prepare] {name}: held-out accuracy {entry['accuracy']:.3f}, "
+        f"bpb {entry['bpb']:.3f} ({took:.0f}s)")
+    return entry, took
 
 
 # task fields that only change the student's distillation corpus, not what a teacher trains on

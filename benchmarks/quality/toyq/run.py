@@ -171,16 +171,18 @@ def run_phases(assets, arms, seeds, settings, out, jobs, watch) -> dict:
 
 def teachers_needed(arms) -> list[str]:
     """The prepared teachers the ``arms`` read (``ce`` none, ``same_kd`` only the weak one)."""
-    from toyq.continued import CONT_ARMS, SAME_ARMS, SECOND_TEACHER_SUFFIX, TWIN_ARMS
+    from toyq.continued import CONT_ARMS, SAME_ARMS, TEACHER_SUFFIXES, TWIN_ARMS, teacher_suffix
 
     arms = set(arms) | ({"pkl_cont"} if set(arms) & set(CONT_ARMS) else set())
-    second = {a for a in CONT_ARMS if a.endswith(SECOND_TEACHER_SUFFIX)}
-    need = [t for t, users in (("teacher_big", set(ARMS) - {"ce", "same_kd"}),
-                               ("teacher_weak", {"same_kd", "multi"}),
-                               ("teacher_same_big", (set(SAME_ARMS) | set(TWIN_ARMS)) - second),
-                               ("teacher_big_t2", second - set(SAME_ARMS)),
-                               ("teacher_same_big_t2", second & set(SAME_ARMS))) if users & arms]
-    return need
+    further = {a for a in CONT_ARMS if teacher_suffix(a)}
+    users = [("teacher_big", set(ARMS) - {"ce", "same_kd"}),
+             ("teacher_weak", {"same_kd", "multi"}),
+             ("teacher_same_big", (set(SAME_ARMS) | set(TWIN_ARMS)) - further)]
+    for sfx in TEACHER_SUFFIXES:
+        mine = {a for a in further if teacher_suffix(a) == sfx}
+        users += [(f"teacher_big{sfx}", mine - set(SAME_ARMS)),
+                  (f"teacher_same_big{sfx}", mine & set(SAME_ARMS))]
+    return [t for t, readers in users if readers & arms]
 
 
 def main(argv=None) -> int:
@@ -262,7 +264,8 @@ def _run(args, shown: list[str]) -> int:
         print(f"error: --eval-split {args.eval_split} needs --student-pairs below the "
               "training problems (every training problem is labeled)", file=sys.stderr)
         return 2
-    assets = prepare_all(args.cache or out / "prepared", prep, teachers=need, watch=watch)
+    assets = prepare_all(args.cache or out / "prepared", prep, teachers=need, watch=watch,
+                         jobs=args.jobs)
     assets = {**assets, "eval_split": args.eval_split}
     if unlabeled is not None:
         assets["corpus"] = {**assets["corpus"], args.eval_split: unlabeled}

@@ -1,0 +1,181 @@
+"""The issue-24 on-policy credit study, thirteenth protocol: four teachers of each tokenizer, the
+teacher as the unit of replication.
+
+The protocol is written in ``benchmarks/quality/RESULTS.md`` ("On-policy credit study, thirteenth
+protocol", committed before its runs); this script runs it without a hand-set number:
+
+    python benchmarks/quality/study_v13.py --out runs/q24v13 --cache runs/q24_prep --jobs 2
+
+The fifth protocol's task and rates (read from ``credit24v5/study.json``), the confirmed
+estimator (k1, ``mean`` baseline, 2-nat clamp; byte credit with the cross-tokenizer teachers),
+one stage:
+
+``confirm``  continued CE and eight k1 arms on fresh seeds 140-142, the unlabeled test half,
+             scored once: ``op_k1_same_mean_clip{,_t2,_t3,_t4}`` (four same-tokenizer teachers,
+             training seeds 0-3) and ``op_k1_byte_mean_clip{,_t2,_t3,_t4}`` (four cross-tokenizer
+             teachers, training seeds 0-3). The generated block ``GENERATED:credit24v13`` holds
+             the eight arms against continued CE (Holm over eight); ``study.json`` adds, with the
+             teacher as the unit (a teacher's gain = its arm's mean gain over continued CE on the
+             three seeds): (a) the tokenizer effect over teachers (Welch t on the 4 + 4 teacher
+             gains; the exact permutation p over the 70 splits reported), (b) the penalty over
+             the four teachers of each tokenizer with an interval that resamples teachers within
+             each tokenizer and seeds, (c) per teacher its held-out accuracy, gain and paired t
+             against continued CE, and how gain follows teacher accuracy (exploratory), (d) the
+             per-seed tokenizer effect (paired t over the three seeds, reported).
+
+Raw per-run results: ``benchmarks/quality/credit24v13/confirm.json`` and ``study.json``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import statistics
+import sys
+from pathlib import Path
+
+import study  # the first protocol's helpers (this script's folder is on the path when it runs)
+import study_v5 as v5
+import study_v6 as v6
+from toyq.confirm import accuracy_by_arm, comparisons
+from toyq.stats import paired, penalty, welch
+
+HERE = Path(__file__).resolve().parent
+RECORDS = HERE / "credit24v13"
+SUFFIXES = ("", "_t2", "_t3", "_t4")
+SAME = tuple(f"op_k1_same_mean_clip{s}" for s in SUFFIXES)
+CROSS = tuple(f"op_k1_byte_mean_clip{s}" for s in SUFFIXES)
+ARMS = ("cont_ce", *SAME, *CROSS)
+TEACHER_OF = {**{a: f"teacher_same_big{s}" for a, s in zip(SAME, SUFFIXES)},
+              **{a: f"teacher_big{s}" for a, s in zip(CROSS, SUFFIXES)}}
+CONFIRM_SEEDS = (140, 141, 142)
+STAGES = ("confirm",)
+ALPHA = 0.05
+GOAL = 0.2
+DRAWS = 20000
+say = study.say
+
+
+def teacher_gains(acc: dict, seeds: list[int]) -> dict:
+    """Per teacher arm, its mean gain over continued CE on ``seeds`` (the unit of this protocol)."""
+    return {a: statistics.fmean(acc[a][s] - acc["cont_ce"][s] for s in seeds)
+            for a in SAME + CROSS}
+
+
+def permutation_p(same: list[float], cross: list[float]) -> float:
+    """Exact two-sided permutation p of the difference of means over every split of the pooled
+    teacher gains into two groups of the original sizes."""
+    pooled, k = same + cross, len(same)
+    observed = abs(statistics.fmean(same) - statistics.fmean(cross))
+    diffs = []
+    for idx in itertools.combinations(range(len(pooled)), k):
+        a = [pooled[i] for i in idx]
+        b = [pooled[i] for i in range(len(pooled)) if i not in idx]
+        diffs.append(abs(statistics.fmean(a) - statistics.fmean(b)))
+    return sum(d >= observed - 1e-12 for d in diffs) / len(diffs)
+
+
+def tokenizer_effect(gains: dict) -> dict:
+    """(a) same-tokenizer teachers' gains against cross-tokenizer teachers' (n = 4 + 4): Welch t,
+    decided; the exact permutation p reported."""
+    same, cross = [gains[a] for a in SAME], [gains[a] for a in CROSS]
+    w = welch(same, cross)
+    diff = statistics.fmean(same) - statistics.fmean(cross)
+    return {"same_gains": same, "cross_gains": cross, "difference": diff, "welch_t": w.t,
+            "welch_p": w.p, "permutation_p": permutation_p(same, cross),
+            "holds": bool(w.p < ALPHA and diff > 0)}
+
+
+def penalty_over_teachers(acc: dict, seeds: list[int], draws: int = DRAWS) -> dict:
+    """(b) ``1 - mean cross gain / mean same gain`` over the four teachers of each tokenizer, and a
+    95% percentile interval that resamples teachers within each tokenizer and the seeds (one
+    seed draw shared by every arm: the design pairs arms by seed)."""
+    def gain(arms, ss) -> float:
+        return statistics.fmean(acc[a][s] - acc["cont_ce"][s] for a in arms for s in ss)
+
+    def pen(same_arms, cross_arms, ss) -> float:
+        return penalty(gain(cross_arms, ss), gain(same_arms, ss))
+
+    rng = random.Random(0)
+    boot = sorted(pen([rng.choice(SAME) for _ in SAME], [rng.choice(CROSS) for _ in CROSS],
+                      [rng.choice(seeds) for _ in seeds]) for _ in range(draws))
+    k = int(round(0.025 * draws))
+    point = pen(SAME, CROSS, seeds)
+    return {"penalty": point, "interval": [boot[k], boot[draws - 1 - k]], "goal": GOAL,
+            "met": point <= GOAL}
+
+
+def _pearson(x: list[float], y: list[float]) -> float:
+    return statistics.correlation(x, y) if len(set(x)) > 1 and len(set(y)) > 1 else float("nan")
+
+
+def per_teacher(acc: dict, seeds: list[int], gains: dict, meta: dict) -> dict:
+    """(c) per teacher: held-out accuracy (its preparation), gain, paired t against continued CE;
+    Pearson r of gain on teacher accuracy within each tokenizer and over all eight
+    (exploratory)."""
+    rows = {}
+    for a in SAME + CROSS:
+        t = paired([acc[a][s] for s in seeds], [acc["cont_ce"][s] for s in seeds])
+        teacher = meta.get(TEACHER_OF[a], {})
+        rows[a] = {"teacher": TEACHER_OF[a], "teacher_accuracy": teacher.get("accuracy"),
+                   "teacher_bpb": teacher.get("bpb"), "gain": gains[a], "paired_t": t.t,
+                   "paired_p": t.p}
+    r = {}
+    for name, arms in (("same", SAME), ("cross", CROSS), ("all", SAME + CROSS)):
+        xs = [rows[a]["teacher_accuracy"] for a in arms]
+        if all(x is not None for x in xs):
+            r[name] = _pearson(xs, [gains[a] for a in arms])
+    return {"teachers": rows, "gain_vs_teacher_accuracy_r": r}
+
+
+def seed_effect(acc: dict, seeds: list[int]) -> dict:
+    """(d) per seed, the four same-tokenizer arms' mean gain minus the four cross-tokenizer arms'
+    (paired t over seeds, reported; n = 3)."""
+    def g(arms, s):
+        return statistics.fmean(acc[a][s] - acc["cont_ce"][s] for a in arms)
+    same, cross = [g(SAME, s) for s in seeds], [g(CROSS, s) for s in seeds]
+    t = paired(same, cross)
+    return {"per_seed": [x - y for x, y in zip(same, cross)], "paired_t": t.t, "paired_p": t.p}
+
+
+def analyse(runs: list[dict], meta: dict) -> dict:
+    """Decisions (a)-(d) of the protocol (module doc) from the confirmation's runs."""
+    acc = accuracy_by_arm(runs)
+    missing = [a for a in ARMS if a not in acc]
+    if missing:
+        raise SystemExit(f"[study] no finished run of {', '.join(missing)}: cannot analyse")
+    seeds = sorted(set.intersection(*(set(acc[a]) for a in ARMS)))
+    gains = teacher_gains(acc, seeds)
+    fmts = [r.get("format_rate") for r in runs if r["arm"] in ARMS and "error" not in r]
+    return {"seeds": seeds, "gains": gains, "tokenizer_effect": tokenizer_effect(gains),
+            "penalty": penalty_over_teachers(acc, seeds),
+            "per_teacher": per_teacher(acc, seeds, gains, meta),
+            "seed_effect": seed_effect(acc, seeds),
+            "collapsed": sorted({r["arm"] for r in runs if "error" not in r
+                                 and (r.get("format_rate") or 0) < 0.9}),
+            "lowest_format_rate": min((f for f in fmts if f is not None), default=None)}
+
+
+def stage_confirm(args, state: dict) -> None:
+    chosen = v6.fifth_rates()
+    runs = v6.confirm_runs(args, ARMS, CONFIRM_SEEDS, chosen, "credit24v13", RECORDS)
+    meta = json.loads((RECORDS / "confirm.json").read_text()).get("meta", {})
+    comps = {c["arm"]: c for c in comparisons(runs)}
+    parts = analyse(runs, meta)
+    state["confirm"] = {**v6.confirm_state(ARMS, CONFIRM_SEEDS, chosen, comps), **parts}
+    te, p = parts["tokenizer_effect"], parts["penalty"]
+    say(f"tokenizer effect over teachers {te['difference']:+.3f} (Welch p {te['welch_p']:.3g}, "
+        f"permutation p {te['permutation_p']:.3g}); penalty over four teachers each "
+        f"{p['penalty']:.2f} [{p['interval'][0]:.2f}, {p['interval'][1]:.2f}] (goal <= {GOAL})")
+
+
+STAGE_FUNCS = {"confirm": stage_confirm}
+
+
+def main(argv=None) -> int:
+    return study.protocol_main(argv, "runs/q24v13", STAGES, STAGE_FUNCS, RECORDS, v5.TASK, __doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
