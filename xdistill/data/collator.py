@@ -44,7 +44,7 @@ import torch
 from xdistill.align import align_batch
 from xdistill.data.batch import BatchStats, DistillBatch, TeacherView
 from xdistill.data.chat import map_offset, render_chat, renders_alike, token_loss_mask
-from xdistill.data.packing import DEFAULT_LOSS_ROLES, Segment, Window, phantom_T
+from xdistill.data.packing import DEFAULT_LOSS_ROLES, Segment, Window
 from xdistill.tokenization.bos import resolve_add_bos
 from xdistill.tokenization.tokenizer import padding_id
 
@@ -301,7 +301,7 @@ class CrossTokenizerCollator:
                 if s_ids.size and t_ids.size:
                     items.append((b, "row", len(rows), 0))
                     rows.append(_Row(b, seg_pos[b][j], t_p, s_ids, t_ids,
-                                     seg.phantom_T[:s_ids.size], phantom_T(enc, t_ids.size)))
+                                     seg.phantom_T[:s_ids.size], enc.phantom_bytes_T()[:t_ids.size]))
                 parts.append(t_ids)
                 loss.append(t_loss)
                 t_p, used = t_p + t_ids.size, used + t_ids.size

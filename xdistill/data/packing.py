@@ -141,22 +141,10 @@ def _pieces(text: str, size: int) -> list[str]:
     return out
 
 
-def phantom_T(enc, n: int) -> np.ndarray:
-    """The first ``n`` per-token phantom byte counts of an encoding (``Encoding.phantom_T``; an
-    encoding without it has only its ``phantom_prefix``, at token 0)."""
-    ph = getattr(enc, "phantom_T", None)
-    if ph is not None:
-        return np.asarray(ph, dtype=np.int64)[:n]
-    out = np.zeros(n, dtype=np.int64)
-    if n:
-        out[0] = int(getattr(enc, "phantom_prefix", 0) or 0)
-    return out
-
-
 def _arrays(enc, base: int = 0):
     n = len(enc.ids)
     return (np.asarray(enc.ids, np.int64), np.asarray(enc.starts, np.int64) + base,
-            np.asarray(enc.ends, np.int64) + base, phantom_T(enc, n))
+            np.asarray(enc.ends, np.int64) + base, enc.phantom_bytes_T()[:n])
 
 
 def encode_text(student, text: str, size: int = LONG_DOC_CHARS, specials_as_text: bool = False):

@@ -209,9 +209,14 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
     params = [p for p in model.parameters() if p.grad is not None]
     if not params:
         return 0.0
-    # float16 gradients' norm is taken in float32: a global norm above 65504 would be inf
-    grads = [p.grad.float() if p.grad.dtype == torch.float16 else p.grad for p in params]
-    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+    grads = [p.grad for p in params]
+    if any(g.dtype == torch.float16 for g in grads):
+        # float16 gradients' norm is taken in float32 (a global norm above 65504 would be inf),
+        # tensor by tensor: no float32 copy of the gradients
+        norms = [torch.linalg.vector_norm(g, 2.0, dtype=torch.float32) for g in grads]
+        total = torch.linalg.vector_norm(torch.stack(norms), 2.0)
+    else:
+        total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
     if max_norm > 0:  # scales every grad by min(1, max_norm / (total + 1e-6))
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
     if isinstance(total, DTensor):  # a partial/sharded norm: reduce it over the ranks
