@@ -117,3 +117,25 @@ def test_resume_refuses_a_changed_shuffle_or_tokenizer(tiny_tok, get_tokenizer):
     again = PackedDataset(docs, tiny_tok, 32, seed=3)
     again.load_state_dict(old)
     assert next(iter(again)).segments[0].doc == next(it).segments[0].doc
+
+
+def test_a_position_saved_before_specials_as_text_existed_resumes_only_without_it(tiny_tok):
+    """A checkpoint written before ``data.specials_as_text`` existed read special-token strings
+    in text as special tokens (the setting's ``false``). Its layout lacks the entry; resumed under
+    the new default (``true``) the same position could mean other tokens, so it is refused
+    naming the key and the value to set; with ``data.specials_as_text: false`` it continues
+    exactly."""
+    from xdistill.data.dataset import PackedDataset
+    from xdistill.errors import DataError
+
+    docs = [f"doc{i} <|endoftext|> " * 10 for i in range(30)]
+    first = PackedDataset(docs, tiny_tok, 32, seed=3, specials_as_text=False)
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    old = dict(state, layout=state["layout"][:-1])     # as written before the key existed
+    with pytest.raises(DataError, match="data.specials_as_text = False, the run now has True"):
+        PackedDataset(docs, tiny_tok, 32, seed=3).load_state_dict(old)
+    again = PackedDataset(docs, tiny_tok, 32, seed=3, specials_as_text=False)
+    again.load_state_dict(old)
+    assert next(iter(again)).segments[0].doc == next(it).segments[0].doc

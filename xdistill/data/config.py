@@ -56,7 +56,8 @@ class DataConfig:
     # text documents: a special token's string written in the text (<|endoftext|>, </s>) is the
     # text it spells, for the student and every teacher alike (true), or that tokenizer's special
     # token (false: each side then reads other bytes there); chat templates' own tokens are
-    # always special
+    # always special. A checkpoint saved before this key existed was written under false: its
+    # data position resumes only with data.specials_as_text=false (else a clear error)
     specials_as_text: bool = True
     # chunk granularity passed to the aligner: "minimal" or "space" (merge to whitespace words)
     chunks: Literal["minimal", "space"] = "minimal"

@@ -76,6 +76,10 @@ class PackedDataset(ShardedSourceDataset):
     def _fresh_state() -> dict:
         return {"epoch": 0, "pos": 0, "off": 0, "windows": 0, "skipped_empty": 0}
 
+    # a checkpoint written before ``data.specials_as_text`` existed read special-token strings
+    # in text documents as special tokens
+    LEGACY_BASIS = {"data.specials_as_text": False}
+
     def _position_basis(self) -> list[tuple[str, object]]:
         # a position is (document, student-token offset in it): another window length or BOS
         # setting continues at the next unread token (a supported resume), another tokenizer not

@@ -66,6 +66,21 @@ class ShardedSourceDataset(IterableDataset):
         """Hook: (config key, value) pairs a saved position depends on besides the row order."""
         return []
 
+    # basis keys added after checkpoints were written without them: key -> the value such a
+    # checkpoint was written under (a key not listed here is simply not compared)
+    LEGACY_BASIS: dict[str, object] = {}
+
+    def _complete(self, layout: list, expected: list) -> list:
+        """A saved layout shorter than this one (written before later basis keys existed),
+        extended by the values those checkpoints were written under, where known."""
+        keys = [key for key, _ in self._position_basis()]
+        out = list(layout)
+        for key in keys[len(out) - 5:] if len(out) >= 5 else []:
+            if key not in self.LEGACY_BASIS:
+                break
+            out.append(self.LEGACY_BASIS[key])
+        return out
+
     def _basis_error(self, layout: list, expected: list) -> DataError | None:
         """The error naming the first setting (shuffle, then the hook's) that changed."""
         what, _, _ = self._words
@@ -87,6 +102,8 @@ class ShardedSourceDataset(IterableDataset):
         state = dict(state)
         layout = state.pop("layout", None)
         expected = self._layout()
+        if layout is not None and len(layout) < len(expected):
+            layout = self._complete(list(layout), expected)
         if layout is not None and list(layout) != expected[:len(layout)]:
             what, rows, keep = self._words
             if list(layout[:4]) == expected[:4]:
