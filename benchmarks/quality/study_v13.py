@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import random
 import statistics
 import sys
@@ -39,7 +40,7 @@ import study  # the first protocol's helpers (this script's folder is on the pat
 import study_v5 as v5
 import study_v6 as v6
 from toyq.confirm import accuracy_by_arm, comparisons
-from toyq.stats import paired, penalty, welch
+from toyq.stats import paired, penalty, percentile_interval, welch
 
 HERE = Path(__file__).resolve().parent
 RECORDS = HERE / "credit24v13"
@@ -98,12 +99,12 @@ def penalty_over_teachers(acc: dict, seeds: list[int], draws: int = DRAWS) -> di
         return penalty(gain(cross_arms, ss), gain(same_arms, ss))
 
     rng = random.Random(0)
-    boot = sorted(pen([rng.choice(SAME) for _ in SAME], [rng.choice(CROSS) for _ in CROSS],
-                      [rng.choice(seeds) for _ in seeds]) for _ in range(draws))
-    k = int(round(0.025 * draws))
+    boot = [pen([rng.choice(SAME) for _ in SAME], [rng.choice(CROSS) for _ in CROSS],
+                [rng.choice(seeds) for _ in seeds]) for _ in range(draws)]
     point = pen(SAME, CROSS, seeds)
-    return {"penalty": point, "interval": [boot[k], boot[draws - 1 - k]], "goal": GOAL,
-            "met": point <= GOAL}
+    return {"penalty": point, "interval": list(percentile_interval(boot)), "goal": GOAL,
+            "met": point <= GOAL,
+            "undefined_draws": sum(math.isnan(x) for x in boot) / draws}
 
 
 def _pearson(x: list[float], y: list[float]) -> float:
@@ -153,7 +154,10 @@ def analyse(runs: list[dict], meta: dict) -> dict:
             "per_teacher": per_teacher(acc, seeds, gains, meta),
             "seed_effect": seed_effect(acc, seeds),
             "collapsed": sorted({r["arm"] for r in runs if "error" not in r
-                                 and (r.get("format_rate") or 0) < 0.9}),
+                                 and r.get("format_rate") is not None
+                                 and r["format_rate"] < 0.9}),
+            "format_rate_unknown": sorted({r["arm"] for r in runs if "error" not in r
+                                           and r.get("format_rate") is None}),
             "lowest_format_rate": min((f for f in fmts if f is not None), default=None)}
 
 

@@ -144,7 +144,7 @@ def test_teachers_train_jobs_at_a_time_and_all_reach_the_manifest(monkeypatch, t
     both_started = threading.Barrier(2, timeout=30)
     seen = []
 
-    def fake_train(out, tok, corpus, layers, hidden, steps, cfg, log, watch, seed):
+    def fake_train(out, tok, corpus, layers, hidden, steps, cfg, log, watch, seed, cancel=None):
         seen.append((out.name, tok, seed))
         both_started.wait()                    # fails (BrokenBarrierError) if run one at a time
         return {"model": str(out), "accuracy": 0.5 + seed / 10, "bpb": 1.0}

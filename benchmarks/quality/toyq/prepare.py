@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -103,9 +104,10 @@ def ce_run_config(out: Path, tokenizer: str, data: str, eval_text: str, layers: 
 
 
 def train_teacher(out: Path, tokenizer: str, corpus: dict, layers: int, hidden: int, steps: int,
-                  cfg: PrepConfig, log=say, watch: Watch = Watch(), seed: int = 0) -> dict:
-    """Train (or reuse) one teacher (``seed``: its initialisation and data order); returns its
-    folder, held-out accuracy and bpb."""
+                  cfg: PrepConfig, log=say, watch: Watch = Watch(), seed: int = 0,
+                  cancel: threading.Event | None = None) -> dict:
+    """Train (or reuse) one teacher (``seed``: its initialisation and data order; ``cancel``:
+    set, it stops the trainer run); returns its folder, held-out accuracy and bpb."""
     from xdistill.tokenization import load_tokenizer
 
     from toyq.evaluate import SCORING, greedy_accuracy, load_model
@@ -116,7 +118,7 @@ def train_teacher(out: Path, tokenizer: str, corpus: dict, layers: int, hidden: 
             f"(log: {out / 'config.log'})")
         run_config(ce_run_config(out, tokenizer, corpus["teacher"], corpus["eval_text"], layers,
                                  hidden, steps, cfg, seed), out / "config.yaml", label=out.name,
-                   watch=watch, log=log)
+                   watch=watch, log=log, cancel=cancel)
     with SCORING:
         acc = greedy_accuracy(load_model(str(export)), load_tokenizer(str(export)),
                               corpus["heldout"])
@@ -193,26 +195,60 @@ def prepare_all(root: str | Path, cfg: PrepConfig = PrepConfig(), log=say,
                 f"and tokenizer; held-out accuracy {reused['accuracy']:.3f})")
         else:
             to_train.append(name)
-    with ThreadPoolExecutor(max(1, min(jobs, len(to_train) or 1))) as pool:
-        done = [pool.submit(_train_one, root, assets, name, cfg, log, watch) for name in to_train]
-        for name, future in zip(to_train, done):   # the threads only wait on trainer children
-            assets[name], assets["timings"][name] = future.result()
-    if missing or not manifest.exists():
+    failure = _train_all(root, assets, to_train, cfg, log, watch, jobs)
+    if missing or not manifest.exists():       # the teachers that finished are kept either way
         manifest.write_text(json.dumps(assets, indent=1))
+    if failure is not None:
+        raise failure
     return assets
+
+
+def _train_all(root: Path, assets: dict, names: list[str], cfg: PrepConfig, log, watch: Watch,
+               jobs: int) -> BaseException | None:
+    """Train ``names`` ``jobs`` at a time into ``assets`` (the threads only wait on trainer
+    children); the first failure (or Ctrl-C) stops the runs in flight and starts no other, and
+    is returned (raised for Ctrl-C) after the finished ones are in ``assets``."""
+    cancel, failure = threading.Event(), None
+    pool = ThreadPoolExecutor(max(1, min(jobs, len(names) or 1)))
+    try:
+        futures = {pool.submit(_train_one, root, assets, n, cfg, log, watch, cancel): n
+                   for n in names}
+        for future in as_completed(futures):
+            try:
+                result = future.result()
+            except Exception as exc:    # noqa: BLE001 - the first one is raised by the caller
+                failure = failure or exc
+                continue
+            if result is not None:
+                assets[futures[future]], assets["timings"][futures[future]] = result
+    except BaseException:
+        cancel.set()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return failure
 
 
 def _teacher_tokenizer(assets: dict, name: str) -> str:
     return assets["tok_student"] if name in SAME_TOKENIZER_TEACHERS else assets["tok_teacher"]
 
 
-def _train_one(root: Path, assets: dict, name: str, cfg: PrepConfig, log,
-               watch: Watch) -> tuple[dict, float]:
-    """Train one teacher of ``prepare_all``; returns its manifest entry and seconds taken."""
+def _train_one(root: Path, assets: dict, name: str, cfg: PrepConfig, log, watch: Watch,
+               cancel: threading.Event) -> tuple[dict, float] | None:
+    """Train one teacher of ``prepare_all``; returns its manifest entry and seconds taken, or
+    ``None`` when an earlier failure set ``cancel`` before it started. Its own failure sets
+    ``cancel`` (here, so that no queued teacher starts in between) and is raised."""
+    if cancel.is_set():
+        return None
     layers, hidden, steps = teacher_size(cfg, name)
     t1 = time.perf_counter()
-    entry = train_teacher(root / name, _teacher_tokenizer(assets, name), assets["corpus"], layers,
-                          hidden, steps, cfg, log=log, watch=watch, seed=teacher_seed(name))
+    try:
+        entry = train_teacher(root / name, _teacher_tokenizer(assets, name), assets["corpus"],
+                              layers, hidden, steps, cfg, log=log, watch=watch,
+                              seed=teacher_seed(name), cancel=cancel)
+    except BaseException:
+        cancel.set()
+        raise
     took = time.perf_counter() - t1
     log(f"[prepare] {name}: held-out accuracy {entry['accuracy']:.3f}, "
         f"bpb {entry['bpb']:.3f} ({took:.0f}s)")

@@ -118,10 +118,18 @@ def penalty_interval(groups: list[list[tuple[float, float]]], *, draws: int = 20
 
     pooled = [r for g in groups for r in g]
     rng = random.Random(seed)
-    boot = sorted(pen([g[rng.randrange(len(g))] for g in groups for _ in g])
-                  for _ in range(draws))
-    k = int(round((1 - level) / 2 * draws))
-    return pen(pooled), boot[k], boot[draws - 1 - k]
+    boot = [pen([g[rng.randrange(len(g))] for g in groups for _ in g]) for _ in range(draws)]
+    return (pen(pooled), *percentile_interval(boot, level))
+
+
+def percentile_interval(draws: list[float], level: float = 0.95) -> tuple[float, float]:
+    """The ``level`` percentile interval of bootstrap ``draws`` of a penalty. A draw whose same
+    gain is not positive has no penalty (nan): it counts as the worst, +inf, since a teacher that
+    teaches nothing over one tokenizer leaves the other nothing to match, so such draws widen the
+    interval upwards (an end that falls on them is inf) instead of being sorted arbitrarily."""
+    boot = sorted(math.inf if math.isnan(x) else x for x in draws)
+    k = int(round((1 - level) / 2 * len(boot)))
+    return boot[k], boot[len(boot) - 1 - k]
 
 
 def _or_nan(test, *args) -> TTest:
