@@ -40,10 +40,12 @@ import study  # the first protocol's helpers (this script's folder is on the pat
 import study_v5 as v5
 import study_v6 as v6
 from toyq.confirm import accuracy_by_arm, comparisons
+from toyq.run import update_results_md
 from toyq.stats import paired, penalty, percentile_interval, welch
 
 HERE = Path(__file__).resolve().parent
 RECORDS = HERE / "credit24v13"
+RESULTS_MD = HERE / "RESULTS.md"     # the teacher-level block goes here
 SUFFIXES = ("", "_t2", "_t3", "_t4")
 SAME = tuple(f"op_k1_same_mean_clip{s}" for s in SUFFIXES)
 CROSS = tuple(f"op_k1_byte_mean_clip{s}" for s in SUFFIXES)
@@ -161,6 +163,46 @@ def analyse(runs: list[dict], meta: dict) -> dict:
             "lowest_format_rate": min((f for f in fmts if f is not None), default=None)}
 
 
+def _f(x, fmt: str) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+
+def render_teachers(conf: dict) -> str:
+    """The block ``GENERATED:credit24v13teachers``: the teacher-level decisions from the
+    protocol's record (``study.json``'s ``confirm``) only."""
+    te, pen, rows = conf["tokenizer_effect"], conf["penalty"], conf["per_teacher"]["teachers"]
+    lines = ["## Teachers as the unit (generated from `credit24v13/study.json`)", "",
+             f"Seeds {', '.join(map(str, conf['seeds']))}; a teacher's gain = its arm's mean "
+             "accuracy gain over continued CE on those seeds (unlabeled test half).", "",
+             "| arm | teacher | tokenizer | teacher held-out accuracy | gain | paired t (p) |",
+             "|---|---|---|---|---|---|"]
+    for arm in SAME + CROSS:
+        r = rows[arm]
+        lines.append(f"| {arm} | {r['teacher']} | {'same' if arm in SAME else 'cross'} | "
+                     f"{_f(r['teacher_accuracy'], '.3f')} | {r['gain']:+.3f} | "
+                     f"{_f(r['paired_t'], '+.2f')} ({_f(r['paired_p'], '.3f')}) |")
+    lo, hi = pen["interval"]
+    r = conf["per_teacher"]["gain_vs_teacher_accuracy_r"]
+    lines += ["",
+              f"- (a) tokenizer effect over teachers (same minus cross, 4 + 4 teacher gains): "
+              f"{te['difference']:+.3f}, Welch t {te['welch_t']:+.2f}, p {te['welch_p']:.3f} "
+              f"(exact permutation p {te['permutation_p']:.3f}); holds (p < {ALPHA}): "
+              f"**{'yes' if te['holds'] else 'no'}**",
+              f"- (b) penalty over four teachers of each tokenizer: **{pen['penalty']:.2f}** "
+              f"[{lo:.2f}, {hi:.2f}] (teachers and seeds resampled; {pen['undefined_draws']:.1%} "
+              f"of draws without a penalty, counted as +inf); goal <= {GOAL}: "
+              f"**{'met' if pen['met'] else 'not met'}**",
+              "- (c) Pearson r of gain on teacher held-out accuracy (exploratory): "
+              + ", ".join(f"{k} {_f(v, '+.2f')}" for k, v in r.items()),
+              f"- (d) per-seed tokenizer effect: {', '.join(f'{x:+.3f}' for x in conf['seed_effect']['per_seed'])}"
+              f" (paired t {_f(conf['seed_effect']['paired_t'], '+.2f')}, p "
+              f"{_f(conf['seed_effect']['paired_p'], '.3f')}; reported)",
+              f"- (e) collapsed (format rate < 0.9 on a seed): "
+              f"{', '.join(conf['collapsed']) or 'none'}; lowest format rate "
+              f"{_f(conf['lowest_format_rate'], '.3f')}"]
+    return "\n".join(lines)
+
+
 def stage_confirm(args, state: dict) -> None:
     chosen = v6.fifth_rates()
     runs = v6.confirm_runs(args, ARMS, CONFIRM_SEEDS, chosen, "credit24v13", RECORDS)
@@ -168,6 +210,8 @@ def stage_confirm(args, state: dict) -> None:
     comps = {c["arm"]: c for c in comparisons(runs)}
     parts = analyse(runs, meta)
     state["confirm"] = {**v6.confirm_state(ARMS, CONFIRM_SEEDS, chosen, comps), **parts}
+    update_results_md(render_teachers(state["confirm"]), RESULTS_MD,
+                      "credit24v13teachers")
     te, p = parts["tokenizer_effect"], parts["penalty"]
     say(f"tokenizer effect over teachers {te['difference']:+.3f} (Welch p {te['welch_p']:.3g}, "
         f"permutation p {te['permutation_p']:.3g}); penalty over four teachers each "

@@ -450,7 +450,12 @@ def test_thirteenth_protocol_takes_the_teacher_as_the_unit(monkeypatch, tmp_path
     gain = {"cont_ce": 0.0, **same_gain, **cross_gain}
     calls = _table_harness(monkeypatch, v13, lambda a, s: 0.15 + gain[a] + 0.05 * (s % 3))
     monkeypatch.setattr(v13, "RECORDS", tmp_path / "records")
+    monkeypatch.setattr(v13, "RESULTS_MD", tmp_path / "RESULTS.md")
     assert v13.main(["--out", str(tmp_path / "out")]) == 0
+    block = (tmp_path / "RESULTS.md").read_text()
+    assert "GENERATED:credit24v13teachers:BEGIN" in block
+    assert "| op_k1_byte_mean_clip_t4 | teacher_big_t4 | cross | - | +0.160 |" in block
+    assert "holds (p < 0.05): **yes**" in block and "goal <= 0.2: **not met**" in block
     ((_, arms, seeds, extra),) = calls
     assert arms == v13.ARMS and seeds == (140, 141, 142)
     assert not set(seeds) & {*range(0, 140)}                # no seed of an earlier protocol
