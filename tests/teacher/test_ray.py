@@ -44,14 +44,6 @@ def _req(ids, mask):
     return TeacherRequest(-1, ids, mask)
 
 
-def test_ray_needs_init():
-    # runs first in this module, before the module's cluster fixture starts Ray
-    if ray.is_initialized():
-        pytest.skip("a cluster is already up in this process")
-    with pytest.raises(TeacherError, match="ray.init"):
-        RayClient(_cfg("x")).start()
-
-
 def test_ray_teachers_match_plain_forward(ray_cluster, tiny_models):
     ids, mask = random_batch(1000, B=3, Tt=9, seed=7)
     ref_NV = reference_logits(tiny_models["llama"], ids, mask).reshape(-1, 1000)
@@ -126,3 +118,46 @@ def test_hung_ray_actor_times_out(ray_cluster):
         assert time.monotonic() - t0 < 10.0
         with pytest.raises(TeacherError, match="unusable"):
             client.submit(_req(ids, mask))
+
+
+
+@pytest.mark.parametrize("address, env, world, expected", [
+    (None, None, "1", None),                        # one process: a local Ray of its own
+    (None, None, "2", "auto"),                      # torchrun: every rank joins one cluster
+    (None, "10.0.0.5:6379", "2", "10.0.0.5:6379"),  # $RAY_ADDRESS
+    ("ray://head:10001", "10.0.0.5:6379", "2", "ray://head:10001")])   # worker.ray.address wins
+def test_ray_teacher_joins_the_cluster_its_config_and_launch_imply(monkeypatch, address, env,
+                                                                   world, expected):
+    """``join_ray`` (a ``placement: ray`` teacher whose caller has not initialised Ray, as in
+    every ``xdistill train`` run) picks the address; a stand-in ``ray.init`` records it (a real
+    ``auto`` would find the Ray this test session initialised for the actors above)."""
+    from xdistill.teacher.remote_client import join_ray
+
+    calls = []
+    fake = type("FakeRay", (), {"init": staticmethod(lambda **kw: calls.append(kw))})
+    monkeypatch.setenv("WORLD_SIZE", world)
+    if env is None:
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    else:
+        monkeypatch.setenv("RAY_ADDRESS", env)
+    join_ray(fake, address, "big")
+    assert calls == [{"address": expected, "ignore_reinit_error": True}]
+
+
+def test_ray_teacher_without_a_reachable_cluster_is_one_clear_error(monkeypatch):
+    """No cluster where one must be joined: Ray's ConnectionError (its words for ``auto`` with
+    nothing running, raised here by a stand-in: a real unreachable address makes Ray retry for
+    minutes) becomes one TeacherError naming the teacher and how to start a cluster."""
+    from xdistill.teacher.remote_client import join_ray
+
+    def init(**kw):
+        raise ConnectionError("Could not find any running Ray instance. Please specify the one "
+                              "to connect to by setting `--address` flag or `RAY_ADDRESS`.")
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(TeacherError) as info:
+        join_ray(type("FakeRay", (), {"init": staticmethod(init)}), None, "big")
+    msg = str(info.value)
+    assert msg.startswith("teacher 'big' has placement 'ray'") and "at auto" in msg
+    assert "Could not find any running Ray instance" in msg and "ray start --head" in msg

@@ -33,6 +33,11 @@ class RayPlacement:
     node_id: str | None = None
     # extra custom Ray resources the actor needs, e.g. {"teacher_node": 1}
     resources: dict[str, float] = field(default_factory=dict)
+    # the Ray cluster to join when this process has not initialised Ray itself: "auto" (one
+    # started with `ray start` on this node), "ray://host:10001", or null = $RAY_ADDRESS, else
+    # "auto" under torchrun (every rank joins one cluster) and a local Ray of its own for a
+    # single process
+    address: str | None = None
 
 
 @dataclass

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import signal
 import time
 import weakref
@@ -264,8 +265,29 @@ class SubprocessClient(_RemoteClient):
         self._broken = self._broken or "closed"
 
 
+def join_ray(ray, address: str | None, name: str) -> None:
+    """``ray.init`` for a ``placement: ray`` teacher when the caller has not initialised Ray:
+    ``address`` (``worker.ray.address``), else ``$RAY_ADDRESS``, else ``"auto"`` under torchrun
+    (every rank must join one cluster, not start its own), else a local Ray of this process.
+    A cluster that cannot be reached is one TeacherError saying how to start one."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    addr = address or os.environ.get("RAY_ADDRESS") or ("auto" if world > 1 else None)
+    try:
+        ray.init(address=addr, ignore_reinit_error=True)
+    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise TeacherError(
+            f"teacher {name!r} has placement 'ray' and Ray could not be joined at "
+            f"{addr or 'a new local instance'} ({first}); start a cluster on this node with "
+            "`ray start --head` (under torchrun every rank joins it), or set "
+            "worker.ray.address / $RAY_ADDRESS") from None
+    log.info("teacher %r: Ray initialised by the trainer (address %s)", name,
+             addr or "local instance")
+
+
 class RayClient(_RemoteClient):
-    """The engine runs in a Ray actor (``config.ray`` resources; ``ray.init`` is the caller's)."""
+    """The engine runs in a Ray actor (``config.ray`` resources). Ray is joined or started
+    (:func:`join_ray`) when the caller has not initialised it."""
 
     placement = "ray"
 
@@ -293,8 +315,7 @@ class RayClient(_RemoteClient):
         import ray
 
         if not ray.is_initialized():
-            raise TeacherError(f"teacher {self.name!r} has placement 'ray' but Ray is not "
-                               "initialised; call ray.init(...) first")
+            join_ray(ray, self.config.ray.address, self.name)
         self.actor = ray.remote(**self._options())(RayHost).remote()
         deadline = time.monotonic() + self.config.startup_timeout_s
         node = self._get(self.actor.node_id.remote(), deadline, self.config.startup_timeout_s,
