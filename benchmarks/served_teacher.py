@@ -13,6 +13,7 @@ this in ``.venv-vllm``) in its own process group and killed at the end.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import platform
 import statistics
@@ -52,6 +53,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args(argv)
     server = None
+    if not args.url and importlib.util.find_spec("vllm") is None:   # `make bench` runs in .venv
+        print("served_teacher: skipped: vllm is not installed here (make vllm-env, then run this "
+              "script with .venv-vllm/bin/python, or give --url of a running server)")
+        return 0
     if not args.url:
         server = start_vllm_server(args.model, log=Path(tempfile.mkdtemp()) / "serve.log")
         args.url = server.url

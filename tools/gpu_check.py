@@ -445,6 +445,12 @@ def main(argv=None) -> int:
     if args.prepare:
         prepare(Path(args.prepare))
         return 0
+    unknown = [p for p in args.parts.split(",") if p not in PARTS]
+    if unknown or not args.parts:
+        ap.error(f"--parts: unknown part {unknown[0] if unknown else '(none)'!r}; "
+                 f"choose from {', '.join(PARTS)}, comma-separated without spaces")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        ap.error(f"--out {args.out} is a file, not a folder")
     args.variants = args.variants or ("logits,topk" if args.dry_run else
                                       "topk,logits,projected,ipc")
     return check(args)

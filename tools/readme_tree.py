@@ -3,10 +3,12 @@ sentence).
 
     python tools/readme_tree.py            # print the tree
     python tools/readme_tree.py --check    # exit 1 if README.md's tree differs (tests call this)
+    python tools/readme_tree.py --write    # rewrite README.md's tree in place
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
 import sys
 from pathlib import Path
@@ -63,13 +65,19 @@ def block() -> str:
 
 
 def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true",
+                      help="exit 1 if README.md's tree differs (tests call this)")
+    mode.add_argument("--write", action="store_true", help="rewrite README.md's tree in place")
+    args = parser.parse_args(argv)
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    if "--check" in argv:
+    if args.check:
         if block() not in readme:
             print("README.md tree is out of date: run `python tools/readme_tree.py --write`")
             return 1
         return 0
-    if "--write" in argv:
+    if args.write:
         start, end = readme.index(BEGIN), readme.index(END) + len(END)
         (ROOT / "README.md").write_text(readme[:start] + block() + readme[end:], encoding="utf-8")
         return 0

@@ -148,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-steps", type=int, default=40, help="CE steps per teacher")
     args = parser.parse_args(argv)
     out = Path(args.out)
+    bad = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if bad is not None:
+        parser.error(f"--out {out}: {bad} is a file, not a folder")
     train, _ = make_corpus(out / "corpus")
     print(f"corpus: {out / 'corpus'}")
     texts = passages(limit=200)

@@ -318,6 +318,9 @@ def ensure_assets(root: str | os.PathLike | None = None, force: bool = False,
     naming the package or asset when a download, checksum or conversion fails.
     """
     base = asset_dir(root)
+    if base.exists() and not base.is_dir():
+        raise AssetError(f"the asset folder {base} is a file, not a folder (--dir / "
+                         "$XDISTILL_ASSETS)")
     if not force and assets_complete(base, models=models):
         return base
     t0 = time.perf_counter()
