@@ -258,3 +258,12 @@ def test_readme_tree_rejects_an_unknown_option():
     Fix: argparse with ``--check`` / ``--write`` (as tools/stage_graph.py does)."""
     proc = _run([sys.executable, "tools/readme_tree.py", "--chek"], timeout=60)
     assert proc.returncode != 0, proc.stdout[:300]
+
+
+def test_gpu_step_benchmark_skips_without_a_gpu_as_make_bench_needs():
+    """``make bench`` runs ``benchmarks/gpu_step.py`` without ``--tiny``: on a machine without a
+    CUDA GPU it would build 1B-parameter models and step 8 x 2048 tokens on the CPU. Expected:
+    one "skipped" line and exit 0, as the vLLM benchmarks do without vLLM."""
+    proc = _run([sys.executable, "benchmarks/gpu_step.py"], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    assert "gpu_step: skipped: no CUDA GPU here" in proc.stdout
