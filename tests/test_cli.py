@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from xdistill.cli import COMMANDS, main
 
 
@@ -200,3 +202,17 @@ def test_torchrun_ranks_each_print_one_labelled_error_line(tmp_path):
     assert sorted(line[line.index("xdistill: error:"):] for line in lines) == [
         f"xdistill: error: [rank {r}/2] optim.lr: must be > 0, got -1.0 (set by command-line override 'optim.lr=-1')"
         for r in (0, 1)], proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("reader", ["true", "head -2"])
+def test_output_piped_into_a_reader_that_stops_ends_without_a_traceback(reader):
+    """``xdistill tokenizers inspect qwen2 | head -2``: a reader that closes the pipe early
+    (``true`` reads nothing: the write always fails; ``head`` may or may not have taken it all)
+    ends the command quietly, exit 1 when its output was cut, with nothing on stderr instead
+    of a BrokenPipeError traceback or Python's "Exception ignored" at exit."""
+    cmd = (f"{sys.executable} -m xdistill.cli tokenizers inspect qwen2 | {reader}; "
+           "echo rc=${PIPESTATUS[0]} >&2")
+    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.stderr.strip() in (("rc=1",) if reader == "true" else ("rc=0", "rc=1")), \
+        proc.stderr

@@ -60,10 +60,17 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         raise
     try:
-        return int(module.main(rest) or 0)
+        code = int(module.main(rest) or 0)
+        sys.stdout.flush()    # a closed pipe shows here, not as "Exception ignored" at exit
+        return code
     except XDistillError as exc:
         _error_line(f"{_rank_label()}{exc}")
         return int(getattr(exc, "exit_code", 2))
+    except BrokenPipeError:
+        # the reader went away (`xdistill ... | head`): no traceback, and none at exit when
+        # Python flushes stdout again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 def _error_line(text: str) -> None:
