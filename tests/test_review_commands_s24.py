@@ -293,3 +293,13 @@ def test_a_file_added_to_an_input_folder_is_prepared_again_in_place(tmp_path, ca
     finally:
         os.chdir(cwd)
     assert "up to date" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, option, other", [
+    (["demo", "distill", "--names", "gpt2,qwen2"], "--names", "tokenizers"),
+    (["demo", "tokenizers", "--steps", "5"], "--steps", "distill"),
+    (["demo", "--out", "x"], "--out", "distill")])        # `which` defaults to tokenizers
+def test_demo_option_of_the_other_demo_is_an_error_not_ignored(capsys, argv, option, other):
+    rc = _run(argv)
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{option} applies to `xdistill demo {other}`" in err, err[-500:]

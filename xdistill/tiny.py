@@ -72,7 +72,9 @@ def make_corpus(out: Path, n_train: int = 400, n_eval: int = 40, max_chars: int 
 
     docs = passages(max_chars, limit=n_train + n_eval)
     if len(docs) < n_train + n_eval:
-        raise SystemExit(f"only {len(docs)} passages in {shakespeare_dir()}")
+        raise SystemExit(f"only {len(docs)} passages in {shakespeare_dir()}, {n_train + n_eval} "
+                         "needed: fetch the Shakespeare corpus asset with "
+                         "`python tools/fetch_assets.py` (or `make assets`)")
     paths = []
     for split, part in (("train", docs[:n_train]), ("eval", docs[n_train:n_train + n_eval])):
         raw = out / f"{split}.jsonl"

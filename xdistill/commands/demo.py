@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="tokenizers: comma-separated tokenizer asset names to compare "
                              "pairwise")
     args = parser.parse_args(argv)
+    _refuse_other_demos_options(parser, args)
     init_logging()
     if args.which == "distill":
         return _distill(parser, args)
@@ -76,6 +77,19 @@ def main(argv: list[str] | None = None) -> int:
     print("\n'by bytes' counts tokens whose contributed bytes are identical (Ġhello == ▁hello);\n"
           "'raw' compares vocabulary strings. 'exact' = 1:1 chunks with identical bytes.")
     return 0
+
+
+# each demo's own options: one given to the other demo would be silently ignored
+_OWN_OPTIONS = {"distill": ("out", "teacher_steps", "steps", "eval_batches", "cache"),
+                "tokenizers": ("names",)}
+
+
+def _refuse_other_demos_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    other = "tokenizers" if args.which == "distill" else "distill"
+    for name in _OWN_OPTIONS[other]:
+        if getattr(args, name) != parser.get_default(name):
+            parser.error(f"--{name.replace('_', '-')} applies to `xdistill demo {other}`, not to "
+                         f"`xdistill demo {args.which}`")
 
 
 def _distill(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
