@@ -185,7 +185,7 @@ def render_teachers(conf: dict) -> str:
     r = conf["per_teacher"]["gain_vs_teacher_accuracy_r"]
     lines += ["",
               f"- (a) tokenizer effect over teachers (same minus cross, 4 + 4 teacher gains): "
-              f"{te['difference']:+.3f}, Welch t {te['welch_t']:+.2f}, p {te['welch_p']:.3f} "
+              f"{te['difference']:+.3f}, Welch t {te['welch_t']:+.2f}, p {te['welch_p']:.2g} "
               f"(exact permutation p {te['permutation_p']:.3f}); holds (p < {ALPHA}): "
               f"**{'yes' if te['holds'] else 'no'}**",
               f"- (b) penalty over four teachers of each tokenizer: **{pen['penalty']:.2f}** "

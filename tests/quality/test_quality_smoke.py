@@ -305,9 +305,10 @@ def test_continuation_criterion_never_names_a_same_tokenizer_control():
     def run(arm, seed, acc):
         return {"arm": arm, "seed": seed, "accuracy": acc, "bpb": 3.0, "train_s": 1.0}
 
-    accs = {"cont_ce": (0.1, 0.2), "op_k1": (0.15, 0.2), "op_k1_same": (0.5, 0.6)}
-    runs = [run(a, s, x) for a, xs in accs.items() for s, x in enumerate(xs)]
-    base, lines = _protocol_lines(summarize(runs, list(accs)))
-    assert base == "cont_ce"
-    assert lines[-1].startswith("Best cross-tokenizer arm: op_k1, +0.025 held-out accuracy "
-                                "over continued CE")
+    for control in ("op_k1_same", "op_k1_same_mean_clip_t2"):   # a flag after `same` too
+        accs = {"cont_ce": (0.1, 0.2), "op_k1": (0.15, 0.2), control: (0.5, 0.6)}
+        runs = [run(a, s, x) for a, xs in accs.items() for s, x in enumerate(xs)]
+        base, lines = _protocol_lines(summarize(runs, list(accs)))
+        assert base == "cont_ce"
+        assert lines[-1].startswith("Best cross-tokenizer arm: op_k1, +0.025 held-out accuracy "
+                                    "over continued CE"), (control, lines[-1])

@@ -13,7 +13,7 @@ import math
 import statistics
 from pathlib import Path
 
-from toyq.confirm import confirmation_lines
+from toyq.confirm import confirmation_lines, is_same
 from toyq.summary import acc_auc, format_table, read_metrics
 
 
@@ -225,8 +225,8 @@ def _protocol_lines(summary: dict) -> tuple[str, list[str]]:
             "orderings: Strict top-k > SimCT > GOLD (Hou et al.), ESCD > BPM (ESCD paper).", "",
             "Gain over continued CE (accuracy, in units of the larger of the two stds):", "",
             *significance(summary, "cont_ce"), "",
-            acceptance(summary, "cont_ce", [a for a in op if not a.endswith("_same")])
-            .replace("CE-only", "continued CE")]  # a *_same arm is the control, not cross
+            acceptance(summary, "cont_ce", [a for a in op if not is_same(a)])
+            .replace("CE-only", "continued CE")]  # a same-teacher arm is the control, not cross
     return "ce", [f"X-Token arms by held-out accuracy (worst to best): "
                   f"{xtoken_ordering(summary)}", "",
                   "Gain over CE-only (accuracy, in units of the larger of the two stds):", "",
