@@ -3,6 +3,8 @@
     python benchmarks/quality/unit_advantages.py --runs runs/q24v9 [--seeds 100,101,102]
         [--batches 10] [--student start|final]   # writes credit24v9/unit_advantages[_final].json
     python benchmarks/quality/unit_advantages.py --report [--student final]   # GENERATED:units24[_final]
+    python benchmarks/quality/unit_advantages.py --protocol v13 [--student final]   # the eight
+        # teachers of the thirteenth protocol: credit24v13/unit_advantages[_final].json, units24v13
 
 Not a pre-registered test. For the ninth protocol's three k1 arms (A: same-tokenizer teacher, B:
 its twin through the cross-tokenizer pipeline, C: the cross-tokenizer teacher; each run's own
@@ -36,11 +38,25 @@ from toyq.run import record_and_report
 HERE = Path(__file__).resolve().parent
 RECORD = HERE / "credit24v9" / "unit_advantages.json"
 ARMS = {"A": "op_k1_same_mean_clip", "B": "op_k1_twin_byte_mean_clip", "C": "op_k1_byte_mean_clip"}
+_T = ("", "_t2", "_t3", "_t4")
+# the protocols whose runs this reads: their arms (label -> arm folder), records folder, block tag,
+# default runs folder and seeds, and whose students "start" means
+PROTOCOLS = {
+    "v9": {"arms": ARMS, "records": "credit24v9", "tag": "units24", "runs": "runs/q24v9",
+           "seeds": "100,101,102",
+           "start": "the ninth protocol's CE students (the arms' common start)"},
+    "v13": {"arms": {**{f"S{i + 1}": f"op_k1_same_mean_clip{t}" for i, t in enumerate(_T)},
+                     **{f"X{i + 1}": f"op_k1_byte_mean_clip{t}" for i, t in enumerate(_T)}},
+            "records": "credit24v13", "tag": "units24v13", "runs": "runs/q24v13",
+            "seeds": "140,141,142",
+            "start": "the thirteenth protocol's CE students (the arms' common start)"},
+}
 BASELINES = ("none", "mean", "clipped_mean")
 
 
-def record_path(student: str) -> Path:
-    return RECORD if student == "start" else RECORD.with_name(f"{RECORD.stem}_final.json")
+def record_path(student: str, protocol: str = "v9") -> Path:
+    base = HERE / PROTOCOLS[protocol]["records"] / RECORD.name
+    return base if student == "start" else base.with_name(f"{base.stem}_final.json")
 
 
 def score_batches(config_path: Path, batches: int, student: str = "") -> list[dict]:
@@ -137,10 +153,12 @@ def measure(args) -> dict:
     from xdistill.config import load_config
     from xdistill.train.onpolicy_config import OnPolicyConfig
 
-    seeds, rows = [int(s) for s in args.seeds.split(",")], []
+    proto = PROTOCOLS[args.protocol]
+    seeds, rows = [int(s) for s in (args.seeds or proto["seeds"]).split(",")], []
     for seed in seeds:
-        for arm, folder in ARMS.items():
-            path = Path(args.runs) / "confirm" / "runs" / folder / f"seed{seed}" / "config.yaml"
+        for arm, folder in proto["arms"].items():
+            path = (Path(args.runs or proto["runs"]) / "confirm" / "runs" / folder / f"seed{seed}"
+                    / "config.yaml")
             clamp = load_config(OnPolicyConfig, path).loss.loss_max
             print(f"[unit_advantages] seed {seed}, arm {arm}: {args.batches} batches", flush=True)
             final = str(path.parent / "export") if args.student == "final" else ""
@@ -148,6 +166,7 @@ def measure(args) -> dict:
             rows += [dict(seed=seed, arm=arm, variant=v, **summarise(batches, v, clamp))
                      for v in BASELINES]
     return {"batches": args.batches, "student": args.student, "rows": rows,
+            "protocol": args.protocol, "arms": proto["arms"],
             "command": " ".join(["python", "benchmarks/quality/unit_advantages.py", *sys.argv[1:]])}
 
 
@@ -166,11 +185,34 @@ def _table_row(rows: list[dict], arm: str, variant: str) -> str:
     return f"| {arm} | `{variant}` | " + " | ".join(cells) + " |"
 
 
+def _group_lines(rows: list[dict], arms: dict) -> list[str]:
+    """Same- against cross-tokenizer teachers (labels ``S*`` / ``X*``), the ``mean`` baseline:
+    each measure's mean over the group's teachers and seeds."""
+    keys = ("units_per_sample", "baseline", "adv_correct", "adv_wrong", "wrong_reinforced",
+            "adv_other")
+    groups = {g: [r for r in rows if r["variant"] == "mean" and r["arm"].startswith(g)]
+              for g in ("S", "X")}
+    if not all(groups.values()):
+        return []
+    mean = {g: {k: statistics.fmean(r[k] for r in sel) for k in keys} for g, sel in groups.items()}
+    lines = ["", "Same- (S) against cross-tokenizer (X) teachers, `mean` baseline, means over "
+             "teachers and seeds:", "",
+             "| measure | same-tokenizer teachers | cross-tokenizer teachers | X - S |",
+             "|---|---|---|---|"]
+    for k in keys:
+        lines.append(f"| {k} | {mean['S'][k]:.3f} | {mean['X'][k]:.3f} | "
+                     f"{mean['X'][k] - mean['S'][k]:+.3f} |")
+    labels = ", ".join(f"{a} = `{f}`" for a, f in arms.items())
+    return lines + ["", f"Arms: {labels}."]
+
+
 def render(record: dict) -> str:
     rows, seeds = record["rows"], sorted({r["seed"] for r in record["rows"]})
+    proto = record.get("protocol", "v9")
+    arms = record.get("arms", ARMS)
     final = record.get("student", "start") == "final"
     who = ("each arm's trained student (its export after 2,000 steps, its own rollouts)" if final
-           else "the ninth protocol's CE students (the arms' common start)")
+           else PROTOCOLS[proto]["start"])
     when = " at the end of training" if final else ""
     lines = [f"## What each baseline does to the answer units{when} "
              "(generated; exploratory, not a pre-registered test)", "",
@@ -181,28 +223,33 @@ def render(record: dict) -> str:
              "| arm | baseline | units / sample | baseline value | correct answers' advantage | "
              "wrong answers' advantage | wrong answers reinforced | other units' advantage |",
              "|---|---|---|---|---|---|---|---|"]
-    lines += [_table_row(rows, arm, v) for arm in ARMS for v in BASELINES]
+    lines += [_table_row(rows, arm, v) for arm in arms for v in BASELINES]
     once = [r for r in rows if r["variant"] == "none"]   # one row per (seed, arm)
     counts = ", ".join(f"{arm} {sum(r['answers_correct'] for r in once if r['arm'] == arm)}/"
-                       f"{sum(r['answers_wrong'] for r in once if r['arm'] == arm)}" for arm in ARMS)
+                       f"{sum(r['answers_wrong'] for r in once if r['arm'] == arm)}" for arm in arms)
+    where = record_path(record.get("student", "start"), proto)
     lines += ["", f"Well-formed answers, correct/wrong: {counts}. Raw per-seed figures: "
-              f"`credit24v9/{record_path(record.get('student', 'start')).name}`; command: `"
-              + record["command"] + "`."]
+              f"`{where.parent.name}/{where.name}`; command: `" + record["command"] + "`."]
+    if proto != "v9":
+        lines += _group_lines(rows, arms)
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--runs", default="runs/q24v9", help="the ninth protocol's --out")
-    p.add_argument("--seeds", default="100,101,102")
+    p.add_argument("--protocol", choices=tuple(PROTOCOLS), default="v9",
+                   help="whose arms: the ninth's three (A, B, C) or the thirteenth's eight "
+                        "(S1-S4 same-tokenizer, X1-X4 cross-tokenizer teachers)")
+    p.add_argument("--runs", default="", help="the protocol's --out (default runs/q24v9 / q24v13)")
+    p.add_argument("--seeds", default="", help="default: the protocol's first three seeds")
     p.add_argument("--batches", type=int, default=10, help="rollout batches per seed")
     p.add_argument("--student", choices=("start", "final"), default="start",
                    help="the CE start (default) or each arm's trained student")
     p.add_argument("--report", action="store_true", help="only regenerate the block")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    tag = "units24" if args.student == "start" else "units24_final"
-    print(record_and_report(record_path(args.student), None if args.report else
+    tag = PROTOCOLS[args.protocol]["tag"] + ("" if args.student == "start" else "_final")
+    print(record_and_report(record_path(args.student, args.protocol), None if args.report else
                             lambda: measure(args), render, HERE / "RESULTS.md", tag))
     return 0
 

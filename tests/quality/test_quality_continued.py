@@ -12,7 +12,8 @@ from dataclasses import replace
 
 from quality_helpers import TINY_ARMS
 
-from toyq.continued import (BYTE_CLIP, CONT_ARMS, ONPOLICY_KIND, SAME_ARMS, TWIN_ARMS,
+from toyq.continued import (BYTE_CLIP, CONT_ARMS, ONPOLICY_KIND, SAME_ARMS, TEACHER_SUFFIXES,
+                            TWIN_ARMS, teacher_suffix,
                             ce_checkpoint, cont_config, twin_path)
 
 
@@ -30,11 +31,13 @@ def test_every_continuation_arm_config_is_valid(assets, tmp_path):
     # the control teachers are not prepared here: any model over the right tokenizer validates;
     # the second teachers are copies in other folders, so that the arms' choice shows
     def copy(name: str) -> dict:
-        shutil.copytree(assets[name]["model"], tmp_path / f"{name}_copy")
-        return {**assets[name], "model": str(tmp_path / f"{name}_copy")}
+        dst = tmp_path / f"{name}_copy{len(list(tmp_path.glob(f'{name}_copy*')))}"
+        shutil.copytree(assets[name]["model"], dst)
+        return {**assets[name], "model": str(dst)}
 
     assets = {**assets, "teacher_same_big": assets["teacher_weak"],
-              "teacher_same_big_t2": copy("teacher_weak"), "teacher_big_t2": copy("teacher_big")}
+              **{f"teacher_same_big{t}": copy("teacher_weak") for t in TEACHER_SUFFIXES},
+              **{f"teacher_big{t}": copy("teacher_big") for t in TEACHER_SUFFIXES}}
     for arm in CONT_ARMS:
         out = tmp_path / "runs" / arm / "seed0"
         d = cont_config(arm, 0, assets, TINY_ARMS, str(out))
@@ -55,7 +58,7 @@ def test_every_continuation_arm_config_is_valid(assets, tmp_path):
             same = arm in SAME_ARMS
             assert (cfg.teachers[0].tokenizer == assets["tok_student"]) == same
             teacher = "teacher_same_big" if same or arm in TWIN_ARMS else "teacher_big"
-            teacher += "_t2" if arm.endswith("_t2") else ""
+            teacher += teacher_suffix(arm)
             assert cfg.teachers[0].worker.model == assets[teacher]["model"], arm
             if arm in TWIN_ARMS:
                 assert cfg.teachers[0].tokenizer == twin_path(assets)

@@ -64,3 +64,25 @@ def test_render_reads_only_the_record():
     assert "Seeds 1, 2: the ninth protocol's CE students (the arms' common start), 4 rollout" in text
     assert "| A | `mean` | 3.00 | -1.50 (-2.00 .. -1.00) | 2.00 (2.00 .. 2.00) |" in text
     assert "correct/wrong: A 4/10, B 4/10, C 4/10" in text
+
+
+def test_thirteenth_protocol_rows_render_per_teacher_and_by_tokenizer_group():
+    """``--protocol v13``: the eight teachers' arms (S1-S4 same-tokenizer, X1-X4 cross), their
+    own record and block, and the group table: each measure's mean over a group's teachers and
+    seeds under the ``mean`` baseline, and X - S."""
+    arms = units.PROTOCOLS["v13"]["arms"]
+    assert arms["S3"] == "op_k1_same_mean_clip_t3" and arms["X1"] == "op_k1_byte_mean_clip"
+    assert units.record_path("final", "v13").as_posix().endswith(
+        "credit24v13/unit_advantages_final.json")
+    rows = [dict(seed=seed, arm=arm, variant=v, baseline=0.0, answers_correct=1,
+                 answers_wrong=3, adv_correct=2.0 if arm[0] == "S" else 1.0,
+                 adv_wrong=-1.0 - int(arm[1]), wrong_reinforced=0.1, adv_other=0.5,
+                 units_per_sample=3.0 if arm[0] == "S" else 2.5)
+            for seed in (140, 141) for arm in arms for v in units.BASELINES]
+    text = units.render({"batches": 2, "rows": rows, "command": "python x", "protocol": "v13",
+                         "arms": arms})
+    assert "the thirteenth protocol's CE students" in text
+    assert "| X4 | `mean` | 2.50 |" in text and "`credit24v13/unit_advantages.json`" in text
+    assert "| adv_correct | 2.000 | 1.000 | -1.000 |" in text
+    assert "| adv_wrong | -3.500 | -3.500 | +0.000 |" in text          # -(1 + k), k = 1..4
+    assert "| units_per_sample | 3.000 | 2.500 | -0.500 |" in text
