@@ -11,7 +11,7 @@ its twin through the cross-tokenizer pipeline, C: the cross-tokenizer teacher; e
 ``config.yaml``), the CE student a seed's arms start from draws ``--batches`` rollout batches (the
 same rollouts for the three arms: same student, prompts and seeds), and the trainer scores them as
 in training (``rollout_batch`` + ``loss_and_backward``, no optimizer step). The per-unit log-ratios
-``r = log q - log p`` are read where the loss reads them (:func:`xdistill.losses.onpolicy.
+``r = log q - log p`` are read where the loss reads them (:func:`xdistill.losses.onpolicy_sampled.
 unit_logprobs`, wrapped for the run). A sample's first unit holds its answer (the response starts
 with the digits). Per arm and baseline (``none``, ``mean``, ``clipped_mean``, each followed by the
 arm's 2-nat clamp, as :func:`xdistill.losses.onpolicy.sampled_unit_losses` computes them, one
@@ -62,7 +62,7 @@ def record_path(student: str, protocol: str = "v9") -> Path:
 def score_batches(config_path: Path, batches: int, student: str = "") -> list[dict]:
     """Per rollout batch: response texts, gold sums and per-sample unit (s, t) log-probs
     (``student``: another student folder than the config's)."""
-    import xdistill.losses.onpolicy as lo
+    import xdistill.losses.onpolicy_sampled as lo   # where sampled_loss looks it up
     from xdistill.config import load_config
     from xdistill.train.metrics import Timers
     from xdistill.train.onpolicy import build_onpolicy_run, rollout_batch
