@@ -86,3 +86,23 @@ def test_thirteenth_protocol_rows_render_per_teacher_and_by_tokenizer_group():
     assert "| adv_correct | 2.000 | 1.000 | -1.000 |" in text
     assert "| adv_wrong | -3.500 | -3.500 | +0.000 |" in text          # -(1 + k), k = 1..4
     assert "| units_per_sample | 3.000 | 2.500 | -0.500 |" in text
+
+
+@pytest.mark.parametrize("arm", ["op_k1_same_mean_clip", "op_k1_byte_mean_clip"])
+def test_score_batches_reads_the_units_the_loss_scores(assets, tmp_path, arm):
+    """``score_batches`` on a real continuation arm config (tiny prepared task; the weak teacher,
+    over the student's tokenizer, stands in for the CE student): one rollout batch, scored as in
+    training, yields per sample the (log p, log q) pairs of its units. The capture once patched a
+    module the loss no longer called and the script failed only when a user ran it."""
+    from quality_helpers import TINY_ARMS
+    from toyq.continued import cont_config
+    from toyq.runner import write_config
+
+    out = tmp_path / "runs" / arm / "seed0"
+    (tmp_path / "runs" / "ce" / "seed0" / "export").mkdir(parents=True)   # the config's CE path
+    path = write_config(cont_config(arm, 0, {**assets, "teacher_same_big": assets["teacher_weak"]},
+                                    TINY_ARMS, str(out)), tmp_path / f"{arm}.yaml")
+    (batch,) = units.score_batches(path, 1, assets["teacher_weak"]["model"])
+    assert len(batch["texts"]) == len(batch["golds"]) == len(batch["units"]) > 0
+    pairs = [p for row in batch["units"] for p in row]
+    assert pairs and all(len(p) == 2 and p[0] <= 0 and p[1] <= 1e-6 for p in pairs), pairs[:5]
