@@ -60,10 +60,14 @@ DRAWS = 20000
 say = study.say
 
 
+def _gain(acc: dict, arms, seeds) -> float:
+    """The mean over ``arms`` and ``seeds`` of arm minus continued CE on the same seed."""
+    return statistics.fmean(acc[a][s] - acc["cont_ce"][s] for a in arms for s in seeds)
+
+
 def teacher_gains(acc: dict, seeds: list[int]) -> dict:
     """Per teacher arm, its mean gain over continued CE on ``seeds`` (the unit of this protocol)."""
-    return {a: statistics.fmean(acc[a][s] - acc["cont_ce"][s] for s in seeds)
-            for a in SAME + CROSS}
+    return {a: _gain(acc, (a,), seeds) for a in SAME + CROSS}
 
 
 def permutation_p(same: list[float], cross: list[float]) -> float:
@@ -94,11 +98,8 @@ def penalty_over_teachers(acc: dict, seeds: list[int], draws: int = DRAWS) -> di
     """(b) ``1 - mean cross gain / mean same gain`` over the four teachers of each tokenizer, and a
     95% percentile interval that resamples teachers within each tokenizer and the seeds (one
     seed draw shared by every arm: the design pairs arms by seed)."""
-    def gain(arms, ss) -> float:
-        return statistics.fmean(acc[a][s] - acc["cont_ce"][s] for a in arms for s in ss)
-
     def pen(same_arms, cross_arms, ss) -> float:
-        return penalty(gain(cross_arms, ss), gain(same_arms, ss))
+        return penalty(_gain(acc, cross_arms, ss), _gain(acc, same_arms, ss))
 
     rng = random.Random(0)
     boot = [pen([rng.choice(SAME) for _ in SAME], [rng.choice(CROSS) for _ in CROSS],
@@ -135,9 +136,7 @@ def per_teacher(acc: dict, seeds: list[int], gains: dict, meta: dict) -> dict:
 def seed_effect(acc: dict, seeds: list[int]) -> dict:
     """(d) per seed, the four same-tokenizer arms' mean gain minus the four cross-tokenizer arms'
     (paired t over seeds, reported; n = 3)."""
-    def g(arms, s):
-        return statistics.fmean(acc[a][s] - acc["cont_ce"][s] for a in arms)
-    same, cross = [g(SAME, s) for s in seeds], [g(CROSS, s) for s in seeds]
+    same, cross = ([_gain(acc, arms, (s,)) for s in seeds] for arms in (SAME, CROSS))
     t = paired(same, cross)
     return {"per_seed": [x - y for x, y in zip(same, cross)], "paired_t": t.t, "paired_p": t.p}
 

@@ -74,8 +74,9 @@ class ShardedSourceDataset(IterableDataset):
         """A saved layout shorter than this one (written before later basis keys existed),
         extended by the values those checkpoints were written under, where known."""
         keys = [key for key, _ in self._position_basis()]
+        fixed = len(expected) - len(keys)     # shard, shards, seed, rows, shuffle: then the keys
         out = list(layout)
-        for key in keys[len(out) - 5:] if len(out) >= 5 else []:
+        for key in keys[len(out) - fixed:] if len(out) >= fixed else []:
             if key not in self.LEGACY_BASIS:
                 break
             out.append(self.LEGACY_BASIS[key])
