@@ -65,9 +65,10 @@ def _gain(acc: dict, arms, seeds) -> float:
     return statistics.fmean(acc[a][s] - acc["cont_ce"][s] for a in arms for s in seeds)
 
 
-def teacher_gains(acc: dict, seeds: list[int]) -> dict:
-    """Per teacher arm, its mean gain over continued CE on ``seeds`` (the unit of this protocol)."""
-    return {a: _gain(acc, (a,), seeds) for a in SAME + CROSS}
+def teacher_gains(acc: dict, seeds: list[int], same=SAME, cross=CROSS) -> dict:
+    """Per teacher arm, its mean gain over continued CE on ``seeds`` (the unit of this protocol).
+    ``same`` / ``cross``: the arms of each tokenizer (later protocols pass theirs)."""
+    return {a: _gain(acc, (a,), seeds) for a in same + cross}
 
 
 def permutation_p(same: list[float], cross: list[float]) -> float:
@@ -83,10 +84,10 @@ def permutation_p(same: list[float], cross: list[float]) -> float:
     return sum(d >= observed - 1e-12 for d in diffs) / len(diffs)
 
 
-def tokenizer_effect(gains: dict) -> dict:
+def tokenizer_effect(gains: dict, same_arms=SAME, cross_arms=CROSS) -> dict:
     """(a) same-tokenizer teachers' gains against cross-tokenizer teachers' (n = 4 + 4): Welch t,
     decided; the exact permutation p reported."""
-    same, cross = [gains[a] for a in SAME], [gains[a] for a in CROSS]
+    same, cross = [gains[a] for a in same_arms], [gains[a] for a in cross_arms]
     w = welch(same, cross)
     diff = statistics.fmean(same) - statistics.fmean(cross)
     return {"same_gains": same, "cross_gains": cross, "difference": diff, "welch_t": w.t,
@@ -94,7 +95,8 @@ def tokenizer_effect(gains: dict) -> dict:
             "holds": bool(w.p < ALPHA and diff > 0)}
 
 
-def penalty_over_teachers(acc: dict, seeds: list[int], draws: int = DRAWS) -> dict:
+def penalty_over_teachers(acc: dict, seeds: list[int], draws: int = DRAWS, same=SAME,
+                          cross=CROSS) -> dict:
     """(b) ``1 - mean cross gain / mean same gain`` over the four teachers of each tokenizer, and a
     95% percentile interval that resamples teachers within each tokenizer and the seeds (one
     seed draw shared by every arm: the design pairs arms by seed)."""
@@ -102,9 +104,9 @@ def penalty_over_teachers(acc: dict, seeds: list[int], draws: int = DRAWS) -> di
         return penalty(_gain(acc, cross_arms, ss), _gain(acc, same_arms, ss))
 
     rng = random.Random(0)
-    boot = [pen([rng.choice(SAME) for _ in SAME], [rng.choice(CROSS) for _ in CROSS],
+    boot = [pen([rng.choice(same) for _ in same], [rng.choice(cross) for _ in cross],
                 [rng.choice(seeds) for _ in seeds]) for _ in range(draws)]
-    point = pen(SAME, CROSS, seeds)
+    point = pen(same, cross, seeds)
     return {"penalty": point, "interval": list(percentile_interval(boot)), "goal": GOAL,
             "met": point <= GOAL,
             "undefined_draws": sum(math.isnan(x) for x in boot) / draws}
@@ -114,46 +116,49 @@ def _pearson(x: list[float], y: list[float]) -> float:
     return statistics.correlation(x, y) if len(set(x)) > 1 and len(set(y)) > 1 else float("nan")
 
 
-def per_teacher(acc: dict, seeds: list[int], gains: dict, meta: dict) -> dict:
+def per_teacher(acc: dict, seeds: list[int], gains: dict, meta: dict, same=SAME, cross=CROSS,
+                teacher_of=TEACHER_OF) -> dict:
     """(c) per teacher: held-out accuracy (its preparation), gain, paired t against continued CE;
     Pearson r of gain on teacher accuracy within each tokenizer and over all eight
     (exploratory)."""
     rows = {}
-    for a in SAME + CROSS:
+    for a in same + cross:
         t = paired([acc[a][s] for s in seeds], [acc["cont_ce"][s] for s in seeds])
-        teacher = meta.get(TEACHER_OF[a], {})
-        rows[a] = {"teacher": TEACHER_OF[a], "teacher_accuracy": teacher.get("accuracy"),
+        teacher = meta.get(teacher_of[a], {})
+        rows[a] = {"teacher": teacher_of[a], "teacher_accuracy": teacher.get("accuracy"),
                    "teacher_bpb": teacher.get("bpb"), "gain": gains[a], "paired_t": t.t,
                    "paired_p": t.p}
     r = {}
-    for name, arms in (("same", SAME), ("cross", CROSS), ("all", SAME + CROSS)):
+    for name, arms in (("same", same), ("cross", cross), ("all", same + cross)):
         xs = [rows[a]["teacher_accuracy"] for a in arms]
         if all(x is not None for x in xs):
             r[name] = _pearson(xs, [gains[a] for a in arms])
     return {"teachers": rows, "gain_vs_teacher_accuracy_r": r}
 
 
-def seed_effect(acc: dict, seeds: list[int]) -> dict:
+def seed_effect(acc: dict, seeds: list[int], same_arms=SAME, cross_arms=CROSS) -> dict:
     """(d) per seed, the four same-tokenizer arms' mean gain minus the four cross-tokenizer arms'
     (paired t over seeds, reported; n = 3)."""
-    same, cross = ([_gain(acc, arms, (s,)) for s in seeds] for arms in (SAME, CROSS))
+    same, cross = ([_gain(acc, arms, (s,)) for s in seeds] for arms in (same_arms, cross_arms))
     t = paired(same, cross)
     return {"per_seed": [x - y for x, y in zip(same, cross)], "paired_t": t.t, "paired_p": t.p}
 
 
-def analyse(runs: list[dict], meta: dict) -> dict:
+def analyse(runs: list[dict], meta: dict, same=SAME, cross=CROSS, teacher_of=TEACHER_OF) -> dict:
     """Decisions (a)-(d) of the protocol (module doc) from the confirmation's runs."""
     acc = accuracy_by_arm(runs)
-    missing = [a for a in ARMS if a not in acc]
+    arms = ("cont_ce", *same, *cross)
+    missing = [a for a in arms if a not in acc]
     if missing:
         raise SystemExit(f"[study] no finished run of {', '.join(missing)}: cannot analyse")
-    seeds = sorted(set.intersection(*(set(acc[a]) for a in ARMS)))
-    gains = teacher_gains(acc, seeds)
-    fmts = [r.get("format_rate") for r in runs if r["arm"] in ARMS and "error" not in r]
-    return {"seeds": seeds, "gains": gains, "tokenizer_effect": tokenizer_effect(gains),
-            "penalty": penalty_over_teachers(acc, seeds),
-            "per_teacher": per_teacher(acc, seeds, gains, meta),
-            "seed_effect": seed_effect(acc, seeds),
+    seeds = sorted(set.intersection(*(set(acc[a]) for a in arms)))
+    gains = teacher_gains(acc, seeds, same, cross)
+    fmts = [r.get("format_rate") for r in runs if r["arm"] in arms and "error" not in r]
+    return {"seeds": seeds, "gains": gains,
+            "tokenizer_effect": tokenizer_effect(gains, same, cross),
+            "penalty": penalty_over_teachers(acc, seeds, same=same, cross=cross),
+            "per_teacher": per_teacher(acc, seeds, gains, meta, same, cross, teacher_of),
+            "seed_effect": seed_effect(acc, seeds, same, cross),
             "collapsed": sorted({r["arm"] for r in runs if "error" not in r
                                  and r.get("format_rate") is not None
                                  and r["format_rate"] < 0.9}),
@@ -166,18 +171,18 @@ def _f(x, fmt: str) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
 
-def render_teachers(conf: dict) -> str:
-    """The block ``GENERATED:credit24v13teachers``: the teacher-level decisions from the
-    protocol's record (``study.json``'s ``confirm``) only."""
+def render_teachers(conf: dict, same=SAME, cross=CROSS, record: str = "credit24v13") -> str:
+    """The block ``GENERATED:<record>teachers``: the teacher-level decisions from the
+    protocol's record (``<record>/study.json``'s ``confirm``) only."""
     te, pen, rows = conf["tokenizer_effect"], conf["penalty"], conf["per_teacher"]["teachers"]
-    lines = ["## Teachers as the unit (generated from `credit24v13/study.json`)", "",
+    lines = [f"## Teachers as the unit (generated from `{record}/study.json`)", "",
              f"Seeds {', '.join(map(str, conf['seeds']))}; a teacher's gain = its arm's mean "
              "accuracy gain over continued CE on those seeds (unlabeled test half).", "",
              "| arm | teacher | tokenizer | teacher held-out accuracy | gain | paired t (p) |",
              "|---|---|---|---|---|---|"]
-    for arm in SAME + CROSS:
+    for arm in same + cross:
         r = rows[arm]
-        lines.append(f"| {arm} | {r['teacher']} | {'same' if arm in SAME else 'cross'} | "
+        lines.append(f"| {arm} | {r['teacher']} | {'same' if arm in same else 'cross'} | "
                      f"{_f(r['teacher_accuracy'], '.3f')} | {r['gain']:+.3f} | "
                      f"{_f(r['paired_t'], '+.2f')} ({_f(r['paired_p'], '.3f')}) |")
     lo, hi = pen["interval"]

@@ -486,3 +486,47 @@ def test_thirteenth_protocol_permutation_p_against_enumeration(monkeypatch):
     # observed |mean diff| 3.5: a split is as extreme when its first group sums to >= 25 or <= 11
     # (of 36): {5,6,7,8}, {4,6,7,8} and their mirrors {1,2,3,4}, {1,2,3,5}
     assert v13.permutation_p([4, 6, 7, 8], [1, 2, 3, 5]) == pytest.approx(4 / 70)
+
+
+def test_fourteenth_protocol_discount_against_per_unit_k1(monkeypatch, tmp_path):
+    """study_v14's fixed rules, the harness replaced by a table: continued CE, the eight
+    discounted k1 arms and the thirteenth protocol's eight per-unit arms (same teachers) on fresh
+    seeds 150-152 of the test half; the thirteenth protocol's teacher-level analysis of the
+    discounted arms, (C) each teacher's discounted gain against its per-unit gain on the same
+    seeds, (D) the same-tokenizer gains > 0."""
+    v14 = _load_script(monkeypatch, "study_v14.py")
+    v13 = v14.v13
+    assert v14.ARMS[:9] == ("cont_ce", *v14.SAME, *v14.CROSS)
+    assert set(v14.ARMS[9:]) == set(v13.SAME + v13.CROSS) and len(v14.SAME) == 4
+    assert v14.BEFORE["op_k1_byte_mean_clip_g1_t3"] == "op_k1_byte_mean_clip_t3"
+    assert v14.TEACHER_OF["op_k1_same_mean_clip_g1_t2"] == "teacher_same_big_t2"
+    # per-unit: same gains 0.20-0.26, cross 0.10-0.16 (penalty 1 - 0.13 / 0.23); discounted:
+    # same gains unchanged, cross gains +0.08 each (penalty 1 - 0.21 / 0.23)
+    same = (0.20, 0.24, 0.22, 0.26)
+    gain = {"cont_ce": 0.0, **dict(zip(v13.SAME, same)), **dict(zip(v14.SAME, same)),
+            **dict(zip(v13.CROSS, (0.10, 0.12, 0.14, 0.16))),
+            **dict(zip(v14.CROSS, (0.18, 0.20, 0.22, 0.24)))}
+    calls = _table_harness(monkeypatch, v14, lambda a, s: 0.15 + gain[a] + 0.05 * (s % 3))
+    monkeypatch.setattr(v14, "RECORDS", tmp_path / "records")
+    monkeypatch.setattr(v14, "RESULTS_MD", tmp_path / "RESULTS.md")
+    assert v14.main(["--out", str(tmp_path / "out")]) == 0
+    ((_, arms, seeds, extra),) = calls
+    assert arms == v14.ARMS and seeds == (150, 151, 152) and "unlabeled_test" in extra
+    assert not set(seeds) & {*range(0, 150)}                # no seed of an earlier protocol
+    state = json.loads((tmp_path / "out" / "study.json").read_text())["confirm"]
+    assert state["penalty"]["penalty"] == pytest.approx(1 - 0.21 / 0.23)
+    c = state["against_per_unit"]
+    assert c["seeds"] == [150, 151, 152]
+    assert c["tests"]["cross"]["change"] == pytest.approx([0.08] * 4)
+    assert c["tests"]["same"]["change"] == pytest.approx([0.0] * 4, abs=1e-12)
+    assert c["tests"]["cross"]["paired_p"] < 1e-6
+    assert c["penalty_per_unit"] == pytest.approx(1 - 0.13 / 0.23)
+    assert c["penalty_change"] == pytest.approx((1 - 0.21 / 0.23) - (1 - 0.13 / 0.23))
+    lo, hi = c["penalty_change_interval"]
+    assert lo <= c["penalty_change"] <= hi and hi < 0
+    assert state["same_positive"]["holds"] and state["same_positive"]["mean"] == pytest.approx(0.23)
+    block = (tmp_path / "RESULTS.md").read_text()
+    assert "GENERATED:credit24v14teachers:BEGIN" in block
+    assert "GENERATED:credit24v14change:BEGIN" in block
+    assert "| cross-tokenizer | +0.080, +0.080, +0.080, +0.080 | +0.080 |" in block
+    assert "| op_k1_byte_mean_clip_g1_t4 | teacher_big_t4 | cross | - | +0.240 |" in block

@@ -76,6 +76,18 @@ every advantage is negative and each update pushes down whatever was sampled). I
 harness it does not, by itself, stop the sampled-token arms from learning to never stop
 (``benchmarks/quality/RESULTS.md``, on-policy section).
 
+Discount (``discount = gamma``, k1 only; default 0, Thinking Machines' ``kl_discount_factor``):
+the advantage of unit ``u`` becomes the discounted return ``G_u = sum_{v >= u} gamma^(v - u) r_v``
+over the units of its sample (``v - u`` counted in units), before the baseline and the clamp.
+``gamma = 0`` is the per-unit k1 above. ``gamma = 1`` is the policy gradient of the
+*sequence-level* reverse KL with the causal (reward-to-go) credit: ``G_u`` is the log-ratio of all
+the text from ``u`` to the end, which under exact byte-level credit is the same whichever
+tokenization cuts that text into units, so a cross-tokenizer teacher's coarser or shifted units
+(a stop merged with the period it ends) no longer change what the earlier units are credited
+with; its cost is variance (every later unit's log-ratio lands on each earlier one). Zeroed stop
+units add no log-ratio; unpaired tokens keep their own per-token penalty
+(:func:`xdistill.losses.onpolicy_sampled.discounted_returns`).
+
 Reward weighting: an optional per-sample weight ``w_b`` multiplies every unit of sample ``b``
 (:func:`reward_weights` gives HJSang's ``B * softmax(reward / beta)``). Normalisation: the weighted
 sum over units divided by ``num_valid`` (the trainer's global count of units, from
@@ -144,6 +156,9 @@ class OnPolicyLossSpec:
     # content it ends) or "token" (each student token of the chunk: the chunk's covering
     # probability split by the chain rule; xdistill/losses/bytecredit_tokens.py)
     byte_units: str = "chunk"
+    # k1: discount gamma in [0, 1] of the advantage's return over the sample's later units
+    # (module doc); 0 = the per-unit advantage
+    discount: float = 0.0
 
     def __post_init__(self):
         if self.unpaired not in UNPAIRED:
@@ -166,6 +181,10 @@ class OnPolicyLossSpec:
                              f"{self.kind!r} takes chunk units")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if not 0.0 <= self.discount <= 1.0:
+            raise ValueError(f"discount must lie in [0, 1], got {self.discount}")
+        if self.discount and self.kind != "k1":
+            raise ValueError(f"discount applies to k1 only, not to on-policy loss {self.kind!r}")
 
 
 def reward_weights(rewards_B: torch.Tensor, beta: float, *, count: int | None = None,
@@ -389,7 +408,8 @@ def _sampled(spec, s_logits, s_ids, s_mask, t_token_logp, t_logits, t_ids, zero_
     return sampled_loss(spec.kind, s_logp, t_logp.detach(), s_mask, align=align,
                         t_loss_mask_BTt=t_loss_mask_BTt, clamps=spec.clamps,
                         sample_weight_B=sample_weight_B, num_valid=count, zero_BTs=zero_BTs,
-                        baseline=spec.baseline, t_chunk_logp_BC=t_chunk)
+                        baseline=spec.baseline, t_chunk_logp_BC=t_chunk,
+                        discount=spec.discount)
 
 
 def counter_keys(spec: OnPolicyLossSpec, cross: bool) -> tuple[str, ...]:

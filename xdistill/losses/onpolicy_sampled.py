@@ -4,7 +4,8 @@ Legend: B batch, Ts/Tt student/teacher tokens, C chunks, N loss units.
 
 A unit is a student loss token (same tokenizer, or student-token units under byte credit) or an
 aligned loss chunk (cross tokenizer); ``r_u = log q(u) - log p(u)`` compares the teacher's and
-the student's log-likelihoods of the unit. k1 is the policy-gradient form (advantage ``r_u``,
+the student's log-likelihoods of the unit. k1 is the policy-gradient form (advantage ``r_u``, or
+with a discount ``gamma`` the discounted sum of the log-ratios from ``u`` to the end of its sample,
 optionally centred by a baseline and clamped), k3 the ``e^r - 1 - r`` estimator of the reverse
 KL. :mod:`xdistill.losses.onpolicy` documents the estimators, the clamps and where they come from,
 and calls these functions; they are re-exported there.
@@ -109,18 +110,59 @@ def unit_token_counts(s_loss_mask_BTs, align: ChunkAlignment | None = None,
     return chunk_sum(ones, align.s_chunk_BTs, align.num_chunks)[ok_BC]
 
 
+def discounted_returns(r_N: torch.Tensor, b_N: torch.Tensor, gamma: float,
+                       scored_N: torch.Tensor | None = None) -> torch.Tensor:
+    """``G_n = sum_{m >= n in n's sample} gamma^(m - n) r_m`` over the units of each sample, ``m - n``
+    counted in units (``b_N``: each unit's sample, non-decreasing, units in text order as
+    :func:`unit_logprobs` returns them). Units outside ``scored_N`` contribute no log-ratio.
+    ``gamma = 0``: ``r`` itself; ``gamma = 1``: the log-ratio of everything from ``u`` to the end,
+    which under exact credit does not depend on how a tokenization cuts that suffix into units."""
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"discount must lie in [0, 1], got {gamma}")
+    r_N = r_N if scored_N is None else torch.where(scored_N, r_N, torch.zeros_like(r_N))
+    if gamma == 0.0 or r_N.numel() == 0:
+        return r_N
+    if bool((b_N[1:] < b_N[:-1]).any()):
+        raise ValueError("discounted returns need the units grouped by sample in text order "
+                         "(b_N non-decreasing)")
+    _, counts = torch.unique_consecutive(b_N, return_counts=True)
+    start_N = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+    pos_N = torch.arange(r_N.numel(), device=r_N.device) - start_N
+    row_N = torch.repeat_interleave(torch.arange(counts.numel(), device=r_N.device), counts)
+    R = r_N.new_zeros(int(counts.numel()), int(counts.max()))
+    R[row_N, pos_N] = r_N
+    if gamma == 1.0:
+        G = R.flip(1).cumsum(1).flip(1)
+    else:
+        G = torch.zeros_like(R)
+        G[:, -1] = R[:, -1]
+        for j in range(R.shape[1] - 2, -1, -1):
+            G[:, j] = R[:, j] + gamma * G[:, j + 1]
+    return G[row_N, pos_N]
+
+
 def sampled_unit_losses(kind: str, s_unit_N: torch.Tensor, t_unit_N: torch.Tensor,
-                        clamps: Clamps, baseline: str = "none", tokens_N=None, scored_N=None
+                        clamps: Clamps, baseline: str = "none", tokens_N=None, scored_N=None,
+                        discount: float = 0.0, b_N=None
                         ) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """(per-unit loss [N], log-ratio r [N] (detached), counters) of ``k1`` (PG) or ``k3``.
-    ``baseline`` centres k1's advantages before the clamp (:func:`center_advantages`;
-    ``tokens_N``: each unit's student tokens, for ``"token_mean"``; ``scored_N``: the units the
-    baseline is computed over, all when None)."""
+    ``discount`` (k1; needs ``b_N``, each unit's sample) replaces each advantage by the
+    discounted return :func:`discounted_returns`. ``baseline`` centres k1's advantages before the
+    clamp (:func:`center_advantages`; ``tokens_N``: each unit's student tokens, for
+    ``"token_mean"``; ``scored_N``: the units the baseline is computed over and whose log-ratios
+    enter the returns, all when None)."""
     r_N = t_unit_N - s_unit_N
     counts = {"exp_clip": 0, "loss_clamp": 0}
     hi = clamps.loss_max
+    if discount and kind != "k1":
+        raise ValueError(f"a discount applies to the k1 advantage only, not to {kind!r}")
     if kind == "k1":
-        adv_N = center_advantages(r_N.detach(), baseline, scored_N=scored_N, tokens_N=tokens_N,
+        adv_N = r_N.detach()
+        if discount:
+            if b_N is None:
+                raise ValueError("a discount needs b_N, each unit's sample")
+            adv_N = discounted_returns(adv_N, b_N, discount, scored_N)
+        adv_N = center_advantages(adv_N, baseline, scored_N=scored_N, tokens_N=tokens_N,
                                   clip=hi)
         if hi is not None:
             counts["loss_clamp"] = int((adv_N.abs() > hi).sum())
@@ -160,13 +202,15 @@ def unit_flags(flag_BTs: torch.Tensor, s_loss_mask_BTs, align: ChunkAlignment | 
 def sampled_loss(kind: str, s_logp_BTs, t_logp_BTt, s_loss_mask_BTs, *, align=None,
                  t_loss_mask_BTt=None, clamps: Clamps = Clamps(), sample_weight_B=None,
                  num_valid=None, zero_BTs=None, baseline: str = "none",
-                 t_chunk_logp_BC=None) -> OnPolicyLossOutput:
+                 t_chunk_logp_BC=None, discount: float = 0.0) -> OnPolicyLossOutput:
     """``1/num_valid * sum_u w_b(u) * loss_u`` of ``k1`` (policy gradient) or ``k3`` (module doc).
 
     ``s_logp_BTs`` (differentiable) and ``t_logp_BTt`` are sampled-token log-probs at input
     positions (:func:`input_token_logprobs`); the teacher side is treated as a constant.
     ``zero_BTs``: units holding such a student token get zero advantage / loss (still counted).
     ``t_chunk_logp_BC``: per-chunk teacher log-probs replacing the sums (byte-level credit).
+    ``discount``: k1's advantage is the discounted return over the sample's units
+    (:func:`discounted_returns`; zeroed units add no log-ratio).
     """
     b_N, s_N, t_N, counts = unit_logprobs(s_logp_BTs, t_logp_BTt, s_loss_mask_BTs, align,
                                           t_loss_mask_BTt, clamps.logp_min, t_chunk_logp_BC)
@@ -177,7 +221,7 @@ def sampled_loss(kind: str, s_logp_BTs, t_logp_BTt, s_loss_mask_BTs, *, align=No
     # zeroed units stay out of the baseline too: the teacher's view of where to stop must not
     # shift every other unit's advantage
     loss_N, r_N, more = sampled_unit_losses(kind, s_N, t_N, clamps, baseline, tokens_N,
-                                            None if zero_N is None else ~zero_N)
+                                            None if zero_N is None else ~zero_N, discount, b_N)
     if zero_N is not None:
         loss_N = torch.where(zero_N, torch.zeros_like(loss_N), loss_N)
         more["zero_stop"] = int(zero_N.sum())
@@ -188,5 +232,5 @@ def sampled_loss(kind: str, s_logp_BTs, t_logp_BTt, s_loss_mask_BTs, *, align=No
     return OnPolicyLossOutput(total, int(b_N.numel()), {**counts, **more}, mean_r)
 
 
-__all__ = ["Clamps", "OnPolicyLossOutput", "sampled_loss", "sampled_unit_losses", "unit_flags", "unit_logprobs",
+__all__ = ["Clamps", "OnPolicyLossOutput", "discounted_returns", "sampled_loss", "sampled_unit_losses", "unit_flags", "unit_logprobs",
            "unit_token_counts"]

@@ -172,6 +172,12 @@ class OnPolicyLossConfig:
     # applies to the cross-tokenizer k1/k3 teachers (other kinds are unaffected; dpca and
     # simple_opd teachers are an error)
     byte_units: Literal["chunk", "token"] = "chunk"
+    # k1: discount gamma in [0, 1] of each unit's advantage over the later units of its sample:
+    # the advantage is sum_{v >= u} gamma^(v - u) r_v before the baseline and the clamp. 0 = the
+    # per-unit log-ratio (Thinking Machines' default kl_discount_factor); 1 = the log-ratio of
+    # all the text from the unit to the end, which does not depend on how a cross-tokenizer
+    # teacher cuts that text into units (xdistill/losses/onpolicy.py). Every teacher must be k1
+    discount: float = 0.0
     # reward weighting of samples: weight N * softmax(reward / reward_beta) over the N samples
     # of the whole step (every micro-batch and rank) when the rollouts carry rewards; 0 = off
     reward_beta: float = 0.0
@@ -252,6 +258,7 @@ def validate_onpolicy(cfg: OnPolicyConfig) -> OnPolicyConfig:
         raise ConfigError(f"loss.logp_min must be <= 0 (a log-probability) or null, got "
                           f"{cfg.loss.logp_min}")
     check_chunk_size(cfg.loss.chunk_size)
+    _validate_discount(cfg)
     if cfg.loss.byte_units == "token":
         chunk_only = set(BYTE_CREDIT_KINDS) - set(SAMPLED_LOSSES)   # dpca, simple_opd
         bad = [t.loss.kind for t in cfg.teachers if t.loss.kind in chunk_only]
@@ -266,6 +273,16 @@ def validate_onpolicy(cfg: OnPolicyConfig) -> OnPolicyConfig:
                                   f"teacher's full logits (worker.output = 'logits', got "
                                   f"{t.worker.output!r}) for its {t.loss.kind!r} loss")
     return cfg
+
+
+def _validate_discount(cfg: OnPolicyConfig) -> None:
+    gamma = cfg.loss.discount
+    if not 0.0 <= gamma <= 1.0:    # NaN too
+        raise ConfigError(f"loss.discount must lie in [0, 1], got {gamma}")
+    for i, t in enumerate(cfg.teachers):
+        if gamma and t.loss.kind != "k1":
+            raise ConfigError(f"teachers.{i}.loss.kind: loss.discount = {gamma} applies to k1 "
+                              f"teachers only; teacher {t.name!r} is {t.loss.kind!r}")
 
 
 def _validate_teacher(t: OnPolicyTeacherConfig, key: str) -> None:

@@ -125,7 +125,8 @@ def _plan_teacher_loss(plan: OnPolicyPlan, t, tp: TeacherPlan, clamps, lc) -> Te
                                                       in SAMPLED_LOSSES else "chunk"),
                                           stop_advantage=lc.stop_advantage,
                                           params=_kind_params(tl, clamps, lc.advantage_baseline),
-                                          baseline=lc.advantage_baseline)
+                                          baseline=lc.advantage_baseline,
+                                          discount=lc.discount)
     plan.weights[t.name] = float(tl.weight)
     plan.needs_reference |= tl.kind == "simple_opd" and tl.ref_beta > 0
     if tl.kind == "topk_kl" and not same:

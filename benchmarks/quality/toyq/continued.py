@@ -69,6 +69,11 @@ arm                 what continues training the CE checkpoint
                     split by the chain rule over the student's token boundaries, so the
                     baseline and the clamp act on the student's own tokens, as with
                     ``op_k1_same_mean_clip``; ``xdistill/losses/bytecredit_tokens.py``)
+``<arm>_g1``        ``op_k1_byte_mean_clip_g1``, ``op_k1_same_mean_clip_g1`` (and their ``_t<k>``
+                    teachers): the arm with ``loss.discount: 1`` (each unit's advantage is the
+                    log-ratio of all the text from the unit to the end of the sample, which
+                    does not depend on how the teacher's tokenization cuts that text into
+                    units; ``xdistill/losses/onpolicy.py``)
 ``<arm>_t<k>``      ``op_k1_byte_mean_clip_t<k>``, ``op_k1_same_mean_clip_t<k>`` (k = 2, 3, 4)
                     and ``op_k1_byte_tok_mean_clip_t2``: the arm with the k-th teacher of its kind
                     (``teacher_big_t<k>`` / ``teacher_same_big_t<k>``: the same settings, data
@@ -100,8 +105,13 @@ TEACHER_SUFFIXES = ("_t2", "_t3", "_t4")
 SAME_ARMS = SAME_ARMS + tuple(f"op_k1_same_mean_clip{sfx}" for sfx in TEACHER_SUFFIXES)
 # byte credit on student-token units (loss.byte_units: token), with either cross teacher
 TOKEN_UNIT_ARMS = ("op_k1_byte_tok_mean_clip", "op_k1_byte_tok_mean_clip_t2")
+# k1 with loss.discount 1 (flag g1), for every teacher of each kind
+DISCOUNT_SAME_ARMS = tuple(f"op_k1_same_mean_clip_g1{sfx}" for sfx in ("",) + TEACHER_SUFFIXES)
+DISCOUNT_ARMS = (tuple(f"op_k1_byte_mean_clip_g1{sfx}" for sfx in ("",) + TEACHER_SUFFIXES)
+                 + DISCOUNT_SAME_ARMS)
+SAME_ARMS = SAME_ARMS + DISCOUNT_SAME_ARMS
 CONT_ARMS = (CONT_ARMS + tuple(f"op_k1_byte_mean_clip{sfx}" for sfx in TEACHER_SUFFIXES)
-             + SAME_ARMS + TWIN_ARMS + TOKEN_UNIT_ARMS)
+             + SAME_ARMS + TWIN_ARMS + TOKEN_UNIT_ARMS + DISCOUNT_ARMS[:4])
 
 
 def teacher_suffix(arm: str) -> str:
@@ -125,13 +135,14 @@ def loss_options(arm: str) -> dict:
     """The ``loss`` keys an on-policy arm's name asks for beyond its kind: ``_byte`` byte-level
     credit (``_byte_tok``: on student-token units), ``_mean`` the mean advantage baseline
     (``_tmean``: per student token; ``_cmean``: clipped_mean), ``_clip`` the advantage clamp
-    ``BYTE_CLIP``."""
+    ``BYTE_CLIP``, ``_g1`` the discount 1 (``loss.discount``)."""
     flags = arm.split("_")[2:]             # op_<kind>_<flag>_...
     baseline = BASELINE_FLAGS.get(next((f for f in flags if f in BASELINE_FLAGS), ""))
     return {**({"advantage_baseline": baseline} if baseline else {}),
             **({"credit": "byte"} if "byte" in flags else {}),
             **({"byte_units": "token"} if "tok" in flags else {}),
-            **({"loss_max": BYTE_CLIP} if "clip" in flags else {})}
+            **({"loss_max": BYTE_CLIP} if "clip" in flags else {}),
+            **({"discount": 1.0} if "g1" in flags else {})}
 
 
 def twin_path(assets: dict) -> str:
