@@ -19,3 +19,15 @@ from train_helpers import (REPO, TINY_STUDENT, _env, base_config, build_tiny_ass
 @pytest.fixture(scope="session")
 def tiny_assets(tmp_path_factory):
     return build_tiny_assets(tmp_path_factory.mktemp("tiny_assets"))
+
+
+@pytest.fixture(scope="module")
+def credit_lms(tiny_assets, tmp_path_factory):
+    """Two tiny on-policy teachers (``same``: the student's tokenizer, ``cross``: the other one)
+    and a prompt file, for the byte-credit and discount step tests."""
+    import onpolicy_helpers as H
+
+    root = tmp_path_factory.mktemp("credit_lms")
+    return {"same": H.save_lm(root / "same", tiny_assets["tok_s"], seed=1),
+            "cross": H.save_lm(root / "cross", tiny_assets["tok_t"], seed=2),
+            "prompts": H.write_prompts(root / "prompts.jsonl")}

@@ -24,11 +24,8 @@ from xdistill.train.metrics import Timers
 
 
 @pytest.fixture(scope="module")
-def lms(tiny_assets, tmp_path_factory):
-    root = tmp_path_factory.mktemp("credit")
-    return {"same": H.save_lm(root / "same", tiny_assets["tok_s"], seed=1),
-            "cross": H.save_lm(root / "cross", tiny_assets["tok_t"], seed=2),
-            "prompts": H.write_prompts(root / "prompts.jsonl")}
+def lms(credit_lms):
+    return credit_lms
 
 
 def _run(tiny_assets, lms, tmp_path, kind, credit="byte"):

@@ -18,11 +18,8 @@ from xdistill.train.onpolicy_config import OnPolicyConfig, validate_onpolicy
 
 
 @pytest.fixture(scope="module")
-def lms(tiny_assets, tmp_path_factory):
-    root = tmp_path_factory.mktemp("discount")
-    return {"same": H.save_lm(root / "same", tiny_assets["tok_s"], seed=1),
-            "cross": H.save_lm(root / "cross", tiny_assets["tok_t"], seed=2),
-            "prompts": H.write_prompts(root / "prompts.jsonl")}
+def lms(credit_lms):
+    return credit_lms
 
 
 def _config(tiny_assets, lms, tmp_path, kinds=("k1", "k1"), **loss):
