@@ -97,7 +97,8 @@ def score_batches(config_path: Path, batches: int, student: str = "") -> list[di
                 out.append({"texts": [tok.decode(ro.response_ids_BTr[b][:int(n)].tolist())
                                       for b, n in enumerate(ro.response_len_B)],
                             "golds": [sum(map(int, re.findall(r"\d+", str(p)))) for p in ro.prompts],
-                            "units": [units.get(b, []) for b in range(ro.batch_size)]})
+                            "units": [units.get(b, []) for b in range(ro.batch_size)],
+                            "finish": list(ro.finish_reasons)})
             return out
         finally:
             lo.unit_logprobs = original
