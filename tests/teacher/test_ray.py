@@ -131,10 +131,12 @@ def test_ray_teacher_joins_the_cluster_its_config_and_launch_imply(monkeypatch, 
     """``join_ray`` (a ``placement: ray`` teacher whose caller has not initialised Ray, as in
     every ``xdistill train`` run) picks the address; a stand-in ``ray.init`` records it (a real
     ``auto`` would find the Ray this test session initialised for the actors above)."""
+    from xdistill.teacher import remote_client
     from xdistill.teacher.remote_client import join_ray
 
     calls = []
     fake = type("FakeRay", (), {"init": staticmethod(lambda **kw: calls.append(kw))})
+    monkeypatch.setattr(remote_client, "_unreachable", lambda addr: None)  # no such hosts here
     monkeypatch.setenv("WORLD_SIZE", world)
     if env is None:
         monkeypatch.delenv("RAY_ADDRESS", raising=False)
@@ -161,3 +163,37 @@ def test_ray_teacher_without_a_reachable_cluster_is_one_clear_error(monkeypatch)
     msg = str(info.value)
     assert msg.startswith("teacher 'big' has placement 'ray'") and "at auto" in msg
     assert "Could not find any running Ray instance" in msg and "ray start --head" in msg
+
+
+@pytest.mark.parametrize("scheme", ["", "ray://"])
+def test_ray_teacher_with_an_explicit_address_nobody_listens_on_fails_at_once(monkeypatch,
+                                                                              scheme):
+    """``worker.ray.address`` (or ``$RAY_ADDRESS``) naming a port nothing listens on: one
+    TeacherError naming the address within seconds, and Ray is never asked (its own connection
+    retries take minutes); a port that accepts connections goes on to ``ray.init``."""
+    import socket
+    import time
+
+    from xdistill.teacher.remote_client import _ray_endpoint, join_ray
+
+    with socket.socket() as s:            # a free local port, closed again: nothing listens
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    calls = []
+    fake = type("FakeRay", (), {"init": staticmethod(lambda **kw: calls.append(kw))})
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    t0 = time.perf_counter()
+    with pytest.raises(TeacherError) as info:
+        join_ray(fake, f"{scheme}127.0.0.1:{port}", "big")
+    assert time.perf_counter() - t0 < 5 and calls == []
+    msg = str(info.value)
+    assert f"at {scheme}127.0.0.1:{port}" in msg and "nothing accepts a connection" in msg
+    assert "ray start --head" in msg
+    with socket.socket() as server:       # a listening port: the probe passes, Ray is asked
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        address = f"{scheme}127.0.0.1:{server.getsockname()[1]}"
+        join_ray(fake, address, "big")
+    assert calls == [{"address": address, "ignore_reinit_error": True}]
+    assert _ray_endpoint("auto") is None and _ray_endpoint(None) is None
+    assert _ray_endpoint("[::1]:6379") == ("::1", 6379)

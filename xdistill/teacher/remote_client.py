@@ -9,6 +9,7 @@ import functools
 import logging
 import os
 import signal
+import socket
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
@@ -265,14 +266,49 @@ class SubprocessClient(_RemoteClient):
         self._broken = self._broken or "closed"
 
 
+# seconds a TCP connect to an explicit Ray address may take before the cluster counts as
+# unreachable (Ray's own connection retries take minutes)
+RAY_PROBE_TIMEOUT_S = 10.0
+
+
+def _ray_endpoint(addr: str | None) -> tuple[str, int] | None:
+    """(host, port) of an explicit Ray address (``host:port`` or ``ray://host:port``); None for
+    ``auto``, ``local``, none, or a form Ray resolves itself."""
+    if not addr or addr in ("auto", "local"):
+        return None
+    rest = addr.split("://", 1)[1] if "://" in addr else addr
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def _unreachable(addr: str | None) -> str | None:
+    """Why nothing listens at an explicit Ray address, or None (reachable, or not explicit)."""
+    endpoint = _ray_endpoint(addr)
+    if endpoint is None:
+        return None
+    try:
+        with socket.create_connection(endpoint, timeout=RAY_PROBE_TIMEOUT_S):
+            return None
+    except OSError as exc:
+        return (f"nothing accepts a connection at {endpoint[0]}:{endpoint[1]} within "
+                f"{RAY_PROBE_TIMEOUT_S:g} s: {exc.strerror or type(exc).__name__}")
+
+
 def join_ray(ray, address: str | None, name: str) -> None:
     """``ray.init`` for a ``placement: ray`` teacher when the caller has not initialised Ray:
     ``address`` (``worker.ray.address``), else ``$RAY_ADDRESS``, else ``"auto"`` under torchrun
     (every rank must join one cluster, not start its own), else a local Ray of this process.
-    A cluster that cannot be reached is one TeacherError saying how to start one."""
+    A cluster that cannot be reached is one TeacherError saying how to start one; an explicit
+    ``host:port`` is probed first, so that it fails in seconds instead of Ray's minutes of
+    retries."""
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     addr = address or os.environ.get("RAY_ADDRESS") or ("auto" if world > 1 else None)
+    why = _unreachable(addr)
     try:
+        if why is not None:
+            raise ConnectionError(why)
         ray.init(address=addr, ignore_reinit_error=True)
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
