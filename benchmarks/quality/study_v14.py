@@ -89,10 +89,10 @@ def against_per_unit(acc: dict, seeds: list[int], draws: int = DRAWS) -> dict:
             "penalty_change_interval": list(percentile_interval(boot))}
 
 
-def same_positive(gains: dict) -> dict:
-    """(D) the four same-tokenizer teachers' gains under the discount: one-sample t against 0
-    (the paired t of the gains against zeros)."""
-    xs = [gains[a] for a in SAME]
+def same_positive(gains: dict, arms=SAME) -> dict:
+    """(D) the four same-tokenizer teachers' gains (``arms``) under the discount: one-sample t
+    against 0 (the paired t of the gains against zeros)."""
+    xs = [gains[a] for a in arms]
     t = paired(xs, [0.0] * len(xs))
     return {"gains": xs, "mean": statistics.fmean(xs), "t": t.t, "p": t.p,
             "holds": bool(t.p < ALPHA and statistics.fmean(xs) > 0)}

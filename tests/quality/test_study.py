@@ -530,3 +530,53 @@ def test_fourteenth_protocol_discount_against_per_unit_k1(monkeypatch, tmp_path)
     assert "GENERATED:credit24v14change:BEGIN" in block
     assert "| cross-tokenizer | +0.080, +0.080, +0.080, +0.080 | +0.080 |" in block
     assert "| op_k1_byte_mean_clip_g1_t4 | teacher_big_t4 | cross | - | +0.240 |" in block
+
+
+def test_fifteenth_protocol_takes_the_stop_advantage_out(monkeypatch, tmp_path):
+    """study_v15's fixed rules, the harness replaced by a table: continued CE and eight k1 arms
+    with ``loss.stop_advantage: zero`` on fresh seeds 160-162 of the test half; the teacher-level
+    analysis, each teacher's change against its per-unit gain read from the fourteenth
+    protocol's record, the same-tokenizer gains > 0, and each arm's final stop fraction read from
+    its metrics."""
+    v15 = _load_script(monkeypatch, "study_v15.py")
+    v13, v14 = v15.v13, v15.v14
+    assert v15.ARMS[0] == "cont_ce" and len(v15.SAME) == len(v15.CROSS) == 4
+    assert v15.BEFORE["op_k1_byte_mean_clip_zstop_t4"] == "op_k1_byte_mean_clip_t4"
+    from toyq.continued import loss_options
+    assert loss_options("op_k1_byte_mean_clip_zstop_t2")["stop_advantage"] == "zero"
+    # the fourteenth protocol's per-unit record: same 0.20-0.26, cross 0.10-0.16
+    old = {"cont_ce": 0.0, **dict(zip(v13.SAME, (0.20, 0.24, 0.22, 0.26))),
+           **dict(zip(v13.CROSS, (0.10, 0.12, 0.14, 0.16)))}
+    records = tmp_path / "v14records"
+    records.mkdir()
+    (records / "confirm.json").write_text(json.dumps({"runs": [
+        {"arm": a, "seed": s, "accuracy": 0.15 + g, "format_rate": 1.0}
+        for a, g in old.items() for s in (150, 151, 152)]}))
+    monkeypatch.setattr(v14, "RECORDS", records)
+    new = {"cont_ce": 0.0, **dict(zip(v15.SAME, (0.20, 0.24, 0.22, 0.26))),
+           **dict(zip(v15.CROSS, (0.20, 0.22, 0.24, 0.26)))}
+    calls = _table_harness(monkeypatch, v15, lambda a, s: 0.15 + new[a] + 0.05 * (s % 3))
+    out = tmp_path / "out"
+    metrics = out / "confirm" / "runs" / "op_k1_byte_mean_clip_zstop_t3" / "seed160"
+    metrics.mkdir(parents=True)
+    (metrics / "metrics.jsonl").write_text('{"step": 10, "stop_fraction": 0.3}\n'
+                                           '{"step": 20, "stop_fraction": 0.25}\n')
+    monkeypatch.setattr(v15, "RECORDS", tmp_path / "records")
+    monkeypatch.setattr(v15, "RESULTS_MD", tmp_path / "RESULTS.md")
+    assert v15.main(["--out", str(out)]) == 0
+    ((_, arms, seeds, extra),) = calls
+    assert arms == v15.ARMS and seeds == (160, 161, 162) and "unlabeled_test" in extra
+    assert not set(seeds) & {*range(0, 160)}                # no seed of an earlier protocol
+    state = json.loads((out / "study.json").read_text())["confirm"]
+    assert state["penalty"]["penalty"] == pytest.approx(1 - 0.23 / 0.23, abs=1e-9)
+    c = state["against_per_unit"]
+    assert c["seeds_before"] == [150, 151, 152]
+    assert c["change"]["op_k1_byte_mean_clip_zstop_t2"] == pytest.approx(0.10)
+    assert c["mean_change"]["same"] == pytest.approx(0.0, abs=1e-12)
+    assert c["penalty_per_unit"] == pytest.approx(1 - 0.13 / 0.23)
+    assert state["same_positive"]["holds"]
+    assert state["stop_fraction_end"]["op_k1_byte_mean_clip_zstop_t3"] == 0.25
+    assert state["stop_fraction_end"]["op_k1_byte_mean_clip_zstop"] is None
+    block = (tmp_path / "RESULTS.md").read_text()
+    assert "GENERATED:credit24v15teachers:BEGIN" in block and "credit24v15change:BEGIN" in block
+    assert "| op_k1_byte_mean_clip_zstop_t3 | +0.100 | 0.25 |" in block

@@ -74,6 +74,11 @@ arm                 what continues training the CE checkpoint
                     log-ratio of all the text from the unit to the end of the sample, which
                     does not depend on how the teacher's tokenization cuts that text into
                     units; ``xdistill/losses/onpolicy.py``)
+``<arm>_zstop``     ``op_k1_byte_mean_clip_zstop``, ``op_k1_same_mean_clip_zstop`` (and their
+                    ``_t<k>`` teachers): the arm with ``loss.stop_advantage: zero`` (units that
+                    hold the student's stop get no advantage, and under byte credit the stop is
+                    not merged with the period: the teacher's view of where the text ends is out
+                    of the credit)
 ``<arm>_t<k>``      ``op_k1_byte_mean_clip_t<k>``, ``op_k1_same_mean_clip_t<k>`` (k = 2, 3, 4)
                     and ``op_k1_byte_tok_mean_clip_t2``: the arm with the k-th teacher of its kind
                     (``teacher_big_t<k>`` / ``teacher_same_big_t<k>``: the same settings, data
@@ -109,9 +114,13 @@ TOKEN_UNIT_ARMS = ("op_k1_byte_tok_mean_clip", "op_k1_byte_tok_mean_clip_t2")
 DISCOUNT_SAME_ARMS = tuple(f"op_k1_same_mean_clip_g1{sfx}" for sfx in ("",) + TEACHER_SUFFIXES)
 DISCOUNT_ARMS = (tuple(f"op_k1_byte_mean_clip_g1{sfx}" for sfx in ("",) + TEACHER_SUFFIXES)
                  + DISCOUNT_SAME_ARMS)
-SAME_ARMS = SAME_ARMS + DISCOUNT_SAME_ARMS
+# k1 with loss.stop_advantage zero (flag zstop), for every teacher of each kind
+ZSTOP_SAME_ARMS = tuple(f"op_k1_same_mean_clip_zstop{sfx}" for sfx in ("",) + TEACHER_SUFFIXES)
+ZSTOP_ARMS = (tuple(f"op_k1_byte_mean_clip_zstop{sfx}" for sfx in ("",) + TEACHER_SUFFIXES)
+              + ZSTOP_SAME_ARMS)
+SAME_ARMS = SAME_ARMS + DISCOUNT_SAME_ARMS + ZSTOP_SAME_ARMS
 CONT_ARMS = (CONT_ARMS + tuple(f"op_k1_byte_mean_clip{sfx}" for sfx in TEACHER_SUFFIXES)
-             + SAME_ARMS + TWIN_ARMS + TOKEN_UNIT_ARMS + DISCOUNT_ARMS[:4])
+             + SAME_ARMS + TWIN_ARMS + TOKEN_UNIT_ARMS + DISCOUNT_ARMS[:4] + ZSTOP_ARMS[:4])
 
 
 def teacher_suffix(arm: str) -> str:
@@ -135,14 +144,16 @@ def loss_options(arm: str) -> dict:
     """The ``loss`` keys an on-policy arm's name asks for beyond its kind: ``_byte`` byte-level
     credit (``_byte_tok``: on student-token units), ``_mean`` the mean advantage baseline
     (``_tmean``: per student token; ``_cmean``: clipped_mean), ``_clip`` the advantage clamp
-    ``BYTE_CLIP``, ``_g1`` the discount 1 (``loss.discount``)."""
+    ``BYTE_CLIP``, ``_g1`` the discount 1 (``loss.discount``), ``_zstop`` no advantage on the
+    stop (``loss.stop_advantage: zero``)."""
     flags = arm.split("_")[2:]             # op_<kind>_<flag>_...
     baseline = BASELINE_FLAGS.get(next((f for f in flags if f in BASELINE_FLAGS), ""))
     return {**({"advantage_baseline": baseline} if baseline else {}),
             **({"credit": "byte"} if "byte" in flags else {}),
             **({"byte_units": "token"} if "tok" in flags else {}),
             **({"loss_max": BYTE_CLIP} if "clip" in flags else {}),
-            **({"discount": 1.0} if "g1" in flags else {})}
+            **({"discount": 1.0} if "g1" in flags else {}),
+            **({"stop_advantage": "zero"} if "zstop" in flags else {})}
 
 
 def twin_path(assets: dict) -> str:
