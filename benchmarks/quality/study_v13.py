@@ -47,11 +47,20 @@ HERE = Path(__file__).resolve().parent
 RECORDS = HERE / "credit24v13"
 RESULTS_MD = HERE / "RESULTS.md"     # the teacher-level block goes here
 SUFFIXES = ("", "_t2", "_t3", "_t4")
-SAME = tuple(f"op_k1_same_mean_clip{s}" for s in SUFFIXES)
-CROSS = tuple(f"op_k1_byte_mean_clip{s}" for s in SUFFIXES)
+
+
+def design(flag: str = "") -> tuple[tuple, tuple, dict]:
+    """(same-tokenizer arms, cross-tokenizer arms, each arm's teacher) of the eight k1 arms whose
+    estimator carries ``flag`` (later protocols: ``_g1``, ``_zstop``) before the teacher's
+    suffix."""
+    same = tuple(f"op_k1_same_mean_clip{flag}{s}" for s in SUFFIXES)
+    cross = tuple(f"op_k1_byte_mean_clip{flag}{s}" for s in SUFFIXES)
+    return same, cross, {**{a: f"teacher_same_big{s}" for a, s in zip(same, SUFFIXES)},
+                         **{a: f"teacher_big{s}" for a, s in zip(cross, SUFFIXES)}}
+
+
+SAME, CROSS, TEACHER_OF = design()
 ARMS = ("cont_ce", *SAME, *CROSS)
-TEACHER_OF = {**{a: f"teacher_same_big{s}" for a, s in zip(SAME, SUFFIXES)},
-              **{a: f"teacher_big{s}" for a, s in zip(CROSS, SUFFIXES)}}
 CONFIRM_SEEDS = (140, 141, 142)
 STAGES = ("confirm",)
 ALPHA = 0.05

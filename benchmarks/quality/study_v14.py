@@ -43,13 +43,10 @@ from toyq.stats import holm, paired, penalty, percentile_interval
 HERE = Path(__file__).resolve().parent
 RECORDS = HERE / "credit24v14"
 RESULTS_MD = HERE / "RESULTS.md"
-SAME = tuple(f"op_k1_same_mean_clip_g1{s}" for s in v13.SUFFIXES)
-CROSS = tuple(f"op_k1_byte_mean_clip_g1{s}" for s in v13.SUFFIXES)
+SAME, CROSS, TEACHER_OF = v13.design("_g1")
 # the thirteenth protocol's arm of the same teacher (per-unit k1), run again on these seeds
 BEFORE = dict(zip(SAME + CROSS, v13.SAME + v13.CROSS))
 ARMS = ("cont_ce", *SAME, *CROSS, *v13.SAME, *v13.CROSS)
-TEACHER_OF = {**{a: f"teacher_same_big{s}" for a, s in zip(SAME, v13.SUFFIXES)},
-              **{a: f"teacher_big{s}" for a, s in zip(CROSS, v13.SUFFIXES)}}
 CONFIRM_SEEDS = (150, 151, 152)
 STAGES = ("confirm",)
 ALPHA = v13.ALPHA

@@ -42,11 +42,8 @@ from toyq.stats import penalty
 HERE = Path(__file__).resolve().parent
 RECORDS = HERE / "credit24v15"
 RESULTS_MD = HERE / "RESULTS.md"
-SAME = tuple(f"op_k1_same_mean_clip_zstop{s}" for s in v13.SUFFIXES)
-CROSS = tuple(f"op_k1_byte_mean_clip_zstop{s}" for s in v13.SUFFIXES)
+SAME, CROSS, TEACHER_OF = v13.design("_zstop")
 ARMS = ("cont_ce", *SAME, *CROSS)
-TEACHER_OF = {**{a: f"teacher_same_big{s}" for a, s in zip(SAME, v13.SUFFIXES)},
-              **{a: f"teacher_big{s}" for a, s in zip(CROSS, v13.SUFFIXES)}}
 # the per-unit arm of the same teacher (the fourteenth protocol ran them on seeds 150-152)
 BEFORE = dict(zip(SAME + CROSS, v13.SAME + v13.CROSS))
 CONFIRM_SEEDS = (160, 161, 162)
