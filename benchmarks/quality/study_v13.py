@@ -216,20 +216,29 @@ def render_teachers(conf: dict, same=SAME, cross=CROSS, record: str = "credit24v
     return "\n".join(lines)
 
 
-def stage_confirm(args, state: dict) -> None:
+def confirm_teachers(args, arms, seeds, tag: str, records: Path, design=(SAME, CROSS, TEACHER_OF),
+                     results_md: Path | None = None) -> tuple[list[dict], dict]:
+    """A teacher-level confirmation (this protocol's and later ones'): ``arms`` on ``seeds`` at
+    the fifth protocol's rates (report block ``tag``, raw runs to ``records``), then
+    :func:`analyse` of ``design`` (same arms, cross arms, their teachers). Returns the runs and
+    ``study.json``'s ``confirm`` record; the teachers' block ``<tag>teachers`` is written to
+    ``results_md`` (default: this protocol's)."""
     chosen = v6.fifth_rates()
-    runs = v6.confirm_runs(args, ARMS, CONFIRM_SEEDS, chosen, "credit24v13", RECORDS)
-    meta = json.loads((RECORDS / "confirm.json").read_text()).get("meta", {})
+    runs = v6.confirm_runs(args, arms, seeds, chosen, tag, records)
+    meta = json.loads((records / "confirm.json").read_text()).get("meta", {})
     comps = {c["arm"]: c for c in comparisons(runs)}
-    parts = analyse(runs, meta)
-    state["confirm"] = {**v6.confirm_state(ARMS, CONFIRM_SEEDS, chosen, comps), **parts}
-    update_results_md(render_teachers(state["confirm"]), RESULTS_MD,
-                      "credit24v13teachers")
-    te, p = parts["tokenizer_effect"], parts["penalty"]
+    conf = {**v6.confirm_state(arms, seeds, chosen, comps), **analyse(runs, meta, *design)}
+    update_results_md(render_teachers(conf, design[0], design[1], tag),
+                      results_md or RESULTS_MD, f"{tag}teachers")
+    return runs, conf
+
+
+def stage_confirm(args, state: dict) -> None:
+    _, state["confirm"] = confirm_teachers(args, ARMS, CONFIRM_SEEDS, "credit24v13", RECORDS)
+    te, p = state["confirm"]["tokenizer_effect"], state["confirm"]["penalty"]
     say(f"tokenizer effect over teachers {te['difference']:+.3f} (Welch p {te['welch_p']:.3g}, "
         f"permutation p {te['permutation_p']:.3g}); penalty over four teachers each "
         f"{p['penalty']:.2f} [{p['interval'][0]:.2f}, {p['interval'][1]:.2f}] (goal <= {GOAL})")
-
 
 STAGE_FUNCS = {"confirm": stage_confirm}
 

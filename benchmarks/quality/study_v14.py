@@ -26,7 +26,6 @@ Raw per-run results: ``benchmarks/quality/credit24v14/confirm.json`` and ``study
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import sys
@@ -34,9 +33,8 @@ from pathlib import Path
 
 import study  # the first protocol's helpers (this script's folder is on the path when it runs)
 import study_v5 as v5
-import study_v6 as v6
 import study_v13 as v13
-from toyq.confirm import accuracy_by_arm, comparisons
+from toyq.confirm import accuracy_by_arm
 from toyq.run import update_results_md
 from toyq.stats import holm, paired, penalty, percentile_interval
 
@@ -122,26 +120,18 @@ def render_change(conf: dict) -> str:
 
 
 def stage_confirm(args, state: dict) -> None:
-    chosen = v6.fifth_rates()
-    runs = v6.confirm_runs(args, ARMS, CONFIRM_SEEDS, chosen, "credit24v14", RECORDS)
-    meta = json.loads((RECORDS / "confirm.json").read_text()).get("meta", {})
-    comps = {c["arm"]: c for c in comparisons(runs)}
-    parts = v13.analyse(runs, meta, SAME, CROSS, TEACHER_OF)
-    seeds = sorted(set(parts["seeds"]) & set.intersection(*(
-        set(v) for a, v in accuracy_by_arm(runs).items() if a in BEFORE.values())))
-    parts["against_per_unit"] = against_per_unit(accuracy_by_arm(runs), seeds)
-    parts["against_per_unit"]["seeds"] = seeds
-    parts["same_positive"] = same_positive(parts["gains"])
-    state["confirm"] = {**v6.confirm_state(ARMS, CONFIRM_SEEDS, chosen, comps), **parts}
-    update_results_md(v13.render_teachers(state["confirm"], SAME, CROSS, "credit24v14"),
-                      RESULTS_MD, "credit24v14teachers")
-    update_results_md(render_change(state["confirm"]), RESULTS_MD, "credit24v14change")
-    te, p = parts["tokenizer_effect"], parts["penalty"]
-    c = parts["against_per_unit"]
+    runs, conf = v13.confirm_teachers(args, ARMS, CONFIRM_SEEDS, "credit24v14", RECORDS,
+                                      (SAME, CROSS, TEACHER_OF), RESULTS_MD)
+    acc = accuracy_by_arm(runs)
+    seeds = sorted(set(conf["seeds"]).intersection(*(set(acc[a]) for a in BEFORE.values())))
+    conf["against_per_unit"] = {**against_per_unit(acc, seeds), "seeds": seeds}
+    conf["same_positive"] = same_positive(conf["gains"])
+    state["confirm"] = conf
+    update_results_md(render_change(conf), RESULTS_MD, "credit24v14change")
+    te, p, c = conf["tokenizer_effect"], conf["penalty"], conf["against_per_unit"]
     say(f"discount 1: penalty over four teachers each {p['penalty']:.2f} [{p['interval'][0]:.2f}, "
         f"{p['interval'][1]:.2f}] (goal <= {v13.GOAL}); tokenizer effect {te['difference']:+.3f} "
         f"(Welch p {te['welch_p']:.3g}); penalty change vs per-unit k1 {c['penalty_change']:+.2f}")
-
 
 STAGE_FUNCS = {"confirm": stage_confirm}
 

@@ -32,10 +32,9 @@ from pathlib import Path
 
 import study  # the first protocol's helpers (this script's folder is on the path when it runs)
 import study_v5 as v5
-import study_v6 as v6
 import study_v13 as v13
 import study_v14 as v14
-from toyq.confirm import accuracy_by_arm, comparisons
+from toyq.confirm import accuracy_by_arm
 from toyq.run import update_results_md
 from toyq.stats import penalty
 
@@ -104,24 +103,18 @@ def render_change(conf: dict) -> str:
 
 
 def stage_confirm(args, state: dict) -> None:
-    chosen = v6.fifth_rates()
-    runs = v6.confirm_runs(args, ARMS, CONFIRM_SEEDS, chosen, "credit24v15", RECORDS)
-    meta = json.loads((RECORDS / "confirm.json").read_text()).get("meta", {})
-    comps = {c["arm"]: c for c in comparisons(runs)}
-    parts = v13.analyse(runs, meta, SAME, CROSS, TEACHER_OF)
+    _, conf = v13.confirm_teachers(args, ARMS, CONFIRM_SEEDS, "credit24v15", RECORDS,
+                                   (SAME, CROSS, TEACHER_OF), RESULTS_MD)
     runs0 = json.loads((v14.RECORDS / "confirm.json").read_text())["runs"]
-    parts["against_per_unit"] = against_per_unit(parts["gains"], runs0)
-    parts["same_positive"] = v14.same_positive(parts["gains"], SAME)
-    parts["stop_fraction_end"] = stop_fractions(args.out, parts["seeds"])
-    state["confirm"] = {**v6.confirm_state(ARMS, CONFIRM_SEEDS, chosen, comps), **parts}
-    update_results_md(v13.render_teachers(state["confirm"], SAME, CROSS, "credit24v15"),
-                      RESULTS_MD, "credit24v15teachers")
-    update_results_md(render_change(state["confirm"]), RESULTS_MD, "credit24v15change")
-    te, p = parts["tokenizer_effect"], parts["penalty"]
+    conf["against_per_unit"] = against_per_unit(conf["gains"], runs0)
+    conf["same_positive"] = v14.same_positive(conf["gains"], SAME)
+    conf["stop_fraction_end"] = stop_fractions(args.out, conf["seeds"])
+    state["confirm"] = conf
+    update_results_md(render_change(conf), RESULTS_MD, "credit24v15change")
+    te, p = conf["tokenizer_effect"], conf["penalty"]
     say(f"stop_advantage zero: penalty over four teachers each {p['penalty']:.2f} "
         f"[{p['interval'][0]:.2f}, {p['interval'][1]:.2f}] (goal <= {v13.GOAL}); tokenizer effect "
         f"{te['difference']:+.3f} (Welch p {te['welch_p']:.3g})")
-
 
 STAGE_FUNCS = {"confirm": stage_confirm}
 
