@@ -1,11 +1,14 @@
 """Where the stop goes under each teacher (exploratory diagnostic, not a pre-registered test).
 
-    python benchmarks/quality/stop_units.py [--runs runs/q24v13] [--seeds 140,141,142]
-        [--batches 10]     # writes credit24v13/stop_units.json, the block GENERATED:stops24v13
+    python benchmarks/quality/stop_units.py [--protocol v13] [--runs runs/q24v13]
+        [--seeds 140,141,142] [--batches 10]
+                    # writes credit24v13/stop_units.json, the block GENERATED:stops24v13
     python benchmarks/quality/stop_units.py --report      # the block from the record only
 
-For the thirteenth protocol's eight k1 arms (S1-S4 same-tokenizer, X1-X4 cross-tokenizer
-teachers; ``unit_advantages.PROTOCOLS["v13"]``):
+For the eight k1 arms of the thirteenth protocol or of the sixteenth (``--protocol v16``: the
+same arms, teachers trained on one problem per document; record ``credit24v16/stop_units.json``,
+block ``stops24v16``): S1-S4 same-tokenizer, X1-X4 cross-tokenizer teachers
+(``unit_advantages.PROTOCOLS``):
 
 1. **Trajectories**: the rollouts' stop fraction (share of responses that end with the student's
    stop token within ``cont_new_tokens``) at a few steps of each arm's training, read from its
@@ -36,6 +39,11 @@ HERE = Path(__file__).resolve().parent
 RECORD = HERE / "credit24v13" / "stop_units.json"
 STEPS = (10, 20, 30, 50, 100, 500, 2000)
 ARMS = ua.PROTOCOLS["v13"]["arms"]
+PROTOCOLS = ("v13", "v16")
+
+
+def record_path(protocol: str) -> Path:
+    return HERE / ua.PROTOCOLS[protocol]["records"] / RECORD.name
 
 
 def trajectory(metrics: Path) -> dict:
@@ -72,16 +80,18 @@ def measure(args) -> dict:
     from xdistill.config import load_config
     from xdistill.train.onpolicy_config import OnPolicyConfig
 
-    seeds, rows = [int(s) for s in args.seeds.split(",")], []
+    proto = ua.PROTOCOLS[args.protocol]
+    seeds, rows = [int(s) for s in (args.seeds or proto["seeds"]).split(",")], []
     for seed in seeds:
-        for arm, folder in ARMS.items():
-            run = Path(args.runs) / "confirm" / "runs" / folder / f"seed{seed}"
+        for arm, folder in proto["arms"].items():
+            run = Path(args.runs or proto["runs"]) / "confirm" / "runs" / folder / f"seed{seed}"
             clamp = load_config(OnPolicyConfig, run / "config.yaml").loss.loss_max
             print(f"[stop_units] seed {seed}, arm {arm}: {args.batches} batches", flush=True)
             batches = ua.score_batches(run / "config.yaml", args.batches)
             rows.append({"seed": seed, "arm": arm, "trajectory": trajectory(run / "metrics.jsonl"),
                          "start": by_finish(batches, clamp)})
-    return {"batches": args.batches, "rows": rows, "arms": ARMS,
+    return {"batches": args.batches, "rows": rows, "arms": proto["arms"],
+            "protocol": args.protocol,
             "command": " ".join(["python", "benchmarks/quality/stop_units.py", *sys.argv[1:]])}
 
 
@@ -115,21 +125,25 @@ def render(record: dict) -> str:
                      for k in ("answer_r", "rest_r", "rest_adv")]
             lines.append(f"| {arm} | {fin} | {n} | " + " | ".join(cells) + " |")
     labels = ", ".join(f"{a} = `{f}`" for a, f in record["arms"].items())
-    lines += ["", f"Arms: {labels}. Raw per-seed figures: `credit24v13/{RECORD.name}`; command: "
+    where = ua.PROTOCOLS[record.get("protocol", "v13")]["records"]
+    lines += ["", f"Arms: {labels}. Raw per-seed figures: `{where}/{RECORD.name}`; command: "
               f"`{record['command']}`."]
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--runs", default="runs/q24v13", help="the thirteenth protocol's --out")
-    p.add_argument("--seeds", default="140,141,142")
+    p.add_argument("--protocol", choices=PROTOCOLS, default="v13",
+                   help="whose runs: the thirteenth protocol's or the sixteenth's")
+    p.add_argument("--runs", default="", help="the protocol's --out (default runs/q24v13 / q24v16)")
+    p.add_argument("--seeds", default="", help="default: the protocol's seeds")
     p.add_argument("--batches", type=int, default=10, help="rollout batches per seed")
     p.add_argument("--report", action="store_true", help="only regenerate the block")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    print(record_and_report(RECORD, None if args.report else lambda: measure(args), render,
-                            HERE / "RESULTS.md", "stops24v13"))
+    print(record_and_report(record_path(args.protocol), None if args.report else
+                            lambda: measure(args), render, HERE / "RESULTS.md",
+                            f"stops24{args.protocol}"))
     return 0
 
 

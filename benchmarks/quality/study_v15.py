@@ -50,24 +50,26 @@ STAGES = ("confirm",)
 say = study.say
 
 
-def against_per_unit(gains: dict, runs0: list[dict]) -> dict:
-    """(C) per teacher, its gain here minus its per-unit gain in the fourteenth protocol's runs
-    ``runs0`` (other seeds: reported, no test), and the per-unit penalty there."""
+def against_per_unit(gains: dict, runs0: list[dict], before: dict = BEFORE, same=SAME,
+                     cross=CROSS) -> dict:
+    """(C) per arm of ``same`` + ``cross``, its gain here minus the gain of arm ``before[arm]``
+    in the fourteenth protocol's runs ``runs0`` (other seeds: reported, no test), and the
+    per-unit penalty there."""
     acc0 = accuracy_by_arm(runs0)
-    seeds0 = sorted(set.intersection(*(set(acc0[a]) for a in ("cont_ce", *BEFORE.values()))))
-    gain0 = {a: v13._gain(acc0, (BEFORE[a],), seeds0) for a in SAME + CROSS}
-    change = {a: gains[a] - gain0[a] for a in SAME + CROSS}
+    seeds0 = sorted(set.intersection(*(set(acc0[a]) for a in ("cont_ce", *before.values()))))
+    gain0 = {a: v13._gain(acc0, (before[a],), seeds0) for a in same + cross}
+    change = {a: gains[a] - gain0[a] for a in same + cross}
     return {"seeds_before": seeds0, "change": change,
             "mean_change": {name: statistics.fmean(change[a] for a in arms)
-                            for name, arms in (("same", SAME), ("cross", CROSS))},
-            "penalty_per_unit": penalty(statistics.fmean(gain0[a] for a in CROSS),
-                                        statistics.fmean(gain0[a] for a in SAME))}
+                            for name, arms in (("same", same), ("cross", cross))},
+            "penalty_per_unit": penalty(statistics.fmean(gain0[a] for a in cross),
+                                        statistics.fmean(gain0[a] for a in same))}
 
 
-def stop_fractions(out: Path, seeds) -> dict:
+def stop_fractions(out: Path, seeds, arms=SAME + CROSS) -> dict:
     """Per arm, the mean over seeds of the rollouts' stop fraction at its last logged step."""
     fr = {}
-    for arm in SAME + CROSS:
+    for arm in arms:
         vals = []
         for seed in seeds:
             path = out / "confirm" / "runs" / arm / f"seed{seed}" / "metrics.jsonl"

@@ -51,6 +51,10 @@ PROTOCOLS = {
             "seeds": "140,141,142",
             "start": "the thirteenth protocol's CE students (the arms' common start)"},
 }
+# the sixteenth protocol: the thirteenth's arms, teachers trained on one problem per document
+PROTOCOLS["v16"] = {**PROTOCOLS["v13"], "records": "credit24v16", "tag": "units24v16",
+                    "runs": "runs/q24v16", "seeds": "170,171,172",
+                    "start": "the sixteenth protocol's CE students (the arms' common start)"}
 BASELINES = ("none", "mean", "clipped_mean")
 
 

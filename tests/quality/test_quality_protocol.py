@@ -363,3 +363,39 @@ def test_unlabeled_halves_partition_the_pool_and_keep_twins_together(tmp_path):
     assert main(["--arms", "cont_ce", "--twin-free", "--n-valid", "10", "--eval-split",
                  "unlabeled_tune", "--no-report", "--out", str(tmp_path / "out"),
                  "--cache", str(tmp_path / "cache"), "--steps", "1"]) == 2
+
+
+def test_teacher_per_doc_keeps_the_problems_and_text_of_the_teacher_corpus():
+    """``teacher_per_doc`` (the sixteenth protocol): the teachers' documents hold that many
+    problems, the same problems (with their multiplicity) and the same text documents as at
+    ``per_doc``; at 0 the corpus is the one written before the option existed."""
+    from collections import Counter
+
+    cfg = replace(task.TaskConfig(), max_operand=9, n_heldout=20, passes=3)
+    train = task.split_pairs(cfg)[0]
+    texts = [f"passage {k}" for k in range(7)]
+    base = task.documents(train, texts, cfg, 2)
+    assert task.documents(train, texts, cfg, 2, per_doc=0) == base
+    one = task.documents(train, texts, replace(cfg, teacher_per_doc=1), 2, per_doc=1)
+
+    def split(docs):
+        probs = Counter(ln for d in docs if d.startswith("Q:") for ln in d.split("\n"))
+        return probs, Counter(d for d in docs if not d.startswith("Q:"))
+
+    assert split(one) == split(base)
+    assert all("\n" not in d for d in one if d.startswith("Q:"))
+    assert len(one) == 3 * len(train) + sum(split(base)[1].values())
+    assert max(d.count("\n") for d in base if d.startswith("Q:")) == cfg.per_doc - 1
+
+
+def test_teacher_per_doc_gets_its_own_cache_and_teachers():
+    from toyq import prepare
+
+    base = prepare.PrepConfig()
+    one = replace(base, task=replace(base.task, teacher_per_doc=1))
+    assert prepare.cache_key(one) != prepare.cache_key(base)
+    # a manifest written before the option existed has no such field: same teacher side as 0
+    old = prepare.asdict(base)
+    old["task"] = {k: v for k, v in old["task"].items() if k != "teacher_per_doc"}
+    assert prepare._teacher_side(old) == prepare._teacher_side(prepare.asdict(base))
+    assert prepare._teacher_side(prepare.asdict(one)) != prepare._teacher_side(old)

@@ -62,3 +62,16 @@ def test_render_reads_only_the_record(monkeypatch):
     assert "| X4 | stop | 8 | 1.00 | -0.50 | 1.50 |" in text
     assert "| X4 | length | 12 | -3.00 | -4.00 | 0.50 |" in text
     assert "Seeds 1, 2." in text and "command: `python x`" in text
+
+
+def test_the_sixteenth_protocol_has_its_own_record_and_block(monkeypatch, tmp_path):
+    su = _load(monkeypatch)
+    assert su.record_path("v13") == su.RECORD
+    assert su.record_path("v16").parent.name == "credit24v16"
+    assert su.ua.PROTOCOLS["v16"]["arms"] == su.ARMS
+    rows = [{"seed": 170, "arm": arm, "trajectory": {}, "start": {}} for arm in su.ARMS]
+    text = su.render({"batches": 1, "rows": rows, "arms": su.ARMS, "command": "c",
+                      "protocol": "v16"})
+    assert "`credit24v16/stop_units.json`" in text
+    assert "`credit24v13/stop_units.json`" in su.render({"batches": 1, "rows": rows,
+                                                         "arms": su.ARMS, "command": "c"})

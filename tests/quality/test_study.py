@@ -580,3 +580,62 @@ def test_fifteenth_protocol_takes_the_stop_advantage_out(monkeypatch, tmp_path):
     block = (tmp_path / "RESULTS.md").read_text()
     assert "GENERATED:credit24v15teachers:BEGIN" in block and "credit24v15change:BEGIN" in block
     assert "| op_k1_byte_mean_clip_zstop_t3 | +0.100 | 0.25 |" in block
+
+
+def test_sixteenth_protocol_retrains_teachers_on_one_problem_per_document(monkeypatch, tmp_path):
+    """study_v16's fixed rules, the harness and the stop diagnostic replaced by tables: the task
+    flags ask for one problem per teacher document; continued CE and the thirteenth protocol's
+    eight arms on fresh seeds 170-172 of the test half; each arm's change against the same arm in
+    the fourteenth protocol's record; then (M), which fails when one teacher finds the end after a
+    stopped answer e times less likely than the student."""
+    v16 = _load_script(monkeypatch, "study_v16.py")
+    v13, v14 = v16.v13, v16.v14
+    i = v16.TASK.index("--teacher-per-doc")
+    assert v16.TASK[i + 1] == "1" and v16.TASK[:i] == v16.v5.TASK
+    assert (v16.SAME, v16.CROSS) == (v13.SAME, v13.CROSS) and v16.ARMS[0] == "cont_ce"
+    old = {"cont_ce": 0.0, **dict(zip(v13.SAME, (0.20, 0.24, 0.22, 0.26))),
+           **dict(zip(v13.CROSS, (0.10, 0.12, 0.14, 0.16)))}
+    records = tmp_path / "v14records"
+    records.mkdir()
+    (records / "confirm.json").write_text(json.dumps({"runs": [
+        {"arm": a, "seed": s, "accuracy": 0.15 + g, "format_rate": 1.0}
+        for a, g in old.items() for s in (150, 151, 152)]}))
+    monkeypatch.setattr(v14, "RECORDS", records)
+    new = {"cont_ce": 0.0, **dict(zip(v13.SAME, (0.20, 0.24, 0.22, 0.26))),
+           **dict(zip(v13.CROSS, (0.18, 0.22, 0.22, 0.22)))}
+    calls = _table_harness(monkeypatch, v16, lambda a, s: 0.15 + new[a] + 0.05 * (s % 3))
+    monkeypatch.setattr(v16, "RECORDS", tmp_path / "records")
+    monkeypatch.setattr(v16, "RESULTS_MD", tmp_path / "RESULTS.md")
+    out = tmp_path / "out"
+    assert v16.main(["--out", str(out), "--stage", "confirm"]) == 0
+    ((_, arms, seeds, extra),) = calls
+    assert arms == v16.ARMS and seeds == (170, 171, 172) and "unlabeled_test" in extra
+    state = json.loads((out / "study.json").read_text())["confirm"]
+    assert state["penalty"]["penalty"] == pytest.approx(1 - 0.21 / 0.23)
+    c = state["against_old_teachers"]
+    assert c["seeds_before"] == [150, 151, 152]
+    assert c["change"]["op_k1_byte_mean_clip_t2"] == pytest.approx(0.10)
+    assert c["mean_change"]["same"] == pytest.approx(0.0, abs=1e-12)
+    assert state["same_positive"]["holds"]
+    block = (tmp_path / "RESULTS.md").read_text()
+    assert "GENERATED:credit24v16teachers:BEGIN" in block and "credit24v16change:BEGIN" in block
+    assert "| op_k1_byte_mean_clip_t2 | +0.100 | - |" in block
+
+    record_file = tmp_path / "stop_units.json"
+    rows = [{"seed": s, "arm": arm, "start": {"stop": {"n": 3, "rest_r": 0.4 - 2.0 * (arm == "X2")
+                                                       + 0.1 * (s % 2)}}}
+            for s in (170, 171) for arm in v16.stop_units.ARMS]
+    ran = []
+    monkeypatch.setattr(v16.stop_units, "main", lambda argv: ran.append(argv) or
+                        record_file.write_text(json.dumps({"arms": v16.stop_units.ARMS,
+                                                           "rows": rows})) and 0)
+    monkeypatch.setattr(v16.stop_units, "record_path", lambda protocol: record_file)
+    assert v16.main(["--out", str(out), "--stage", "stops"]) == 0
+    assert ran == [["--protocol", "v16", "--runs", str(out)]]
+    m = json.loads((out / "study.json").read_text())["stops"]
+    assert m["stop_rest_r"]["X1"] == pytest.approx(0.45) and m["stop_rest_r"]["X2"] == pytest.approx(-1.55)
+    assert not m["passes"]
+    rows = [r for r in rows if r["arm"] != "X2"]                   # a teacher without a stop
+    assert not v16.manipulation_check({"arms": v16.stop_units.ARMS, "rows": rows})["passes"]
+    rows = [r for r in rows if r["arm"] == "X1"]
+    assert v16.manipulation_check({"arms": {"X1": "a"}, "rows": rows})["passes"]

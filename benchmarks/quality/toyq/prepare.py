@@ -60,10 +60,14 @@ def model_config(layers: int, hidden: int) -> dict:
     return dict(LLAMA, num_hidden_layers=layers, hidden_size=hidden, intermediate_size=hidden * 3)
 
 
+# task fields added after caches existed: at their default they are left out of the cache key
+OPTIONAL = ("answer_noise", "twin_free", "n_valid", "teacher_per_doc")
+
+
 def cache_key(cfg: PrepConfig) -> str:
     d = asdict(cfg)
-    for opt in ("answer_noise", "twin_free", "n_valid"):  # caches made before an option
-        if not d["task"][opt]:                              # existed stay valid at its default
+    for opt in OPTIONAL:                           # caches made before
+        if not d["task"][opt]:                     # an option existed stay valid at its default
             del d["task"][opt]
     blob = json.dumps(d, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
@@ -260,7 +264,8 @@ STUDENT_ONLY = ("student_pairs", "answer_noise")
 
 
 def _teacher_side(prep: dict) -> dict:
-    task_cfg = {k: v for k, v in prep["task"].items() if k not in STUDENT_ONLY}
+    task_cfg = {k: v for k, v in prep["task"].items() if k not in STUDENT_ONLY
+                and not (k in OPTIONAL and not v)}   # an option at its default = absent
     return {**prep, "task": task_cfg}
 
 

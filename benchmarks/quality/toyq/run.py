@@ -82,6 +82,9 @@ def parse(argv=None):
                         "problem has its swapped twin in training)")
     p.add_argument("--n-valid", type=int, default=0,
                    help="twin-free validation problems carved from training (needs --twin-free)")
+    p.add_argument("--teacher-per-doc", type=int, default=0,
+                   help="problems per document of the teachers' corpus (0 = the task's "
+                        "per_doc, 4; 1 = each problem its own document, ending like a rollout)")
     p.add_argument("--student-pairs", type=int, default=0,
                    help="label only the first N training problems in the student's corpus (a "
                         "twin is kept with its problem); the rest are prompts without labels "
@@ -258,7 +261,8 @@ def _run(args, shown: list[str]) -> int:
     prep = replace(base, big_steps=args.teacher_steps,
                    task=replace(base.task, answer_noise=args.answer_noise,
                                 twin_free=args.twin_free, n_valid=args.n_valid,
-                                student_pairs=args.student_pairs))
+                                student_pairs=args.student_pairs,
+                                teacher_per_doc=args.teacher_per_doc))
     unlabeled = _unlabeled(args, prep)    # training prompts without a label (4th, 5th)
     if unlabeled == []:
         print(f"error: --eval-split {args.eval_split} needs --student-pairs below the "

@@ -9,7 +9,9 @@ Splits (all deterministic in ``seed``):
 
 * the (a, b) pairs are shuffled once; ``n_heldout`` pairs are held out for accuracy and never
   appear in any training corpus (teacher or student);
-* ``teacher`` corpus: documents of ``per_doc`` problems over all remaining pairs, plus text;
+* ``teacher`` corpus: documents of ``per_doc`` problems over all remaining pairs, plus text
+  (``teacher_per_doc`` > 0: documents of that many problems instead, the same problems and the
+  same text documents; 1 = every problem document ends after its answer, as rollouts do);
 * ``student`` corpus: the distillation corpus (``student_pairs`` of the remaining pairs, see
   :func:`student_side`; the other training pairs are then prompts without labels), plus text;
   with ``answer_noise > 0`` that fraction of its worked answers is wrong (each occurrence
@@ -63,6 +65,9 @@ class TaskConfig:
     twin_free: bool = False
     # twin-free validation pairs carved from the training side (0 = none; needs twin_free)
     n_valid: int = 0
+    # problems per document of the teachers' corpus only (0 = per_doc); the number of text
+    # documents stays that of per_doc, so the problem/text mix by bytes does not change
+    teacher_per_doc: int = 0
 
 
 def problem(a: int, b: int, answer: int | None = None) -> str:
@@ -180,22 +185,25 @@ def unlabeled_halves(cfg: TaskConfig) -> dict[str, np.ndarray]:
 
 
 def documents(pairs: np.ndarray, texts: list[str], cfg: TaskConfig, salt: int,
-              noisy: bool = False) -> list[str]:
-    """Problem documents (``per_doc`` problems each, ``passes`` shuffled passes) + text docs;
-    ``noisy``: answers go through :func:`noisy_answer` (own random stream, so the documents'
-    order and text are the clean corpus's)."""
+              noisy: bool = False, per_doc: int = 0) -> list[str]:
+    """Problem documents (``per_doc`` problems each, default ``cfg.per_doc``; ``passes`` shuffled
+    passes) + text docs, as many as ``cfg.per_doc`` problem documents call for at
+    ``text_fraction``; ``noisy``: answers go through :func:`noisy_answer` (own random stream, so
+    the documents' order and text are the clean corpus's)."""
+    per_doc = per_doc or cfg.per_doc
     rng = np.random.default_rng([cfg.seed, salt])
     noise_rng = np.random.default_rng([cfg.seed, salt, 7])
     docs = []
     for _ in range(cfg.passes):
         order = rng.permutation(len(pairs))
-        for i in range(0, len(order), cfg.per_doc):
+        for i in range(0, len(order), per_doc):
             lines = []
-            for j in order[i:i + cfg.per_doc]:
+            for j in order[i:i + per_doc]:
                 a, b = map(int, pairs[j])
                 lines.append(problem(a, b, noisy_answer(a, b, cfg, noise_rng) if noisy else None))
             docs.append("\n".join(lines))
-    n_text = int(round(len(docs) * cfg.text_fraction / max(1e-9, 1 - cfg.text_fraction)))
+    n_problem_docs = cfg.passes * -(-len(pairs) // cfg.per_doc)   # at cfg.per_doc
+    n_text = int(round(n_problem_docs * cfg.text_fraction / max(1e-9, 1 - cfg.text_fraction)))
     if texts and n_text:
         docs += [texts[int(k) % len(texts)] for k in rng.permutation(max(n_text, 1))[:n_text]]
     return [docs[int(k)] for k in rng.permutation(len(docs))]
@@ -214,7 +222,8 @@ def build_corpora(out: Path, cfg: TaskConfig) -> dict:
     texts = shakespeare_passages(cfg.passage_chars, heldout=False)
     eval_texts = shakespeare_passages(cfg.passage_chars, heldout=True)
     paths = {
-        "teacher_jsonl": write_jsonl(out / "teacher.jsonl", documents(train, texts, cfg, 2)),
+        "teacher_jsonl": write_jsonl(out / "teacher.jsonl",
+                                     documents(train, texts, cfg, 2, per_doc=cfg.teacher_per_doc)),
         "student_jsonl": write_jsonl(out / "student.jsonl",
                                      documents(student, texts, cfg, 3, noisy=True)),
         "eval_text_jsonl": write_jsonl(out / "eval_text.jsonl", eval_texts[:120]),
