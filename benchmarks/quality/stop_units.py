@@ -92,7 +92,7 @@ def measure(args) -> dict:
                          "start": by_finish(batches, clamp)})
     return {"batches": args.batches, "rows": rows, "arms": proto["arms"],
             "protocol": args.protocol,
-            "command": " ".join(["python", "benchmarks/quality/stop_units.py", *sys.argv[1:]])}
+            "command": " ".join(["python", "benchmarks/quality/stop_units.py", *args.argv])}
 
 
 def _mean(rows: list[dict], get) -> str:
@@ -140,6 +140,7 @@ def main(argv=None) -> int:
     p.add_argument("--batches", type=int, default=10, help="rollout batches per seed")
     p.add_argument("--report", action="store_true", help="only regenerate the block")
     args = p.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)   # the record's command
     torch.set_num_threads(1)
     print(record_and_report(record_path(args.protocol), None if args.report else
                             lambda: measure(args), render, HERE / "RESULTS.md",

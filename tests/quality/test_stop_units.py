@@ -75,3 +75,18 @@ def test_the_sixteenth_protocol_has_its_own_record_and_block(monkeypatch, tmp_pa
     assert "`credit24v16/stop_units.json`" in text
     assert "`credit24v13/stop_units.json`" in su.render({"batches": 1, "rows": rows,
                                                          "arms": su.ARMS, "command": "c"})
+
+
+def test_the_record_names_the_call_it_was_made_by(monkeypatch):
+    """Called from a driver (``main(argv)``), the record's command is that call's, not the
+    driver's command line."""
+    su = _load(monkeypatch)
+    monkeypatch.setitem(su.ua.PROTOCOLS, "v16", {**su.ua.PROTOCOLS["v16"], "arms": {}})
+    made = {}
+    monkeypatch.setattr(su, "record_and_report",
+                        lambda record, measure, *a: made.update(record=measure()) or "")
+    monkeypatch.setattr(su.sys, "argv", ["study_v16.py", "--jobs", "2"])
+    assert su.main(["--protocol", "v16", "--runs", "runs/q24v16"]) == 0
+    assert made["record"]["command"] == ("python benchmarks/quality/stop_units.py --protocol v16 "
+                                         "--runs runs/q24v16")
+    assert made["record"]["protocol"] == "v16" and made["record"]["rows"] == []
