@@ -81,27 +81,36 @@ def stop_fractions(out: Path, seeds, arms=SAME + CROSS) -> dict:
     return fr
 
 
-def render_change(conf: dict) -> str:
-    """The block ``GENERATED:credit24v15change``: (C), (D) and the stop fractions."""
-    c, d, fr = conf["against_per_unit"], conf["same_positive"], conf["stop_fraction_end"]
-    lines = ["## Without the stop's advantage, against per-unit k1 (generated from "
-             "`credit24v15/study.json`)", "",
-             f"Per teacher: gain with `loss.stop_advantage: zero` (seeds "
-             f"{', '.join(map(str, conf['seeds']))}) minus its per-unit gain in the fourteenth "
-             f"protocol (seeds {', '.join(map(str, c['seeds_before']))}; other seeds: reported, "
-             "no test); stop fraction of the training rollouts at the end (mean over seeds).", "",
-             "| arm | change | stop fraction at the end |", "|---|---|---|"]
-    for arm in SAME + CROSS:
-        lines.append(f"| {arm} | {c['change'][arm]:+.3f} | {v13._f(fr[arm], '.2f')} |")
+def change_table(conf: dict, change: dict, heading: str, intro: str, penalty_text: str,
+                 arms=SAME + CROSS) -> str:
+    """A ``...change`` block: per arm its change (``change``: :func:`against_per_unit`'s record)
+    and final stop fraction, then (C) and (D); ``heading`` / ``intro`` / ``penalty_text`` say
+    against what."""
+    d, fr = conf["same_positive"], conf["stop_fraction_end"]
+    lines = [heading, "", intro, "", "| arm | change | stop fraction at the end |", "|---|---|---|"]
+    for arm in arms:
+        lines.append(f"| {arm} | {change['change'][arm]:+.3f} | {v13._f(fr[arm], '.2f')} |")
     lines += ["",
-              f"- (C) mean change: same-tokenizer {c['mean_change']['same']:+.3f}, "
-              f"cross-tokenizer {c['mean_change']['cross']:+.3f}; per-unit penalty on the "
-              f"fourteenth protocol's seeds {v13._f(c['penalty_per_unit'], '.2f')} (reported)",
+              f"- (C) mean change: same-tokenizer {change['mean_change']['same']:+.3f}, "
+              f"cross-tokenizer {change['mean_change']['cross']:+.3f}; {penalty_text} "
+              f"{v13._f(change['penalty_per_unit'], '.2f')} (reported)",
               f"- (D) same-tokenizer teachers' gains: "
               f"{', '.join(f'{x:+.3f}' for x in d['gains'])}; mean {d['mean']:+.3f}, one-sample "
               f"t {v13._f(d['t'], '+.2f')} (p {v13._f(d['p'], '.3g')}): "
               f"**{'positive' if d['holds'] else 'not shown positive'}**"]
     return "\n".join(lines)
+
+
+def render_change(conf: dict) -> str:
+    """The block ``GENERATED:credit24v15change``: (C), (D) and the stop fractions."""
+    c = conf["against_per_unit"]
+    intro = (f"Per teacher: gain with `loss.stop_advantage: zero` (seeds "
+             f"{', '.join(map(str, conf['seeds']))}) minus its per-unit gain in the fourteenth "
+             f"protocol (seeds {', '.join(map(str, c['seeds_before']))}; other seeds: reported, "
+             "no test); stop fraction of the training rollouts at the end (mean over seeds).")
+    return change_table(conf, c, "## Without the stop's advantage, against per-unit k1 "
+                        "(generated from `credit24v15/study.json`)", intro,
+                        "per-unit penalty on the fourteenth protocol's seeds")
 
 
 def stage_confirm(args, state: dict) -> None:

@@ -76,26 +76,15 @@ def stage_confirm(args, state: dict) -> None:
 
 def render_change(conf: dict) -> str:
     """The block ``GENERATED:credit24v16change``: (C), (D) and the stop fractions."""
-    c, d, fr = conf["against_old_teachers"], conf["same_positive"], conf["stop_fraction_end"]
-    lines = ["## Teachers of one problem per document, against the old teachers (generated from "
-             "`credit24v16/study.json`)", "",
-             f"Per arm: its gain here (seeds {', '.join(map(str, conf['seeds']))}) minus the same "
+    c = conf["against_old_teachers"]
+    intro = (f"Per arm: its gain here (seeds {', '.join(map(str, conf['seeds']))}) minus the same "
              f"arm's gain with the four-problem teachers in the fourteenth protocol (seeds "
              f"{', '.join(map(str, c['seeds_before']))}; other seeds and other teachers of the "
              "same settings: reported, no test); stop fraction of the training rollouts at the "
-             "end (mean over seeds).", "",
-             "| arm | change | stop fraction at the end |", "|---|---|---|"]
-    for arm in SAME + CROSS:
-        lines.append(f"| {arm} | {c['change'][arm]:+.3f} | {v13._f(fr[arm], '.2f')} |")
-    lines += ["",
-              f"- (C) mean change: same-tokenizer {c['mean_change']['same']:+.3f}, "
-              f"cross-tokenizer {c['mean_change']['cross']:+.3f}; penalty with the old teachers "
-              f"{v13._f(c['penalty_per_unit'], '.2f')} (reported)",
-              f"- (D) same-tokenizer teachers' gains: "
-              f"{', '.join(f'{x:+.3f}' for x in d['gains'])}; mean {d['mean']:+.3f}, one-sample "
-              f"t {v13._f(d['t'], '+.2f')} (p {v13._f(d['p'], '.3g')}): "
-              f"**{'positive' if d['holds'] else 'not shown positive'}**"]
-    return "\n".join(lines)
+             "end (mean over seeds).")
+    return v15.change_table(conf, c, "## Teachers of one problem per document, against the old "
+                            "teachers (generated from `credit24v16/study.json`)", intro,
+                            "penalty with the old teachers", SAME + CROSS)
 
 
 def manipulation_check(record: dict, floor: float = STOP_FLOOR) -> dict:

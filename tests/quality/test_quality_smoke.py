@@ -65,8 +65,8 @@ def test_answer_noise_corrupts_only_the_student_corpus_answers():
     assert cache_key(replace(TINY_PREP, task=clean_cfg)) != cache_key(replace(TINY_PREP, task=noisy_cfg))
     clean_prep = replace(TINY_PREP, task=clean_cfg)
     old = asdict(clean_prep)
-    for opt in ("answer_noise", "twin_free", "n_valid"):   # the fields added since, at defaults
-        del old["task"][opt]
+    for opt in ("answer_noise", "twin_free", "n_valid", "teacher_per_doc"):  # the fields added
+        del old["task"][opt]                                                  # since, at defaults
     old_key = hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:12]
     assert cache_key(clean_prep) == old_key
 

@@ -532,6 +532,19 @@ def test_fourteenth_protocol_discount_against_per_unit_k1(monkeypatch, tmp_path)
     assert "| op_k1_byte_mean_clip_g1_t4 | teacher_big_t4 | cross | - | +0.240 |" in block
 
 
+def _fourteenth_record(monkeypatch, tmp_path, v13, v14) -> None:
+    """The fourteenth protocol's per-unit record (same 0.20-0.26, cross 0.10-0.16 over continued
+    CE on seeds 150-152), in place of ``v14.RECORDS``."""
+    old = {"cont_ce": 0.0, **dict(zip(v13.SAME, (0.20, 0.24, 0.22, 0.26))),
+           **dict(zip(v13.CROSS, (0.10, 0.12, 0.14, 0.16)))}
+    records = tmp_path / "v14records"
+    records.mkdir()
+    (records / "confirm.json").write_text(json.dumps({"runs": [
+        {"arm": a, "seed": s, "accuracy": 0.15 + g, "format_rate": 1.0}
+        for a, g in old.items() for s in (150, 151, 152)]}))
+    monkeypatch.setattr(v14, "RECORDS", records)
+
+
 def test_fifteenth_protocol_takes_the_stop_advantage_out(monkeypatch, tmp_path):
     """study_v15's fixed rules, the harness replaced by a table: continued CE and eight k1 arms
     with ``loss.stop_advantage: zero`` on fresh seeds 160-162 of the test half; the teacher-level
@@ -544,15 +557,7 @@ def test_fifteenth_protocol_takes_the_stop_advantage_out(monkeypatch, tmp_path):
     assert v15.BEFORE["op_k1_byte_mean_clip_zstop_t4"] == "op_k1_byte_mean_clip_t4"
     from toyq.continued import loss_options
     assert loss_options("op_k1_byte_mean_clip_zstop_t2")["stop_advantage"] == "zero"
-    # the fourteenth protocol's per-unit record: same 0.20-0.26, cross 0.10-0.16
-    old = {"cont_ce": 0.0, **dict(zip(v13.SAME, (0.20, 0.24, 0.22, 0.26))),
-           **dict(zip(v13.CROSS, (0.10, 0.12, 0.14, 0.16)))}
-    records = tmp_path / "v14records"
-    records.mkdir()
-    (records / "confirm.json").write_text(json.dumps({"runs": [
-        {"arm": a, "seed": s, "accuracy": 0.15 + g, "format_rate": 1.0}
-        for a, g in old.items() for s in (150, 151, 152)]}))
-    monkeypatch.setattr(v14, "RECORDS", records)
+    _fourteenth_record(monkeypatch, tmp_path, v13, v14)
     new = {"cont_ce": 0.0, **dict(zip(v15.SAME, (0.20, 0.24, 0.22, 0.26))),
            **dict(zip(v15.CROSS, (0.20, 0.22, 0.24, 0.26)))}
     calls = _table_harness(monkeypatch, v15, lambda a, s: 0.15 + new[a] + 0.05 * (s % 3))
@@ -593,14 +598,7 @@ def test_sixteenth_protocol_retrains_teachers_on_one_problem_per_document(monkey
     i = v16.TASK.index("--teacher-per-doc")
     assert v16.TASK[i + 1] == "1" and v16.TASK[:i] == v16.v5.TASK
     assert (v16.SAME, v16.CROSS) == (v13.SAME, v13.CROSS) and v16.ARMS[0] == "cont_ce"
-    old = {"cont_ce": 0.0, **dict(zip(v13.SAME, (0.20, 0.24, 0.22, 0.26))),
-           **dict(zip(v13.CROSS, (0.10, 0.12, 0.14, 0.16)))}
-    records = tmp_path / "v14records"
-    records.mkdir()
-    (records / "confirm.json").write_text(json.dumps({"runs": [
-        {"arm": a, "seed": s, "accuracy": 0.15 + g, "format_rate": 1.0}
-        for a, g in old.items() for s in (150, 151, 152)]}))
-    monkeypatch.setattr(v14, "RECORDS", records)
+    _fourteenth_record(monkeypatch, tmp_path, v13, v14)
     new = {"cont_ce": 0.0, **dict(zip(v13.SAME, (0.20, 0.24, 0.22, 0.26))),
            **dict(zip(v13.CROSS, (0.18, 0.22, 0.22, 0.22)))}
     calls = _table_harness(monkeypatch, v16, lambda a, s: 0.15 + new[a] + 0.05 * (s % 3))

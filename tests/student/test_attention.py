@@ -47,7 +47,7 @@ class _Module(nn.Module):   # what transformers' sdpa reads from the attention m
 
 def test_float32_sdpa_matches_the_definition_better_than_bf16_sdpa():
     q, k, v = _qkv(torch.bfloat16)
-    ref = reference_attention(q, k, v)
+    ref = reference_attention(q, k, v).detach()
     out, _ = float32_sdpa_forward(_Module(), q, k, v, None, is_causal=True)
     assert out.dtype == torch.bfloat16
     plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
