@@ -66,6 +66,16 @@ def against_per_unit(gains: dict, runs0: list[dict], before: dict = BEFORE, same
                                         statistics.fmean(gain0[a] for a in same))}
 
 
+def change_parts(args, conf: dict, before: dict = BEFORE, same=SAME, cross=CROSS) -> tuple:
+    """(C) :func:`against_per_unit` against the fourteenth protocol's recorded runs, (D) the
+    same-tokenizer gains > 0, and the final stop fractions of ``conf``'s runs under
+    ``args.out``."""
+    runs0 = json.loads((v14.RECORDS / "confirm.json").read_text())["runs"]
+    return (against_per_unit(conf["gains"], runs0, before, same, cross),
+            v14.same_positive(conf["gains"], same),
+            stop_fractions(args.out, conf["seeds"], same + cross))
+
+
 def stop_fractions(out: Path, seeds, arms=SAME + CROSS) -> dict:
     """Per arm, the mean over seeds of the rollouts' stop fraction at its last logged step."""
     fr = {}
@@ -116,10 +126,8 @@ def render_change(conf: dict) -> str:
 def stage_confirm(args, state: dict) -> None:
     _, conf = v13.confirm_teachers(args, ARMS, CONFIRM_SEEDS, "credit24v15", RECORDS,
                                    (SAME, CROSS, TEACHER_OF), RESULTS_MD)
-    runs0 = json.loads((v14.RECORDS / "confirm.json").read_text())["runs"]
-    conf["against_per_unit"] = against_per_unit(conf["gains"], runs0)
-    conf["same_positive"] = v14.same_positive(conf["gains"], SAME)
-    conf["stop_fraction_end"] = stop_fractions(args.out, conf["seeds"])
+    conf["against_per_unit"], conf["same_positive"], conf["stop_fraction_end"] = \
+        change_parts(args, conf)
     state["confirm"] = conf
     update_results_md(render_change(conf), RESULTS_MD, "credit24v15change")
     te, p = conf["tokenizer_effect"], conf["penalty"]

@@ -40,7 +40,6 @@ import stop_units
 import study  # the first protocol's helpers (this script's folder is on the path when it runs)
 import study_v5 as v5
 import study_v13 as v13
-import study_v14 as v14
 import study_v15 as v15
 from toyq.run import update_results_md
 
@@ -60,12 +59,9 @@ say = study.say
 def stage_confirm(args, state: dict) -> None:
     _, conf = v13.confirm_teachers(args, ARMS, CONFIRM_SEEDS, "credit24v16", RECORDS,
                                    (SAME, CROSS, TEACHER_OF), RESULTS_MD)
-    runs0 = json.loads((v14.RECORDS / "confirm.json").read_text())["runs"]
     same_arm = {a: a for a in SAME + CROSS}          # the same arm, with the old teachers
-    conf["against_old_teachers"] = v15.against_per_unit(conf["gains"], runs0, same_arm,
-                                                          SAME, CROSS)
-    conf["same_positive"] = v14.same_positive(conf["gains"], SAME)
-    conf["stop_fraction_end"] = v15.stop_fractions(args.out, conf["seeds"], SAME + CROSS)
+    conf["against_old_teachers"], conf["same_positive"], conf["stop_fraction_end"] = \
+        v15.change_parts(args, conf, same_arm, SAME, CROSS)
     state["confirm"] = conf
     update_results_md(render_change(conf), RESULTS_MD, "credit24v16change")
     te, p = conf["tokenizer_effect"], conf["penalty"]

@@ -594,7 +594,7 @@ def test_sixteenth_protocol_retrains_teachers_on_one_problem_per_document(monkey
     the fourteenth protocol's record; then (M), which fails when one teacher finds the end after a
     stopped answer e times less likely than the student."""
     v16 = _load_script(monkeypatch, "study_v16.py")
-    v13, v14 = v16.v13, v16.v14
+    v13, v14 = v16.v13, v16.v15.v14
     i = v16.TASK.index("--teacher-per-doc")
     assert v16.TASK[i + 1] == "1" and v16.TASK[:i] == v16.v5.TASK
     assert (v16.SAME, v16.CROSS) == (v13.SAME, v13.CROSS) and v16.ARMS[0] == "cont_ce"

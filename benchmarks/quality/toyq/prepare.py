@@ -66,8 +66,8 @@ OPTIONAL = ("answer_noise", "twin_free", "n_valid", "teacher_per_doc")
 
 def cache_key(cfg: PrepConfig) -> str:
     d = asdict(cfg)
-    for opt in OPTIONAL:                           # caches made before
-        if not d["task"][opt]:                     # an option existed stay valid at its default
+    for opt in OPTIONAL:          # caches made before an option existed stay valid at its default
+        if not d["task"][opt]:
             del d["task"][opt]
     blob = json.dumps(d, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
