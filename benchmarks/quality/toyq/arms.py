@@ -151,11 +151,11 @@ def arm_config(arm: str, seed: int, assets: dict, s: ArmSettings, out_dir: str) 
     """The full run config of ``arm`` with ``seed`` (see the module docstring)."""
     from toyq.prepare import model_config
 
-    from toyq.continued import CONT_ARMS, cont_config
+    from toyq.continued import cont_config, is_cont_arm
 
     if arm == "onpolicy":
         return onpolicy_config(seed, assets, s, out_dir)
-    if arm in CONT_ARMS:
+    if is_cont_arm(arm):
         return cont_config(arm, seed, assets, s, out_dir)
     corpus = assets["corpus"]
     return {

@@ -84,6 +84,10 @@ arm                 what continues training the CE checkpoint
                     (``teacher_big_t<k>`` / ``teacher_same_big_t<k>``: the same settings, data
                     and tokenizer, training seed k - 1), so that a gain's dependence on *which*
                     teacher is measured next to its tokenizer's
+``<arm>_s<steps>``  ``op_k1_byte_mean_clip_s<steps>`` (and its ``_t<k>``): the arm with the
+                    cross-tokenizer teacher trained for ``<steps>`` CE steps instead of the big
+                    teacher's (``teacher_big_s<steps>``, other settings and seeds alike): a
+                    teacher of another accuracy, the tokenizer held fixed
 ==================  =============================================================================
 
 On-policy arms sample ``cont_new_tokens`` tokens per prompt at temperature 1 from the current
@@ -93,6 +97,7 @@ student (rollouts of the student's training prompts) and use the cross-tokenizer
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 CONT_ARMS = ("cont_ce", "cont_ce_oracle", "cont_pkl_cont", "op_k1", "op_k3", "op_rkl",
@@ -121,6 +126,36 @@ ZSTOP_ARMS = (tuple(f"op_k1_byte_mean_clip_zstop{sfx}" for sfx in ("",) + TEACHE
 SAME_ARMS = SAME_ARMS + DISCOUNT_SAME_ARMS + ZSTOP_SAME_ARMS
 CONT_ARMS = (CONT_ARMS + tuple(f"op_k1_byte_mean_clip{sfx}" for sfx in TEACHER_SUFFIXES)
              + SAME_ARMS + TWIN_ARMS + TOKEN_UNIT_ARMS + DISCOUNT_ARMS[:4] + ZSTOP_ARMS[:4])
+
+
+# a cross-tokenizer teacher of another training budget (seventeenth protocol):
+# ``op_k1_byte_mean_clip_s<steps>{,_t<k>}`` reads ``teacher_big_s<steps>{,_t<k>}``
+# (:func:`toyq.prepare.budget_teacher`: the big teacher's settings, ``<steps>`` CE steps)
+BUDGET_BASE = "op_k1_byte_mean_clip"
+_BUDGET_ARM = re.compile(rf"^{BUDGET_BASE}_s([1-9][0-9]*)(_t[234])?$")
+
+
+def budget_of(arm: str) -> int | None:
+    """The teacher's training steps of a budget arm (``..._s<steps>[_t<k>]``), else ``None``."""
+    m = _BUDGET_ARM.match(arm)
+    return int(m.group(1)) if m else None
+
+
+def budget_arm(steps: int, suffix: str = "") -> str:
+    """The budget arm whose teacher is trained for ``steps`` (``suffix``: ``_t<k>`` or "")."""
+    return f"{BUDGET_BASE}_s{steps}{suffix}"
+
+
+def is_cont_arm(arm: str) -> bool:
+    """A continuation arm: one of ``CONT_ARMS`` or a budget arm."""
+    return arm in CONT_ARMS or budget_of(arm) is not None
+
+
+def cross_teacher(arm: str) -> str:
+    """The prepared cross-tokenizer teacher a cross arm reads: ``teacher_big`` (its budget's
+    ``_s<steps>``) and its ``_t<k>``."""
+    steps = budget_of(arm)
+    return f"teacher_big{'' if steps is None else f'_s{steps}'}{teacher_suffix(arm)}"
 
 
 def teacher_suffix(arm: str) -> str:
@@ -192,7 +227,7 @@ def cont_config(arm: str, seed: int, assets: dict, s, out_dir: str) -> dict:
         base["data"]["paths"] = [assets["corpus"]["teacher"]]
     if arm in ("cont_ce", "cont_ce_oracle", "cont_pkl_cont"):
         return base
-    kind = ONPOLICY_KIND[arm]
+    kind = ONPOLICY_KIND[arm if arm in ONPOLICY_KIND else BUDGET_BASE]
     loss = {"kind": kind, "weight": 1.0, "temperature": 1.0}
     second = teacher_suffix(arm)
     if arm in SAME_ARMS:      # the same-tokenizer control teacher: no projection, identity view
@@ -203,7 +238,7 @@ def cont_config(arm: str, seed: int, assets: dict, s, out_dir: str) -> dict:
     else:
         if kind == "reverse_kl":
             loss["projection"] = assets["projections"]["multitoken"]
-        cross = _teacher("cross", assets["teacher_big" + second]["model"], assets["tok_teacher"],
+        cross = _teacher("cross", assets[cross_teacher(arm)]["model"], assets["tok_teacher"],
                          kind, s)
     cross["loss"] = loss
     cross["worker"]["micro_batch_size"] = cont_prompts(s)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -161,8 +162,23 @@ SAME_TOKENIZER_TEACHERS = ("teacher_weak", "teacher_same_big",
 BIG_TEACHERS = ("teacher_big", "teacher_same_big", *SECOND_TEACHERS)
 
 
+# a cross-tokenizer teacher of another budget, ``teacher_big_s<steps>[_t<k>]``: the big teacher's
+# size, data and tokenizer, ``<steps>`` CE steps, training seed k - 1 (0 without ``_t<k>``)
+_BUDGET_TEACHER = re.compile(r"^teacher_big_s([1-9][0-9]*)(?:_t([234]))?$")
+
+
+def budget_teacher(name: str) -> tuple[int, int] | None:
+    """(steps, training seed) of a budget teacher's name, else ``None``."""
+    m = _BUDGET_TEACHER.match(name)
+    return (int(m.group(1)), int(m.group(2) or 1) - 1) if m else None
+
+
 def teacher_size(cfg: "PrepConfig", name: str) -> tuple[int, int, int]:
-    """(layers, hidden, steps) of a prepared teacher: the big ones share the big settings."""
+    """(layers, hidden, steps) of a prepared teacher: the big ones share the big settings (a
+    budget teacher its own steps)."""
+    budget = budget_teacher(name)
+    if budget is not None:
+        return cfg.big_layers, cfg.big_hidden, budget[0]
     if name in BIG_TEACHERS:
         return cfg.big_layers, cfg.big_hidden, cfg.big_steps
     return cfg.weak_layers, cfg.weak_hidden, cfg.weak_steps
@@ -170,6 +186,9 @@ def teacher_size(cfg: "PrepConfig", name: str) -> tuple[int, int, int]:
 
 def teacher_seed(name: str) -> int:
     """The training seed of a prepared teacher: 0, or k - 1 for a further one (``..._t<k>``)."""
+    budget = budget_teacher(name)
+    if budget is not None:
+        return budget[1]
     return int(name.rsplit("_t", 1)[1]) - 1 if name in SECOND_TEACHERS else 0
 
 

@@ -214,10 +214,10 @@ def paired_significance(runs: list[dict], arms, base_arm: str = "ce") -> list[st
 
 def _protocol_lines(summary: dict) -> tuple[str, list[str]]:
     """(baseline arm, the protocol's ordering and criterion lines)."""
-    from toyq.continued import CONT_ARMS
+    from toyq.continued import is_cont_arm
 
     if "cont_ce" in summary:
-        op = [a for a in CONT_ARMS if a.startswith("op_") and a in summary]
+        op = [a for a in summary if a.startswith("op_") and is_cont_arm(a)]
         ranked = sorted(op, key=lambda a: summary[a]["accuracy"])
         order = " < ".join(f"{a} ({summary[a]['accuracy']:.3f})" for a in ranked)
         return "cont_ce", [

@@ -153,12 +153,12 @@ def run_phases(assets, arms, seeds, settings, out, jobs, watch) -> dict:
     """All runs; the continuation arms (``benchmarks/quality/toyq/continued.py``) start from each
     seed's ``ce`` run, which therefore runs (or is reused) first, and is reported only when
     asked for."""
-    from toyq.continued import CONT_ARMS
+    from toyq.continued import is_cont_arm
     from toyq.harness import run_harness
     from toyq.summary import summarize
 
-    cont = [a for a in arms if a in CONT_ARMS]
-    base = [a for a in arms if a not in CONT_ARMS]
+    cont = [a for a in arms if is_cont_arm(a)]
+    base = [a for a in arms if not is_cont_arm(a)]
     if not cont:
         return run_harness(assets, base, seeds, settings, out, jobs=jobs, watch=watch)
     first = run_harness(assets, base if "ce" in base else ["ce"] + base, seeds, settings, out,
@@ -174,9 +174,11 @@ def run_phases(assets, arms, seeds, settings, out, jobs, watch) -> dict:
 
 def teachers_needed(arms) -> list[str]:
     """The prepared teachers the ``arms`` read (``ce`` none, ``same_kd`` only the weak one)."""
-    from toyq.continued import CONT_ARMS, SAME_ARMS, TEACHER_SUFFIXES, TWIN_ARMS, teacher_suffix
+    from toyq.continued import (CONT_ARMS, SAME_ARMS, TEACHER_SUFFIXES, TWIN_ARMS, budget_of,
+                                cross_teacher, is_cont_arm, teacher_suffix)
 
-    arms = set(arms) | ({"pkl_cont"} if set(arms) & set(CONT_ARMS) else set())
+    budgets = sorted({cross_teacher(a) for a in arms if budget_of(a) is not None})
+    arms = set(arms) | ({"pkl_cont"} if any(map(is_cont_arm, arms)) else set())
     further = {a for a in CONT_ARMS if teacher_suffix(a)}
     users = [("teacher_big", set(ARMS) - {"ce", "same_kd"}),
              ("teacher_weak", {"same_kd", "multi"}),
@@ -185,7 +187,7 @@ def teachers_needed(arms) -> list[str]:
         mine = {a for a in further if teacher_suffix(a) == sfx}
         users += [(f"teacher_big{sfx}", mine - set(SAME_ARMS)),
                   (f"teacher_same_big{sfx}", mine & set(SAME_ARMS))]
-    return [t for t, readers in users if readers & arms]
+    return [t for t, readers in users if readers & arms] + budgets
 
 
 def main(argv=None) -> int:
@@ -217,12 +219,13 @@ def _run_short(args) -> int:
 
 def _arg_error(args, arms: list[str]) -> str:
     """What is wrong with ``--arms`` / ``--arm-lr`` / the split options ("" when nothing)."""
-    from toyq.continued import CONT_ARMS
+    from toyq.continued import BUDGET_BASE, CONT_ARMS, is_cont_arm
 
-    unknown = [a for a in arms if a not in ARMS + CONT_ARMS]
+    unknown = [a for a in arms if a not in ARMS and not is_cont_arm(a)]
     if unknown:
-        return f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS + CONT_ARMS)}"
-    stray = [a for a, _ in args.arm_lr if a not in arms or a not in CONT_ARMS]
+        return (f"unknown arm(s) {', '.join(unknown)}; choose from "
+                f"{', '.join(ARMS + CONT_ARMS)}, or {BUDGET_BASE}_s<teacher steps>[_t2|_t3|_t4]")
+    stray = [a for a, _ in args.arm_lr if a not in arms or not is_cont_arm(a)]
     if stray:
         return f"--arm-lr names {', '.join(stray)}, not a continuation arm of --arms"
     if (args.n_valid or args.eval_split == "valid") and not (args.twin_free and args.n_valid):
@@ -238,6 +241,16 @@ def _unlabeled(args, prep) -> list | None:
     pool = (unlabeled_pairs(prep.task) if args.eval_split == "unlabeled"
             else unlabeled_halves(prep.task)[args.eval_split])
     return pool.tolist()
+
+
+def prep_config(args) -> PrepConfig:
+    """The preparation (cache key, teachers' corpus) that the parsed options ask for."""
+    base = PrepConfig()
+    return replace(base, big_steps=args.teacher_steps,
+                   task=replace(base.task, answer_noise=args.answer_noise,
+                                twin_free=args.twin_free, n_valid=args.n_valid,
+                                student_pairs=args.student_pairs,
+                                teacher_per_doc=args.teacher_per_doc))
 
 
 def _run(args, shown: list[str]) -> int:
@@ -257,12 +270,7 @@ def _run(args, shown: list[str]) -> int:
     seeds = [int(s) for s in args.seeds.split(",") if s]
     need = teachers_needed(arms)
     watch = Watch(stall_s=args.stall_s)
-    base = PrepConfig()
-    prep = replace(base, big_steps=args.teacher_steps,
-                   task=replace(base.task, answer_noise=args.answer_noise,
-                                twin_free=args.twin_free, n_valid=args.n_valid,
-                                student_pairs=args.student_pairs,
-                                teacher_per_doc=args.teacher_per_doc))
+    prep = prep_config(args)
     unlabeled = _unlabeled(args, prep)    # training prompts without a label (4th, 5th)
     if unlabeled == []:
         print(f"error: --eval-split {args.eval_split} needs --student-pairs below the "
