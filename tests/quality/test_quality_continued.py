@@ -12,9 +12,9 @@ from dataclasses import replace
 
 from quality_helpers import TINY_ARMS
 
-from toyq.continued import (BYTE_CLIP, CONT_ARMS, ONPOLICY_KIND, SAME_ARMS, TEACHER_SUFFIXES,
-                            TWIN_ARMS, teacher_suffix,
-                            ce_checkpoint, cont_config, twin_path)
+from toyq.continued import (BUDGET_BASE, BYTE_CLIP, CONT_ARMS, ONPOLICY_KIND, SAME_ARMS,
+                            TEACHER_SUFFIXES, TWIN_ARMS, budget_arm, ce_checkpoint, cont_config,
+                            cross_teacher, teacher_suffix, twin_path)
 
 
 pytestmark = pytest.mark.integration  # starts processes
@@ -37,8 +37,10 @@ def test_every_continuation_arm_config_is_valid(assets, tmp_path):
 
     assets = {**assets, "teacher_same_big": assets["teacher_weak"],
               **{f"teacher_same_big{t}": copy("teacher_weak") for t in TEACHER_SUFFIXES},
-              **{f"teacher_big{t}": copy("teacher_big") for t in TEACHER_SUFFIXES}}
-    for arm in CONT_ARMS:
+              **{f"teacher_big{t}": copy("teacher_big") for t in TEACHER_SUFFIXES},
+              **{f"teacher_big_s750{t}": copy("teacher_big") for t in ("", "_t3")}}
+    budget = (budget_arm(750), budget_arm(750, "_t3"))      # teachers of another budget
+    for arm in (*CONT_ARMS, *budget):
         out = tmp_path / "runs" / arm / "seed0"
         d = cont_config(arm, 0, assets, TINY_ARMS, str(out))
         assert d["student"] == {"path": str(ce), "param_dtype": "float32"}
@@ -46,7 +48,8 @@ def test_every_continuation_arm_config_is_valid(assets, tmp_path):
         path = write_config(d, tmp_path / f"{arm}.yaml")
         if arm_command(arm) == "onpolicy":
             cfg = validate_onpolicy(load_config(OnPolicyConfig, str(path)))
-            assert cfg.teachers[0].loss.kind == ONPOLICY_KIND[arm]
+            assert cfg.teachers[0].loss.kind == ONPOLICY_KIND[BUDGET_BASE if arm in budget
+                                                              else arm]
             flags = arm.split("_")[2:]
             assert cfg.loss.advantage_baseline == ("token_mean" if "tmean" in flags else
                                                    "clipped_mean" if "cmean" in flags else
@@ -57,8 +60,9 @@ def test_every_continuation_arm_config_is_valid(assets, tmp_path):
             assert cfg.loss.logp_min is None       # no log-prob floor (issue 24)
             same = arm in SAME_ARMS
             assert (cfg.teachers[0].tokenizer == assets["tok_student"]) == same
-            teacher = "teacher_same_big" if same or arm in TWIN_ARMS else "teacher_big"
-            teacher += teacher_suffix(arm)
+            teacher = ("teacher_same_big" + teacher_suffix(arm) if same or arm in TWIN_ARMS
+                       else cross_teacher(arm))
+            assert arm not in budget or teacher == f"teacher_big_s750{teacher_suffix(arm)}"
             assert cfg.teachers[0].worker.model == assets[teacher]["model"], arm
             if arm in TWIN_ARMS:
                 assert cfg.teachers[0].tokenizer == twin_path(assets)

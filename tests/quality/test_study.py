@@ -637,3 +637,69 @@ def test_sixteenth_protocol_retrains_teachers_on_one_problem_per_document(monkey
     assert not v16.manipulation_check({"arms": v16.stop_units.ARMS, "rows": rows})["passes"]
     rows = [r for r in rows if r["arm"] == "X1"]
     assert v16.manipulation_check({"arms": {"X1": "a"}, "rows": rows})["passes"]
+
+
+def test_seventeenth_protocol_matches_the_cross_teachers_accuracy(monkeypatch, tmp_path):
+    """study_v17's fixed rules, the teachers' preparation and scoring and the harness replaced by
+    tables: the pilot asks for the seed-0 cross-tokenizer teacher at every budget and the four
+    same-tokenizer teachers, and picks the budget whose validation accuracy is nearest their mean
+    (a tie: the larger); the confirmation runs continued CE, S, X and the matched arms M on fresh
+    seeds 180-182 of the test half; (A)/(B) compare S with M, (F) X with M, (R) S with X, with
+    Holm over (B) and (F), and (Q) checks the matched teachers' validation accuracy."""
+    v17 = _load_script(monkeypatch, "study_v17.py")
+    v13 = v17.v13
+    assert v17.TASK == v17.v16.TASK and (v17.SAME, v17.CROSS) == (v13.SAME, v13.CROSS)
+    assert v17.choose_budget({500: 0.60, 750: 0.70, 1000: 0.80}, 0.75) == 1000   # tie: larger
+    assert v17.choose_budget({500: 0.60, 750: 0.70, 1000: 0.80}, 0.74) == 750
+    valid = {**{t: a for t, a in zip(v17.SAME_TEACHERS, (0.60, 0.66, 0.80, 0.78))},
+             **{f"teacher_big_s{n}": a for n, a in zip(v17.BUDGETS,
+                                                      (0.05, 0.30, 0.55, 0.72, 0.86, 0.90))},
+             **{f"teacher_big_s1000{s}": a for s, a in (("_t2", 0.70), ("_t3", 0.74),
+                                                        ("_t4", 0.66))}}
+    asked = []
+
+    def fake_prepared(args, teachers):
+        asked.append(list(teachers))
+        return {"corpus": {"valid": [[1, 2]] * 150},
+                **{t: {"model": t, "accuracy": valid[t] - 0.01} for t in teachers}}
+
+    monkeypatch.setattr(v17, "prepared", fake_prepared)
+    monkeypatch.setattr(v17, "valid_accuracy", lambda assets, names: {n: valid[n] for n in names})
+    monkeypatch.setattr(v17, "RECORDS", tmp_path / "records")
+    monkeypatch.setattr(v17, "RESULTS_MD", tmp_path / "RESULTS.md")
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match="needs pilot"):
+        v17.main(["--out", str(out), "--stage", "confirm"])
+    assert v17.main(["--out", str(out), "--stage", "pilot"]) == 0
+    assert asked[0] == [*(f"teacher_big_s{n}" for n in v17.BUDGETS), *v17.SAME_TEACHERS]
+    pilot = json.loads((tmp_path / "records" / "pilot.json").read_text())
+    assert pilot["target"] == pytest.approx(0.71) and pilot["chosen_steps"] == 1000
+    assert pilot["budgets"]["1000"]["test_accuracy"] == pytest.approx(0.71)
+
+    matched = v17.matched_arms(1000)
+    assert matched[3] == "op_k1_byte_mean_clip_s1000_t4"
+    gain = {"cont_ce": 0.0, **dict(zip(v13.SAME, (0.20, 0.24, 0.22, 0.26))),
+            **dict(zip(v13.CROSS, (0.10, 0.12, 0.14, 0.16))),
+            **dict(zip(matched, (0.20, 0.22, 0.24, 0.26)))}
+    calls = _table_harness(monkeypatch, v17, lambda a, s: 0.15 + gain[a] + 0.05 * (s % 3))
+    assert v17.main(["--out", str(out), "--stage", "confirm"]) == 0
+    ((_, arms, seeds, extra),) = calls
+    assert arms == ("cont_ce", *v13.SAME, *v13.CROSS, *matched)
+    assert seeds == (180, 181, 182) and "unlabeled_test" in extra
+    assert asked[1] == [f"teacher_big_s1000{s}" for s in ("", "_t2", "_t3", "_t4")]
+    state = json.loads((out / "study.json").read_text())["confirm"]
+    assert state["penalty"]["penalty"] == pytest.approx(1 - 0.23 / 0.23, abs=1e-9)
+    assert state["penalty_full"]["penalty"] == pytest.approx(1 - 0.13 / 0.23)
+    f = state["length_effect"]
+    assert f["difference"] == pytest.approx(0.13 - 0.23)
+    assert f["full_gains"] == pytest.approx([0.10, 0.12, 0.14, 0.16])
+    from toyq.stats import holm
+    assert [state["holm"]["tokenizer_effect"], state["holm"]["length_effect"]] == pytest.approx(
+        holm([state["tokenizer_effect"]["welch_p"], f["welch_p"]]))
+    q = state["equal_accuracy"]
+    assert q["matched_mean"] == pytest.approx((0.72 + 0.70 + 0.74 + 0.66) / 4) and q["passes"]
+    assert state["same_positive"]["holds"]
+    block = (tmp_path / "RESULTS.md").read_text()
+    assert "GENERATED:credit24v17teachers:BEGIN" in block and "credit24v17budget:BEGIN" in block
+    assert "| teacher_big_s1000_t3 | 0.740 | +0.240 | teacher_big_t3 | +0.140 |" in block
+    assert "(Q) matched teachers' mean validation accuracy 0.705" in block
