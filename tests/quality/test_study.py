@@ -703,3 +703,59 @@ def test_seventeenth_protocol_matches_the_cross_teachers_accuracy(monkeypatch, t
     assert "GENERATED:credit24v17teachers:BEGIN" in block and "credit24v17budget:BEGIN" in block
     assert "| teacher_big_s1000_t3 | 0.740 | +0.240 | teacher_big_t3 | +0.140 |" in block
     assert "(Q) matched teachers' mean validation accuracy 0.705" in block
+
+
+def test_eighteenth_protocol_matches_each_cross_teacher_to_its_partner(monkeypatch, tmp_path):
+    """study_v18's fixed rules, the teachers' preparation and scoring and the harness replaced by
+    tables: the pilot asks for every seed at every budget and picks, per seed, the budget nearest
+    that seed's same-tokenizer teacher (a tie: the larger); (Q) needs every pair within 0.10 and
+    the means within 0.05; the confirmation runs continued CE, S and the matched arms on fresh
+    seeds 190-192 of the test half, and pairs the teachers by seed."""
+    v18 = _load_script(monkeypatch, "study_v18.py")
+    v13 = v18.v13
+    targets = dict(zip(v18.SAME_TEACHERS, (0.60, 0.70, 0.80, 0.84)))
+    curve = {750: 0.30, 875: 0.55, 1000: 0.70, 1250: 0.80, 1500: 0.88, 2000: 0.90}
+    valid = {**targets, **{f"teacher_big_s{n}{sfx}": a + 0.02 * k
+                           for k, sfx in enumerate(v13.SUFFIXES) for n, a in curve.items()}}
+    asked = []
+
+    def fake_prepared(args, teachers):
+        asked.append(list(teachers))
+        return {"corpus": {"valid": [[1, 2]] * 150}, **{t: {"model": t} for t in teachers}}
+
+    monkeypatch.setattr(v18.v17, "prepared", fake_prepared)
+    monkeypatch.setattr(v18.v17, "valid_accuracy",
+                        lambda assets, names: {n: valid[n] for n in names})
+    monkeypatch.setattr(v18, "RECORDS", tmp_path / "records")
+    monkeypatch.setattr(v18, "RESULTS_MD", tmp_path / "RESULTS.md")
+    out = tmp_path / "out"
+    assert v18.main(["--out", str(out), "--stage", "pilot"]) == 0
+    assert len(asked[0]) == 4 * len(v18.BUDGETS) + 4 and "teacher_big_s875_t4" in asked[0]
+    pilot = json.loads((tmp_path / "records" / "pilot.json").read_text())
+    # seed k reads curve + 0.02 k: seed 0 (target 0.60) 875 (0.55) over 1000 (0.70); seed 1
+    # (0.70) 1000 (0.72); seed 2 (0.80) 1250 (0.84) over 1000 (0.74); seed 3 (0.84) 1250 (0.86)
+    assert [r["chosen_steps"] for r in pilot["seeds"].values()] == [875, 1000, 1250, 1250]
+    assert pilot["matched_arms"] == ["op_k1_byte_mean_clip_s875", "op_k1_byte_mean_clip_s1000_t2",
+                                     "op_k1_byte_mean_clip_s1250_t3",
+                                     "op_k1_byte_mean_clip_s1250_t4"]
+    q = pilot["equal_accuracy"]
+    assert q["pair_gaps"] == pytest.approx([-0.05, 0.02, 0.04, 0.02]) and q["passes"]
+    assert not v18.equal_accuracy([0.6, 0.7], [0.6, 0.85])["passes"]          # one pair off
+    assert not v18.equal_accuracy([0.6, 0.7], [0.69, 0.79])["passes"]         # means off
+
+    matched = tuple(pilot["matched_arms"])
+    gain = {"cont_ce": 0.0, **dict(zip(v13.SAME, (0.20, 0.24, 0.22, 0.26))),
+            **dict(zip(matched, (0.10, 0.16, 0.12, 0.20)))}
+    calls = _table_harness(monkeypatch, v18, lambda a, s: 0.15 + gain[a] + 0.05 * (s % 3))
+    assert v18.main(["--out", str(out), "--stage", "confirm"]) == 0
+    ((_, arms, seeds, extra),) = calls
+    assert arms == ("cont_ce", *v13.SAME, *matched) and seeds == (190, 191, 192)
+    assert "unlabeled_test" in extra
+    state = json.loads((out / "study.json").read_text())["confirm"]
+    assert state["penalty"]["penalty"] == pytest.approx(1 - 0.145 / 0.23)
+    assert state["pairs"]["same_minus_matched"] == pytest.approx([0.10, 0.08, 0.10, 0.06])
+    assert state["pairs"]["paired_p"] < 0.05 and state["same_positive"]["holds"]
+    block = (tmp_path / "RESULTS.md").read_text()
+    assert "GENERATED:credit24v18teachers:BEGIN" in block and "credit24v18pairs:BEGIN" in block
+    assert "| 2 | teacher_same_big_t3 | 0.800 | +0.220 | teacher_big_s1250_t3 | 0.840 | +0.120 |" \
+        in block
