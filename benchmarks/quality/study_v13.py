@@ -162,7 +162,8 @@ def analyse(runs: list[dict], meta: dict, same=SAME, cross=CROSS, teacher_of=TEA
         raise SystemExit(f"[study] no finished run of {', '.join(missing)}: cannot analyse")
     seeds = sorted(set.intersection(*(set(acc[a]) for a in arms)))
     gains = teacher_gains(acc, seeds, same, cross)
-    fmts = [r.get("format_rate") for r in runs if r["arm"] in arms and "error" not in r]
+    # every run, as for "collapsed" (a later protocol runs arms beyond the design's)
+    fmts = [r.get("format_rate") for r in runs if "error" not in r]
     return {"seeds": seeds, "gains": gains,
             "tokenizer_effect": tokenizer_effect(gains, same, cross),
             "penalty": penalty_over_teachers(acc, seeds, same=same, cross=cross),

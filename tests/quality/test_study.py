@@ -759,3 +759,16 @@ def test_eighteenth_protocol_matches_each_cross_teacher_to_its_partner(monkeypat
     assert "GENERATED:credit24v18teachers:BEGIN" in block and "credit24v18pairs:BEGIN" in block
     assert "| 2 | teacher_same_big_t3 | 0.800 | +0.220 | teacher_big_s1250_t3 | 0.840 | +0.120 |" \
         in block
+
+
+def test_collapse_and_lowest_format_rate_count_every_run(monkeypatch):
+    """A protocol that runs arms beyond its design's two groups (the seventeenth's 3000-step
+    teachers) reports their collapse and their format rate in the same line: both read every
+    run, not only the design's arms."""
+    v13 = _load_script(monkeypatch, "study_v13.py")
+    extra = "op_k1_byte_mean_clip_s1000"
+    runs = [{"arm": a, "seed": s, "accuracy": 0.2 + 0.01 * s,
+             "format_rate": 0.85 if (a, s) == (extra, 1) else 1.0}
+            for a in ("cont_ce", *v13.SAME, *v13.CROSS, extra) for s in (0, 1, 2)]
+    conf = v13.analyse(runs, {})
+    assert conf["collapsed"] == [extra] and conf["lowest_format_rate"] == 0.85
