@@ -742,6 +742,9 @@ def test_eighteenth_protocol_matches_each_cross_teacher_to_its_partner(monkeypat
     assert q["pair_gaps"] == pytest.approx([-0.05, 0.02, 0.04, 0.02]) and q["passes"]
     assert not v18.equal_accuracy([0.6, 0.7], [0.6, 0.85])["passes"]          # one pair off
     assert not v18.equal_accuracy([0.6, 0.7], [0.69, 0.79])["passes"]         # means off
+    # a gap of exactly 15 of 150 problems is within 0.10 (in floating point it reads 0.1 + 3e-17)
+    assert v18.equal_accuracy([89 / 150, 0.7], [74 / 150, 0.7])["passes"]
+    assert not v18.equal_accuracy([90 / 150, 0.7], [74 / 150, 0.7])["passes"]
 
     matched = tuple(pilot["matched_arms"])
     gain = {"cont_ce": 0.0, **dict(zip(v13.SAME, (0.20, 0.24, 0.22, 0.26))),
