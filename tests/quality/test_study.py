@@ -781,7 +781,6 @@ def test_nineteenth_protocol_crosses_tokenizer_and_training_length(monkeypatch, 
     effect across tokenizers, Holm over (B) and (I); the 3000-step penalty and the validation
     accuracy of every teacher are reported."""
     v19 = _load_script(monkeypatch, "study_v19.py")
-    v13 = v19.v13
     assert v19.S1[1] == "op_k1_same_mean_clip_s1000_t2" and v19.X1[3] == "op_k1_byte_mean_clip_s1000_t4"
     assert v19.TEACHER_OF[v19.S1[1]] == "teacher_same_big_s1000_t2"
     assert v19.TEACHER_OF[v19.X3[0]] == "teacher_big" and v19.TEACHER_OF[v19.S3[2]] == "teacher_same_big_t3"
