@@ -43,7 +43,7 @@ import study_v13 as v13
 import study_v14 as v14
 import study_v16 as v16
 from toyq.confirm import accuracy_by_arm
-from toyq.continued import budget_arm, cross_teacher
+from toyq.continued import budget_arm, k1_teacher
 from toyq.run import update_results_md
 from toyq.stats import holm
 
@@ -123,13 +123,13 @@ def budget_analysis(conf_x: dict, acc: dict, seeds, matched, valid: dict, target
     against X, ``acc`` the runs' accuracy by arm and seed."""
     gains = v13.teacher_gains(acc, seeds, CROSS, matched)
     f = v13.tokenizer_effect(gains, CROSS, matched)
-    mean_valid = statistics.fmean(valid[cross_teacher(a)] for a in matched)
+    mean_valid = statistics.fmean(valid[k1_teacher(a)] for a in matched)
     return {"length_effect": {"full_gains": f["same_gains"], "matched_gains": f["cross_gains"],
                               **{k: f[k] for k in ("difference", "welch_t", "welch_p",
                                                    "permutation_p")}},
             "penalty_full": conf_x["penalty"], "tokenizer_effect_full": conf_x["tokenizer_effect"],
-            "equal_accuracy": {"target": target, "matched_valid": {cross_teacher(a):
-                                                                    valid[cross_teacher(a)]
+            "equal_accuracy": {"target": target, "matched_valid": {k1_teacher(a):
+                                                                    valid[k1_teacher(a)]
                                                                     for a in matched},
                                "matched_mean": mean_valid, "within": EQUAL_WITHIN,
                                "passes": abs(mean_valid - target) <= EQUAL_WITHIN}}
@@ -138,15 +138,15 @@ def budget_analysis(conf_x: dict, acc: dict, seeds, matched, valid: dict, target
 def stage_confirm(args, state: dict) -> None:
     pilot = json.loads((RECORDS / "pilot.json").read_text())
     matched = matched_arms(pilot["chosen_steps"])
-    teacher_of = {**TEACHER_OF, **{a: cross_teacher(a) for a in matched}}
+    teacher_of = {**TEACHER_OF, **{a: k1_teacher(a) for a in matched}}
     runs, conf = v13.confirm_teachers(args, ("cont_ce", *SAME, *CROSS, *matched), CONFIRM_SEEDS,
                                       "credit24v17", RECORDS, (SAME, matched, teacher_of),
                                       RESULTS_MD)
     acc = accuracy_by_arm(runs)
     meta = json.loads((RECORDS / "confirm.json").read_text()).get("meta", {})
     conf_x = v13.analyse(runs, meta, SAME, CROSS, teacher_of)
-    valid = valid_accuracy(prepared(args, [cross_teacher(a) for a in matched]),
-                           [cross_teacher(a) for a in matched])
+    valid = valid_accuracy(prepared(args, [k1_teacher(a) for a in matched]),
+                           [k1_teacher(a) for a in matched])
     conf.update(budget_analysis(conf_x, acc, conf["seeds"], matched, valid, pilot["target"]))
     conf["same_positive"] = v14.same_positive(conf["gains"], SAME)
     conf["holm"] = dict(zip(("tokenizer_effect", "length_effect"),
@@ -170,7 +170,7 @@ def render_budget(conf: dict, matched) -> str:
              "| matched teacher | validation accuracy | gain | 3000-step teacher | gain |",
              "|---|---|---|---|---|"]
     for m, x in zip(matched, CROSS):
-        lines.append(f"| {cross_teacher(m)} | {q['matched_valid'][cross_teacher(m)]:.3f} | "
+        lines.append(f"| {k1_teacher(m)} | {q['matched_valid'][k1_teacher(m)]:.3f} | "
                      f"{conf['gains'][m]:+.3f} | {TEACHER_OF[x]} | "
                      f"{f['full_gains'][CROSS.index(x)]:+.3f} |")
     lo, hi = r["interval"]

@@ -38,7 +38,7 @@ import study  # the first protocol's helpers (this script's folder is on the pat
 import study_v13 as v13
 import study_v14 as v14
 import study_v17 as v17
-from toyq.continued import budget_arm, cross_teacher
+from toyq.continued import budget_arm, k1_teacher
 from toyq.run import update_results_md
 from toyq.stats import paired
 
@@ -104,7 +104,7 @@ def stage_pilot(args, state: dict) -> None:
 def stage_confirm(args, state: dict) -> None:
     pilot = json.loads((RECORDS / "pilot.json").read_text())
     matched = tuple(pilot["matched_arms"])
-    teacher_of = {**TEACHER_OF, **{a: cross_teacher(a) for a in matched}}
+    teacher_of = {**TEACHER_OF, **{a: k1_teacher(a) for a in matched}}
     _, conf = v13.confirm_teachers(args, ("cont_ce", *SAME, *matched), CONFIRM_SEEDS,
                                    "credit24v18", RECORDS, (SAME, matched, teacher_of),
                                    RESULTS_MD)
@@ -132,7 +132,7 @@ def render_pairs(conf: dict, matched) -> str:
              "cross-tokenizer teacher | validation accuracy | gain |", "|---|---|---|---|---|---|---|"]
     for k, (s, m) in enumerate(zip(SAME, matched)):
         lines.append(f"| {k} | {TEACHER_OF[s]} | {q['same'][k]:.3f} | {conf['gains'][s]:+.3f} | "
-                     f"{cross_teacher(m)} | {q['matched'][k]:.3f} | {conf['gains'][m]:+.3f} |")
+                     f"{k1_teacher(m)} | {q['matched'][k]:.3f} | {conf['gains'][m]:+.3f} |")
     lines += ["",
               f"- (Q) pair gaps (matched minus same) "
               f"{', '.join(f'{g:+.3f}' for g in q['pair_gaps'])} (each within "

@@ -13,8 +13,8 @@ from dataclasses import replace
 from quality_helpers import TINY_ARMS
 
 from toyq.continued import (BUDGET_BASE, BYTE_CLIP, CONT_ARMS, ONPOLICY_KIND, SAME_ARMS,
-                            TEACHER_SUFFIXES, TWIN_ARMS, budget_arm, ce_checkpoint, cont_config,
-                            cross_teacher, teacher_suffix, twin_path)
+                            SAME_BUDGET_BASE, TEACHER_SUFFIXES, TWIN_ARMS, budget_arm,
+                            ce_checkpoint, cont_config, k1_teacher, teacher_suffix, twin_path)
 
 
 pytestmark = pytest.mark.integration  # starts processes
@@ -38,8 +38,10 @@ def test_every_continuation_arm_config_is_valid(assets, tmp_path):
     assets = {**assets, "teacher_same_big": assets["teacher_weak"],
               **{f"teacher_same_big{t}": copy("teacher_weak") for t in TEACHER_SUFFIXES},
               **{f"teacher_big{t}": copy("teacher_big") for t in TEACHER_SUFFIXES},
-              **{f"teacher_big_s750{t}": copy("teacher_big") for t in ("", "_t3")}}
-    budget = (budget_arm(750), budget_arm(750, "_t3"))      # teachers of another budget
+              **{f"teacher_big_s750{t}": copy("teacher_big") for t in ("", "_t3")},
+              "teacher_same_big_s750_t2": copy("teacher_weak")}
+    budget = (budget_arm(750), budget_arm(750, "_t3"),      # teachers of another budget
+              budget_arm(750, "_t2", SAME_BUDGET_BASE))
     for arm in (*CONT_ARMS, *budget):
         out = tmp_path / "runs" / arm / "seed0"
         d = cont_config(arm, 0, assets, TINY_ARMS, str(out))
@@ -58,11 +60,11 @@ def test_every_continuation_arm_config_is_valid(assets, tmp_path):
             assert cfg.loss.byte_units == ("token" if "tok" in flags else "chunk")
             assert cfg.loss.loss_max == (BYTE_CLIP if "clip" in flags else 10.0)
             assert cfg.loss.logp_min is None       # no log-prob floor (issue 24)
-            same = arm in SAME_ARMS
+            same = arm in SAME_ARMS or arm == budget[2]
             assert (cfg.teachers[0].tokenizer == assets["tok_student"]) == same
-            teacher = ("teacher_same_big" + teacher_suffix(arm) if same or arm in TWIN_ARMS
-                       else cross_teacher(arm))
-            assert arm not in budget or teacher == f"teacher_big_s750{teacher_suffix(arm)}"
+            teacher = "teacher_same_big" if arm in TWIN_ARMS else k1_teacher(arm)
+            assert arm not in budget or teacher == (
+                f"teacher_{'same_' if same else ''}big_s750{teacher_suffix(arm)}")
             assert cfg.teachers[0].worker.model == assets[teacher]["model"], arm
             if arm in TWIN_ARMS:
                 assert cfg.teachers[0].tokenizer == twin_path(assets)

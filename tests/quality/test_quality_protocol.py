@@ -112,22 +112,24 @@ def test_second_teachers_are_prepared_only_for_their_arms_with_another_seed():
     assert "teacher_big_t2" not in SAME_TOKENIZER_TEACHERS
 
 
-def test_budget_teachers_are_the_big_cross_teacher_with_their_own_steps_and_seed():
-    """``op_k1_byte_mean_clip_s<steps>[_t<k>]`` reads ``teacher_big_s<steps>[_t<k>]``: the big
-    teacher's size and (cross) tokenizer, ``<steps>`` CE steps, training seed k - 1; a malformed
-    name is no arm, and the harness's error says what the pattern is."""
-    from toyq.continued import budget_arm, budget_of, cross_teacher, is_cont_arm
-    from toyq.prepare import (SAME_TOKENIZER_TEACHERS, PrepConfig, budget_teacher, teacher_seed,
-                              teacher_size)
+def test_budget_teachers_are_the_big_teachers_with_their_own_steps_and_seed():
+    """``op_k1_byte_mean_clip_s<steps>[_t<k>]`` reads ``teacher_big_s<steps>[_t<k>]`` (the
+    same-tokenizer base ``op_k1_same_mean_clip_s...`` reads ``teacher_same_big_s...``): the big
+    teacher's size and tokenizer, ``<steps>`` CE steps, training seed k - 1; a malformed name is
+    no arm, and the harness's error says what the pattern is."""
+    from toyq.continued import (SAME_BUDGET_BASE, budget_arm, budget_of, is_cont_arm,
+                                is_same_arm, k1_teacher)
+    from toyq.prepare import (SAME_TOKENIZER_TEACHERS, PrepConfig, budget_teacher,
+                              same_tokenizer, teacher_seed, teacher_size)
     from toyq.run import _arg_error, parse, teachers_needed
 
     cfg = PrepConfig()
     assert budget_arm(750, "_t3") == "op_k1_byte_mean_clip_s750_t3"
     assert budget_of("op_k1_byte_mean_clip_s750_t3") == 750
-    assert cross_teacher("op_k1_byte_mean_clip_s750_t3") == "teacher_big_s750_t3"
-    assert cross_teacher("op_k1_byte_mean_clip_t2") == "teacher_big_t2"
+    assert k1_teacher("op_k1_byte_mean_clip_s750_t3") == "teacher_big_s750_t3"
+    assert k1_teacher("op_k1_byte_mean_clip_t2") == "teacher_big_t2"
     for bad in ("op_k1_byte_mean_clip_s0", "op_k1_byte_mean_clip_s750_t5",
-                "op_k1_same_mean_clip_s750", "op_k1_byte_mean_clip_s750x"):
+                "op_k1_same_mean_clip_s0", "op_k1_byte_mean_clip_s750x"):
         assert budget_of(bad) is None and not is_cont_arm(bad), bad
     assert teachers_needed(["cont_ce", "op_k1_byte_mean_clip_s750_t2",
                             "op_k1_byte_mean_clip_s750"]) == [
@@ -135,7 +137,17 @@ def test_budget_teachers_are_the_big_cross_teacher_with_their_own_steps_and_seed
     assert teacher_size(cfg, "teacher_big_s750_t4") == (cfg.big_layers, cfg.big_hidden, 750)
     assert [teacher_seed(f"teacher_big_s750{s}") for s in ("", "_t2", "_t3", "_t4")] == [0, 1, 2, 3]
     assert budget_teacher("teacher_big_t2") is None and budget_teacher("teacher_big_s07") is None
-    assert "teacher_big_s750" not in SAME_TOKENIZER_TEACHERS
+    assert "teacher_big_s750" not in SAME_TOKENIZER_TEACHERS and not same_tokenizer("teacher_big_s750")
+    # the same-tokenizer kind: the student's tokenizer, the big size, its own steps and seed
+    same = budget_arm(1000, "_t2", SAME_BUDGET_BASE)
+    assert same == "op_k1_same_mean_clip_s1000_t2" and budget_of(same) == 1000
+    assert is_same_arm(same) and not is_same_arm("op_k1_byte_mean_clip_s1000_t2")
+    assert k1_teacher(same) == "teacher_same_big_s1000_t2" and same_tokenizer(k1_teacher(same))
+    assert k1_teacher("op_k1_same_mean_clip_t3") == "teacher_same_big_t3"
+    assert teacher_size(cfg, "teacher_same_big_s1000_t2") == (cfg.big_layers, cfg.big_hidden, 1000)
+    assert teacher_seed("teacher_same_big_s1000_t2") == 1
+    assert teachers_needed(["cont_ce", same]) == ["teacher_big", "teacher_same_big_s1000_t2"]
+    assert budget_of("op_k1_same_mean_clip_g1_s1000") is None
     args = parse(["--arm-lr", "op_k1_byte_mean_clip_s750=1e-4"])
     assert _arg_error(args, ["cont_ce", "op_k1_byte_mean_clip_s750"]) == ""
     err = _arg_error(args, ["op_k1_byte_mean_clip_s750", "op_k1_byte_mean_clip_s0"])

@@ -775,3 +775,45 @@ def test_collapse_and_lowest_format_rate_count_every_run(monkeypatch):
             for a in ("cont_ce", *v13.SAME, *v13.CROSS, extra) for s in (0, 1, 2)]
     conf = v13.analyse(runs, {})
     assert conf["collapsed"] == [extra] and conf["lowest_format_rate"] == 0.85
+
+
+def test_nineteenth_protocol_crosses_tokenizer_and_training_length(monkeypatch, tmp_path):
+    """study_v19's fixed rules, the harness and the teachers' scoring replaced by tables: continued
+    CE and four groups of four k1 arms (same/cross tokenizer, 1000/3000 steps) on fresh seeds
+    200-202 of the test half; (A)/(B) compare the 1000-step groups, (I) the per-seed length
+    effect across tokenizers, Holm over (B) and (I); the 3000-step penalty and the validation
+    accuracy of every teacher are reported."""
+    v19 = _load_script(monkeypatch, "study_v19.py")
+    assert v19.S1[1] == "op_k1_same_mean_clip_s1000_t2" and v19.X1[3] == "op_k1_byte_mean_clip_s1000_t4"
+    assert v19.TEACHER_OF[v19.S1[1]] == "teacher_same_big_s1000_t2"
+    assert v19.TEACHER_OF[v19.X3[0]] == "teacher_big" and v19.TEACHER_OF[v19.S3[2]] == "teacher_same_big_t3"
+    gain = {"cont_ce": 0.0, **dict(zip(v19.S1, (0.22, 0.24, 0.26, 0.28))),
+            **dict(zip(v19.X1, (0.21, 0.25, 0.25, 0.27))),
+            **dict(zip(v19.S3, (0.20, 0.22, 0.22, 0.24))),
+            **dict(zip(v19.X3, (0.10, 0.12, 0.14, 0.12)))}
+    calls = _table_harness(monkeypatch, v19, lambda a, s: 0.15 + gain[a] + 0.05 * (s % 3))
+    asked = []
+    monkeypatch.setattr(v19.v17, "prepared", lambda args, teachers: asked.append(teachers) or {})
+    monkeypatch.setattr(v19.v17, "valid_accuracy",
+                        lambda assets, names: {n: 0.5 + 0.01 * i for i, n in enumerate(names)})
+    monkeypatch.setattr(v19, "RECORDS", tmp_path / "records")
+    monkeypatch.setattr(v19, "RESULTS_MD", tmp_path / "RESULTS.md")
+    out = tmp_path / "out"
+    assert v19.main(["--out", str(out)]) == 0
+    ((_, arms, seeds, extra),) = calls
+    assert arms == v19.ARMS and len(arms) == 17 and seeds == (200, 201, 202)
+    assert "unlabeled_test" in extra and len(asked[0]) == 16
+    state = json.loads((out / "study.json").read_text())["confirm"]
+    assert state["penalty"]["penalty"] == pytest.approx(1 - 0.245 / 0.25)
+    assert state["penalty_3000"]["penalty"] == pytest.approx(1 - 0.12 / 0.22)
+    i = state["interaction"]
+    assert i["a"] == pytest.approx([0.11, 0.13, 0.11, 0.15]) and i["b"] == pytest.approx([0.02, 0.02, 0.04, 0.04])
+    assert i["difference"] == pytest.approx(0.095)
+    from toyq.stats import holm
+    assert [state["holm"]["tokenizer_effect"], state["holm"]["interaction"]] == pytest.approx(
+        holm([state["tokenizer_effect"]["welch_p"], i["welch_p"]]))
+    assert state["length_same"]["difference"] == pytest.approx(0.03)
+    assert state["same_positive"]["holds"]
+    block = (tmp_path / "RESULTS.md").read_text()
+    assert "GENERATED:credit24v19teachers:BEGIN" in block and "credit24v19factorial:BEGIN" in block
+    assert "| 1 | +0.240 (0.510) | +0.220 (0.590) | +0.250 (0.550) | +0.120 (0.630) |" in block

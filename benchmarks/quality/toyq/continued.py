@@ -84,10 +84,11 @@ arm                 what continues training the CE checkpoint
                     (``teacher_big_t<k>`` / ``teacher_same_big_t<k>``: the same settings, data
                     and tokenizer, training seed k - 1), so that a gain's dependence on *which*
                     teacher is measured next to its tokenizer's
-``<arm>_s<steps>``  ``op_k1_byte_mean_clip_s<steps>`` (and its ``_t<k>``): the arm with the
-                    cross-tokenizer teacher trained for ``<steps>`` CE steps instead of the big
-                    teacher's (``teacher_big_s<steps>``, other settings and seeds alike): a
-                    teacher of another accuracy, the tokenizer held fixed
+``<arm>_s<steps>``  ``op_k1_byte_mean_clip_s<steps>``, ``op_k1_same_mean_clip_s<steps>`` (and
+                    their ``_t<k>``): the arm with its teacher trained for ``<steps>`` CE steps
+                    instead of the big teacher's (``teacher_big_s<steps>`` /
+                    ``teacher_same_big_s<steps>``, other settings and seeds alike): a teacher
+                    of another training length, the tokenizer held fixed
 ==================  =============================================================================
 
 On-policy arms sample ``cont_new_tokens`` tokens per prompt at temperature 1 from the current
@@ -128,22 +129,25 @@ CONT_ARMS = (CONT_ARMS + tuple(f"op_k1_byte_mean_clip{sfx}" for sfx in TEACHER_S
              + SAME_ARMS + TWIN_ARMS + TOKEN_UNIT_ARMS + DISCOUNT_ARMS[:4] + ZSTOP_ARMS[:4])
 
 
-# a cross-tokenizer teacher of another training budget (seventeenth protocol):
-# ``op_k1_byte_mean_clip_s<steps>{,_t<k>}`` reads ``teacher_big_s<steps>{,_t<k>}``
-# (:func:`toyq.prepare.budget_teacher`: the big teacher's settings, ``<steps>`` CE steps)
+# a big teacher of another training budget (seventeenth protocol on): ``<base>_s<steps>{,_t<k>}``
+# reads ``teacher_big_s<steps>{,_t<k>}`` (cross-tokenizer base) or
+# ``teacher_same_big_s<steps>{,_t<k>}`` (same-tokenizer base): the big teacher's settings,
+# ``<steps>`` CE steps (:func:`toyq.prepare.budget_teacher`)
 BUDGET_BASE = "op_k1_byte_mean_clip"
-_BUDGET_ARM = re.compile(rf"^{BUDGET_BASE}_s([1-9][0-9]*)(_t[234])?$")
+SAME_BUDGET_BASE = "op_k1_same_mean_clip"
+_BUDGET_ARM = re.compile(rf"^({BUDGET_BASE}|{SAME_BUDGET_BASE})_s([1-9][0-9]*)(_t[234])?$")
 
 
 def budget_of(arm: str) -> int | None:
     """The teacher's training steps of a budget arm (``..._s<steps>[_t<k>]``), else ``None``."""
     m = _BUDGET_ARM.match(arm)
-    return int(m.group(1)) if m else None
+    return int(m.group(2)) if m else None
 
 
-def budget_arm(steps: int, suffix: str = "") -> str:
-    """The budget arm whose teacher is trained for ``steps`` (``suffix``: ``_t<k>`` or "")."""
-    return f"{BUDGET_BASE}_s{steps}{suffix}"
+def budget_arm(steps: int, suffix: str = "", base: str = BUDGET_BASE) -> str:
+    """The budget arm of ``base`` whose teacher is trained for ``steps`` (``suffix``: ``_t<k>``
+    or "")."""
+    return f"{base}_s{steps}{suffix}"
 
 
 def is_cont_arm(arm: str) -> bool:
@@ -151,11 +155,18 @@ def is_cont_arm(arm: str) -> bool:
     return arm in CONT_ARMS or budget_of(arm) is not None
 
 
-def cross_teacher(arm: str) -> str:
-    """The prepared cross-tokenizer teacher a cross arm reads: ``teacher_big`` (its budget's
-    ``_s<steps>``) and its ``_t<k>``."""
+def is_same_arm(arm: str) -> bool:
+    """An arm read by a same-tokenizer control teacher (its budget ones too)."""
+    return arm in SAME_ARMS or (budget_of(arm) is not None
+                                and arm.startswith(SAME_BUDGET_BASE + "_s"))
+
+
+def k1_teacher(arm: str) -> str:
+    """The prepared teacher a k1 arm of either kind reads: ``teacher_big`` or
+    ``teacher_same_big``, its budget's ``_s<steps>`` and its ``_t<k>``."""
     steps = budget_of(arm)
-    return f"teacher_big{'' if steps is None else f'_s{steps}'}{teacher_suffix(arm)}"
+    kind = "teacher_same_big" if is_same_arm(arm) else "teacher_big"
+    return f"{kind}{'' if steps is None else f'_s{steps}'}{teacher_suffix(arm)}"
 
 
 def teacher_suffix(arm: str) -> str:
@@ -227,18 +238,17 @@ def cont_config(arm: str, seed: int, assets: dict, s, out_dir: str) -> dict:
         base["data"]["paths"] = [assets["corpus"]["teacher"]]
     if arm in ("cont_ce", "cont_ce_oracle", "cont_pkl_cont"):
         return base
-    kind = ONPOLICY_KIND[arm if arm in ONPOLICY_KIND else BUDGET_BASE]
+    kind = ONPOLICY_KIND[arm if arm in ONPOLICY_KIND else BUDGET_BASE]   # budget arms: k1
     loss = {"kind": kind, "weight": 1.0, "temperature": 1.0}
-    second = teacher_suffix(arm)
-    if arm in SAME_ARMS:      # the same-tokenizer control teacher: no projection, identity view
-        cross = _teacher("same", assets["teacher_same_big" + second]["model"],
-                         assets["tok_student"], kind, s)
+    if is_same_arm(arm):      # the same-tokenizer control teacher: no projection, identity view
+        cross = _teacher("same", assets[k1_teacher(arm)]["model"], assets["tok_student"],
+                         kind, s)
     elif arm in TWIN_ARMS:    # the same model under a twin tokenizer: the cross pipeline
         cross = _teacher("twin", assets["teacher_same_big"]["model"], twin_path(assets), kind, s)
     else:
         if kind == "reverse_kl":
             loss["projection"] = assets["projections"]["multitoken"]
-        cross = _teacher("cross", assets[cross_teacher(arm)]["model"], assets["tok_teacher"],
+        cross = _teacher("cross", assets[k1_teacher(arm)]["model"], assets["tok_teacher"],
                          kind, s)
     cross["loss"] = loss
     cross["worker"]["micro_batch_size"] = cont_prompts(s)

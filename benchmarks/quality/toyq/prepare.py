@@ -162,15 +162,22 @@ SAME_TOKENIZER_TEACHERS = ("teacher_weak", "teacher_same_big",
 BIG_TEACHERS = ("teacher_big", "teacher_same_big", *SECOND_TEACHERS)
 
 
-# a cross-tokenizer teacher of another budget, ``teacher_big_s<steps>[_t<k>]``: the big teacher's
-# size, data and tokenizer, ``<steps>`` CE steps, training seed k - 1 (0 without ``_t<k>``)
-_BUDGET_TEACHER = re.compile(r"^teacher_big_s([1-9][0-9]*)(?:_t([234]))?$")
+# a big teacher of another budget, ``teacher_big_s<steps>[_t<k>]`` (cross-tokenizer) or
+# ``teacher_same_big_s<steps>[_t<k>]`` (the student's tokenizer): the big teacher's size and data,
+# ``<steps>`` CE steps, training seed k - 1 (0 without ``_t<k>``)
+_BUDGET_TEACHER = re.compile(r"^(teacher_big|teacher_same_big)_s([1-9][0-9]*)(?:_t([234]))?$")
 
 
 def budget_teacher(name: str) -> tuple[int, int] | None:
     """(steps, training seed) of a budget teacher's name, else ``None``."""
     m = _BUDGET_TEACHER.match(name)
-    return (int(m.group(1)), int(m.group(2) or 1) - 1) if m else None
+    return (int(m.group(2)), int(m.group(3) or 1) - 1) if m else None
+
+
+def same_tokenizer(name: str) -> bool:
+    """Whether the prepared teacher ``name`` reads the student's tokenizer."""
+    return name in SAME_TOKENIZER_TEACHERS or (budget_teacher(name) is not None
+                                               and name.startswith("teacher_same_big_s"))
 
 
 def teacher_size(cfg: "PrepConfig", name: str) -> tuple[int, int, int]:
@@ -253,7 +260,7 @@ def _train_all(root: Path, assets: dict, names: list[str], cfg: PrepConfig, log,
 
 
 def _teacher_tokenizer(assets: dict, name: str) -> str:
-    return assets["tok_student"] if name in SAME_TOKENIZER_TEACHERS else assets["tok_teacher"]
+    return assets["tok_student"] if same_tokenizer(name) else assets["tok_teacher"]
 
 
 def _train_one(root: Path, assets: dict, name: str, cfg: PrepConfig, log, watch: Watch,
@@ -303,7 +310,7 @@ def reusable_teacher(root: Path, assets: dict, name: str, tok: str) -> dict | No
             continue
         if _teacher_side(other["prep"]) != _teacher_side(assets["prep"]):
             continue
-        other_tok = Path(other["tok_student"] if name in SAME_TOKENIZER_TEACHERS
+        other_tok = Path(other["tok_student"] if same_tokenizer(name)
                          else other["tok_teacher"])
         corpus = ("corpus", "teacher.jsonl")
         if (_same_file(mine / "tokenizer.json", other_tok / "tokenizer.json")

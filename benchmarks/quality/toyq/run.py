@@ -175,9 +175,9 @@ def run_phases(assets, arms, seeds, settings, out, jobs, watch) -> dict:
 def teachers_needed(arms) -> list[str]:
     """The prepared teachers the ``arms`` read (``ce`` none, ``same_kd`` only the weak one)."""
     from toyq.continued import (CONT_ARMS, SAME_ARMS, TEACHER_SUFFIXES, TWIN_ARMS, budget_of,
-                                cross_teacher, is_cont_arm, teacher_suffix)
+                                k1_teacher, is_cont_arm, teacher_suffix)
 
-    budgets = sorted({cross_teacher(a) for a in arms if budget_of(a) is not None})
+    budgets = sorted({k1_teacher(a) for a in arms if budget_of(a) is not None})
     arms = set(arms) | ({"pkl_cont"} if any(map(is_cont_arm, arms)) else set())
     further = {a for a in CONT_ARMS if teacher_suffix(a)}
     users = [("teacher_big", set(ARMS) - {"ce", "same_kd"}),
@@ -219,12 +219,13 @@ def _run_short(args) -> int:
 
 def _arg_error(args, arms: list[str]) -> str:
     """What is wrong with ``--arms`` / ``--arm-lr`` / the split options ("" when nothing)."""
-    from toyq.continued import BUDGET_BASE, CONT_ARMS, is_cont_arm
+    from toyq.continued import BUDGET_BASE, CONT_ARMS, SAME_BUDGET_BASE, is_cont_arm
 
     unknown = [a for a in arms if a not in ARMS and not is_cont_arm(a)]
     if unknown:
         return (f"unknown arm(s) {', '.join(unknown)}; choose from "
-                f"{', '.join(ARMS + CONT_ARMS)}, or {BUDGET_BASE}_s<teacher steps>[_t2|_t3|_t4]")
+                f"{', '.join(ARMS + CONT_ARMS)}, or {BUDGET_BASE}_s<teacher steps>[_t2|_t3|_t4]"
+                f" (or {SAME_BUDGET_BASE}_s...)")
     stray = [a for a, _ in args.arm_lr if a not in arms or not is_cont_arm(a)]
     if stray:
         return f"--arm-lr names {', '.join(stray)}, not a continuation arm of --arms"
