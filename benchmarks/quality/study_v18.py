@@ -101,33 +101,39 @@ def stage_pilot(args, state: dict) -> None:
         f"; (Q) {'passes' if q['passes'] else 'FAILS'} (mean gap {q['mean_gap']:+.3f})")
 
 
-def stage_confirm(args, state: dict) -> None:
+def confirm_pairs(args, seeds, tag: str, records: Path, results_md: Path) -> dict:
+    """The confirmation of the pilot's accuracy-matched pairs (this protocol's and the
+    nineteenth's) on ``seeds``: runs, raw records to ``records``, the blocks ``<tag>``,
+    ``<tag>teachers`` and ``<tag>pairs``; returns ``study.json``'s ``confirm`` record."""
     pilot = json.loads((RECORDS / "pilot.json").read_text())
     matched = tuple(pilot["matched_arms"])
     teacher_of = {**TEACHER_OF, **{a: k1_teacher(a) for a in matched}}
-    _, conf = v13.confirm_teachers(args, ("cont_ce", *SAME, *matched), CONFIRM_SEEDS,
-                                   "credit24v18", RECORDS, (SAME, matched, teacher_of),
-                                   RESULTS_MD)
+    _, conf = v13.confirm_teachers(args, ("cont_ce", *SAME, *matched), seeds, tag, records,
+                                   (SAME, matched, teacher_of), results_md)
     t = paired([conf["gains"][a] for a in SAME], [conf["gains"][a] for a in matched])
     conf["pairs"] = {"same_minus_matched": [conf["gains"][s] - conf["gains"][m]
                                             for s, m in zip(SAME, matched)],
                      "paired_t": t.t, "paired_p": t.p}
     conf["same_positive"] = v14.same_positive(conf["gains"], SAME)
     conf["equal_accuracy"] = pilot["equal_accuracy"]
-    state["confirm"] = conf
-    update_results_md(render_pairs(conf, matched), RESULTS_MD, "credit24v18pairs")
+    update_results_md(render_pairs(conf, matched, tag), results_md, f"{tag}pairs")
     p, q = conf["penalty"], conf["equal_accuracy"]
     say(f"accuracy-matched teachers ((Q) {'passes' if q['passes'] else 'fails'}): penalty "
         f"{p['penalty']:.2f} [{p['interval'][0]:.2f}, {p['interval'][1]:.2f}] (goal <= "
         f"{v13.GOAL}); tokenizer effect {conf['tokenizer_effect']['difference']:+.3f} (Welch p "
         f"{conf['tokenizer_effect']['welch_p']:.3g})")
+    return conf
 
 
-def render_pairs(conf: dict, matched) -> str:
-    """The block ``GENERATED:credit24v18pairs``: the accuracy-matched pairs, (Q), the paired t
-    and (D), from the record only."""
+def stage_confirm(args, state: dict) -> None:
+    state["confirm"] = confirm_pairs(args, CONFIRM_SEEDS, "credit24v18", RECORDS, RESULTS_MD)
+
+
+def render_pairs(conf: dict, matched, tag: str = "credit24v18") -> str:
+    """The block ``GENERATED:<tag>pairs``: the accuracy-matched pairs, (Q), the paired t and (D),
+    from the record (``<tag>/study.json``) only."""
     q, pr, d, fmt = conf["equal_accuracy"], conf["pairs"], conf["same_positive"], v13._f
-    lines = ["## Accuracy-matched pairs (generated from `credit24v18/study.json`)", "",
+    lines = [f"## Accuracy-matched pairs (generated from `{tag}/study.json`)", "",
              "| seed | same-tokenizer teacher | validation accuracy | gain | matched "
              "cross-tokenizer teacher | validation accuracy | gain |", "|---|---|---|---|---|---|---|"]
     for k, (s, m) in enumerate(zip(SAME, matched)):

@@ -777,31 +777,31 @@ def test_collapse_and_lowest_format_rate_count_every_run(monkeypatch):
     assert conf["collapsed"] == [extra] and conf["lowest_format_rate"] == 0.85
 
 
-def test_nineteenth_protocol_crosses_tokenizer_and_training_length(monkeypatch, tmp_path):
-    """study_v19's fixed rules, the harness and the teachers' scoring replaced by tables: continued
+def test_twentieth_protocol_crosses_tokenizer_and_training_length(monkeypatch, tmp_path):
+    """study_v20's fixed rules, the harness and the teachers' scoring replaced by tables: continued
     CE and four groups of four k1 arms (same/cross tokenizer, 1000/3000 steps) on fresh seeds
-    200-202 of the test half; (A)/(B) compare the 1000-step groups, (I) the per-seed length
+    210-212 of the test half; (A)/(B) compare the 1000-step groups, (I) the per-seed length
     effect across tokenizers, Holm over (B) and (I); the 3000-step penalty and the validation
     accuracy of every teacher are reported."""
-    v19 = _load_script(monkeypatch, "study_v19.py")
-    assert v19.S1[1] == "op_k1_same_mean_clip_s1000_t2" and v19.X1[3] == "op_k1_byte_mean_clip_s1000_t4"
-    assert v19.TEACHER_OF[v19.S1[1]] == "teacher_same_big_s1000_t2"
-    assert v19.TEACHER_OF[v19.X3[0]] == "teacher_big" and v19.TEACHER_OF[v19.S3[2]] == "teacher_same_big_t3"
-    gain = {"cont_ce": 0.0, **dict(zip(v19.S1, (0.22, 0.24, 0.26, 0.28))),
-            **dict(zip(v19.X1, (0.21, 0.25, 0.25, 0.27))),
-            **dict(zip(v19.S3, (0.20, 0.22, 0.22, 0.24))),
-            **dict(zip(v19.X3, (0.10, 0.12, 0.14, 0.12)))}
-    calls = _table_harness(monkeypatch, v19, lambda a, s: 0.15 + gain[a] + 0.05 * (s % 3))
+    v20 = _load_script(monkeypatch, "study_v20.py")
+    assert v20.S1[1] == "op_k1_same_mean_clip_s1000_t2" and v20.X1[3] == "op_k1_byte_mean_clip_s1000_t4"
+    assert v20.TEACHER_OF[v20.S1[1]] == "teacher_same_big_s1000_t2"
+    assert v20.TEACHER_OF[v20.X3[0]] == "teacher_big" and v20.TEACHER_OF[v20.S3[2]] == "teacher_same_big_t3"
+    gain = {"cont_ce": 0.0, **dict(zip(v20.S1, (0.22, 0.24, 0.26, 0.28))),
+            **dict(zip(v20.X1, (0.21, 0.25, 0.25, 0.27))),
+            **dict(zip(v20.S3, (0.20, 0.22, 0.22, 0.24))),
+            **dict(zip(v20.X3, (0.10, 0.12, 0.14, 0.12)))}
+    calls = _table_harness(monkeypatch, v20, lambda a, s: 0.15 + gain[a] + 0.05 * (s % 3))
     asked = []
-    monkeypatch.setattr(v19.v17, "prepared", lambda args, teachers: asked.append(teachers) or {})
-    monkeypatch.setattr(v19.v17, "valid_accuracy",
+    monkeypatch.setattr(v20.v17, "prepared", lambda args, teachers: asked.append(teachers) or {})
+    monkeypatch.setattr(v20.v17, "valid_accuracy",
                         lambda assets, names: {n: 0.5 + 0.01 * i for i, n in enumerate(names)})
-    monkeypatch.setattr(v19, "RECORDS", tmp_path / "records")
-    monkeypatch.setattr(v19, "RESULTS_MD", tmp_path / "RESULTS.md")
+    monkeypatch.setattr(v20, "RECORDS", tmp_path / "records")
+    monkeypatch.setattr(v20, "RESULTS_MD", tmp_path / "RESULTS.md")
     out = tmp_path / "out"
-    assert v19.main(["--out", str(out)]) == 0
+    assert v20.main(["--out", str(out)]) == 0
     ((_, arms, seeds, extra),) = calls
-    assert arms == v19.ARMS and len(arms) == 17 and seeds == (200, 201, 202)
+    assert arms == v20.ARMS and len(arms) == 17 and seeds == (210, 211, 212)
     assert "unlabeled_test" in extra and len(asked[0]) == 16
     state = json.loads((out / "study.json").read_text())["confirm"]
     assert state["penalty"]["penalty"] == pytest.approx(1 - 0.245 / 0.25)
@@ -815,5 +815,40 @@ def test_nineteenth_protocol_crosses_tokenizer_and_training_length(monkeypatch, 
     assert state["length_same"]["difference"] == pytest.approx(0.03)
     assert state["same_positive"]["holds"]
     block = (tmp_path / "RESULTS.md").read_text()
-    assert "GENERATED:credit24v19teachers:BEGIN" in block and "credit24v19factorial:BEGIN" in block
+    assert "GENERATED:credit24v20teachers:BEGIN" in block and "credit24v20factorial:BEGIN" in block
     assert "| 1 | +0.240 (0.510) | +0.220 (0.590) | +0.250 (0.550) | +0.120 (0.630) |" in block
+
+
+def test_nineteenth_protocol_repeats_the_matched_pairs_on_five_fresh_seeds(monkeypatch, tmp_path):
+    """study_v19's fixed rules, the harness replaced by a table: the eighteenth protocol's
+    matched arms, read from its pilot record, with continued CE and the same-tokenizer arms on
+    fresh seeds 200-204 of the test half; no teacher is prepared or scored; its own blocks."""
+    v19 = _load_script(monkeypatch, "study_v19.py")
+    v18, v13 = v19.v18, v19.v18.v13
+    pilot_dir = tmp_path / "v18records"
+    pilot_dir.mkdir()
+    matched = ["op_k1_byte_mean_clip_s875", "op_k1_byte_mean_clip_s2000_t2",
+               "op_k1_byte_mean_clip_s1500_t3", "op_k1_byte_mean_clip_s1250_t4"]
+    q = v18.equal_accuracy([0.6, 0.7, 0.8, 0.84], [0.5, 0.62, 0.85, 0.82])
+    (pilot_dir / "pilot.json").write_text(json.dumps({"matched_arms": matched,
+                                                      "equal_accuracy": q}))
+    monkeypatch.setattr(v18, "RECORDS", pilot_dir)
+    monkeypatch.setattr(v18.v17, "prepared", lambda *a: pytest.fail("no teacher is prepared"))
+    gain = {"cont_ce": 0.0, **dict(zip(v13.SAME, (0.10, 0.17, 0.18, 0.14))),
+            **dict(zip(matched, (0.22, 0.17, 0.13, 0.15)))}
+    calls = _table_harness(monkeypatch, v19, lambda a, s: 0.15 + gain[a] + 0.02 * (s % 5))
+    monkeypatch.setattr(v19, "RECORDS", tmp_path / "records")
+    monkeypatch.setattr(v19, "RESULTS_MD", tmp_path / "RESULTS.md")
+    out = tmp_path / "out"
+    assert v19.main(["--out", str(out)]) == 0
+    ((_, arms, seeds, extra),) = calls
+    assert arms == ("cont_ce", *v13.SAME, *matched) and seeds == (200, 201, 202, 203, 204)
+    assert "unlabeled_test" in extra and not set(seeds) & {*range(0, 200)}
+    state = json.loads((out / "study.json").read_text())["confirm"]
+    assert state["seeds"] == [200, 201, 202, 203, 204]
+    assert state["penalty"]["penalty"] == pytest.approx(1 - 0.1675 / 0.1475)
+    assert state["pairs"]["same_minus_matched"] == pytest.approx([-0.12, 0.0, 0.05, -0.01])
+    assert state["equal_accuracy"]["passes"]
+    block = (tmp_path / "RESULTS.md").read_text()
+    assert "GENERATED:credit24v19teachers:BEGIN" in block and "credit24v19pairs:BEGIN" in block
+    assert "generated from `credit24v19/study.json`" in block
