@@ -11,7 +11,8 @@ Layout under ``<root>/<key>``: ``corpus/*.jsonl`` + prepared ``corpus/{teacher,s
 it, ``teacher_same_big/`` (the same-tokenizer control: the student's tokenizer at the big
 teacher's size and steps) and the second teachers ``teacher_big_t2/``, ``teacher_same_big_t2/``
 (the same settings as ``teacher_big`` / ``teacher_same_big``, training seed 1; ``_t3``, ``_t4``:
-seeds 2, 3) (trainer runs;
+seeds 2, 3) and the budget teachers ``teacher_big_s<steps>[_t<k>]`` /
+``teacher_same_big_s<steps>[_t<k>]`` (the big settings at ``<steps>`` CE steps) (trainer runs;
 models in ``export/``), ``proj_multitoken.npz``, ``proj_corpus.npz``, ``assets.json`` (paths,
 teacher accuracies, timings).
 """
