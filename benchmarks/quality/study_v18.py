@@ -52,9 +52,6 @@ BUDGETS = (750, 875, 1000, 1250, 1500, 2000)
 CONFIRM_SEEDS = (190, 191, 192)
 PAIR_WITHIN = 0.10
 MEAN_WITHIN = 0.05
-# accuracies are counts over 150 problems: a gap of exactly 15 of them is 0.10 (in floating point
-# 0.10000000000000003), which the rule "within 0.10" includes
-ROUNDING = 1e-9
 STAGES = ("pilot", "confirm")
 say = study.say
 
@@ -69,8 +66,8 @@ def equal_accuracy(same: list[float], matched: list[float]) -> dict:
     mean_gap = statistics.fmean(matched) - statistics.fmean(same)
     return {"same": same, "matched": matched, "pair_gaps": gaps, "mean_gap": mean_gap,
             "pair_within": PAIR_WITHIN, "mean_within": MEAN_WITHIN,
-            "passes": (all(abs(g) <= PAIR_WITHIN + ROUNDING for g in gaps)
-                       and abs(mean_gap) <= MEAN_WITHIN + ROUNDING)}
+            "passes": (all(v17.within(g, PAIR_WITHIN) for g in gaps)   # 15/150 is within 0.10
+                       and v17.within(mean_gap, MEAN_WITHIN))}
 
 
 def stage_pilot(args, state: dict) -> None:
