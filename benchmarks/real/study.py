@@ -49,7 +49,7 @@ import json
 import os
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import distill  # this script's folder is on the path when it runs
@@ -308,7 +308,8 @@ def stage_confirm(args, state, a, ev, data) -> None:
     meta = {"command": "python benchmarks/real/study.py --stage confirm", "rates": rates,
             "hardware": hardware(), "protocol": "benchmarks/real/PROTOCOL.md",
             "data": {k: v for k, v in data.items() if k.endswith(("_kb", "_sha256"))},
-            "args": vars(args) | {"out": str(args.out), "records": str(args.records)},
+            "args": vars(args) | {"out": str(args.out), "records": str(args.records),
+                                  "amendment": asdict(args.amendment)},
             "study": state, "wall_s": sum(r["seconds"] for arm in results.values()
                                           for r in arm.values()),
             "data_text": data_text(args, data), "start": start,

@@ -65,9 +65,11 @@ def adapt(args, ev: dict, data: dict, checks, stop_bpb=None, name: str = "adapte
     return json.loads(res_path.read_text())["checks"]
 
 
-def cosine_schedule(lr: float) -> dict:
-    """Amendment 4's schedule at peak rate ``lr``: ``WARMUP`` steps up, cosine down to zero."""
-    return {"lr": lr, "kind": "cosine", "warmup_steps": WARMUP, "min_lr_ratio": 0.0}
+def cosine_schedule(lr: float, steps: int) -> dict:
+    """Amendment 4's schedule at peak rate ``lr``: ``WARMUP`` steps up (fewer only in a run too
+    short for them: the plumbing check), cosine down to zero at step ``steps``."""
+    return {"lr": lr, "kind": "cosine", "warmup_steps": min(WARMUP, max(1, steps // 6)),
+            "min_lr_ratio": 0.0}
 
 
 def candidate_folder(lr: float, steps: int) -> str:
@@ -92,7 +94,7 @@ def run_candidates(args, ev: dict, data: dict) -> list[dict]:
     """Every candidate of ``args.candidates`` adapted (cached), its one check with its rate."""
     out = []
     for lr, steps in args.candidates:
-        (check,) = adapt(args, ev, data, [steps], schedule=cosine_schedule(lr),
+        (check,) = adapt(args, ev, data, [steps], schedule=cosine_schedule(lr, steps),
                          folder=candidate_folder(lr, steps))
         out.append({**check, "lr": lr})
         say(f"[teacher] candidate lr {lr:g}, {steps} steps: validation bpb {check['bpb']:.4f}")
@@ -131,7 +133,7 @@ def ensure(args, state: dict, ev: dict, data: dict) -> None:
     say(f"[study] the chosen teacher {pick['model']} is missing: rebuilding it")
     if cosine:
         checks = adapt(args, ev, data, [pick["step"]], name="rebuilt",
-                       schedule=cosine_schedule(pick["lr"]), folder=str(folder))
+                       schedule=cosine_schedule(pick["lr"], pick["step"]), folder=str(folder))
     else:
         checks = adapt(args, ev, data, [c for c in args.checks if c <= pick["step"]],
                        name="rebuilt")

@@ -71,6 +71,7 @@ def test_each_candidate_is_one_cosine_adaptation_and_the_best_is_the_teacher(stu
     assert (teacher["chosen"]["lr"], teacher["chosen"]["step"]) == (1e-4, 240)
     assert teacher["met"] and teacher["lead"] == pytest.approx(0.159)
     assert teacher["rule"] == "cosine" and len(teacher["checks"]) == 4
+    assert study.teachers.cosine_schedule(1e-4, 1)["warmup_steps"] == 1   # the plumbing check
     jobs.clear()
     study.teachers.stage(args, state, {"valid": {"paths": []}}, {"domain": "d"}, "cosine")
     assert jobs == []                                       # every candidate cached
@@ -91,7 +92,7 @@ def test_a_lost_cosine_teacher_is_its_candidate_run_again(study, tmp_path, monke
 
     monkeypatch.setattr(study.teachers, "adapt", fake_adapt)
     study.teachers.ensure(args, state, {}, {})
-    assert calls == [([240], "rebuilt", study.teachers.cosine_schedule(1e-4),
+    assert calls == [([240], "rebuilt", study.teachers.cosine_schedule(1e-4, 240),
                       "teacher_a4/lr0.0001_s240")]
     state["teacher"]["chosen"]["bpb"] = 1.50                # the rebuilt one scores otherwise
     with pytest.raises(SystemExit, match="not the same teacher"):
