@@ -125,10 +125,11 @@ def control_lines(summary: dict) -> list[str]:
             *format_comparisons(rows, "bits/byte").rstrip("\n").split("\n")]
 
 
-def onpolicy_lines(summary: dict) -> list[str]:
+def onpolicy_lines(summary: dict, vs_pkl_on_samples: bool = False) -> list[str]:
     """Family C (PROTOCOL.md, amendment 1): on-policy against off-policy P-KL at equal student
     tokens on test bits per byte, and every teacher arm against CE only on the teacher's bits per
-    byte on the student's samples; Holm over the comparisons of each measure."""
+    byte on the student's samples (amendment 4, ``vs_pkl_on_samples``: and each on-policy arm
+    against P-KL there); Holm over the comparisons of each measure."""
     compare, format_comparisons = _stats().compare, _stats().format_comparisons
     ops = [arm for arm in _onpolicy_arms() if arm in summary]
     if not ops or "pkl" not in summary:
@@ -141,10 +142,12 @@ def onpolicy_lines(summary: dict) -> list[str]:
     key = "per_seed_teacher_bpb_on_samples"
     if "ce" in summary and all(key in summary[a] for a in [*ops, "pkl", "ce"]):
         per_seed = {arm: summary[arm][key] for arm in [*ops, "pkl", "ce"]}
-        rows = compare(per_seed, [(arm, "ce") for arm in [*ops, "pkl"]], higher_is_better=False,
-                       shared_seeds=True)
+        pairs = [(arm, "ce") for arm in [*ops, "pkl"]]
+        pairs += [(arm, "pkl") for arm in ops] if vs_pkl_on_samples else []
+        rows = compare(per_seed, pairs, higher_is_better=False, shared_seeds=True)
+        against = "CE only and P-KL" if vs_pkl_on_samples else "CE only"
         lines += ["", "The teacher's bits per byte on the student's samples of test prompts "
-                  "(the on-policy objective), against CE only:", "",
+                  f"(the on-policy objective), against {against}:", "",
                   *format_comparisons(rows, "teacher bits/byte").rstrip("\n").split("\n")]
     return lines
 
@@ -187,7 +190,8 @@ def block(results: dict, meta: dict) -> str:
               "seeds, each Holm-adjusted over the comparisons below; raw per-seed values in "
               "`results.json` beside this file):", ""]
     lines += (gain_lines(summary) + gap_lines(summary, meta["start"]["figures"])
-              + control_lines(summary) + onpolicy_lines(summary)
+              + control_lines(summary)
+              + onpolicy_lines(summary, meta.get("vs_pkl_on_samples", False))
               + ["", "![curves](curves.png)", "", END])
     return "\n".join(lines)
 

@@ -52,7 +52,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--report-only", action="store_true",
                    help="regenerate the table from <report-dir>/evidence/dtype_bpb.json")
     args = p.parse_args(argv)
-    base = study.parse(["--out", str(args.study_out), *(["--smoke"] if args.smoke else [])])
+    base = study.parse(["--out", str(args.study_out), "--scheme", "blocks",  # amendment 2's
+                        *(["--smoke"] if args.smoke else [])])
     for k, v in vars(base).items():
         if not hasattr(args, k):          # --out, --arms, --seeds, --report-dir are ours
             setattr(args, k, v)

@@ -1,13 +1,15 @@
 """The evidence protocol's texts (PROTOCOL.md): domain, student slice, validation, test, and
 texts outside them, each prepared once into arrow shards. Two schemes:
 
-``blocks`` (amendment 2, the default): each of the four domain plays (``DOMAIN``) is cut into
-``BLOCKS`` contiguous blocks of passages;
+``blocks4`` (amendment 4, the default) and ``blocks`` (amendment 2): each of the four domain
+plays (``DOMAIN``) is cut into ``BLOCKS`` contiguous blocks of passages, and ``HELD_OUT[scheme]``
+names the held-out ones (validation 4 and 14 in both; test 1 and 11 under ``blocks4``, 9 and 19
+under ``blocks``, whose test blocks amendment 4 returns to the domain);
 
 * domain: every block but the held-out ones -- the teacher adapts on all of it; the student
   trains on a ``slice_kb`` slice of it (every n-th passage);
-* validation: blocks ``VALID_BLOCKS`` of every play -- every decision;
-* test: blocks ``TEST_BLOCKS`` of every play -- the confirmatory table only, scored once;
+* validation: the validation blocks of every play -- every decision;
+* test: the test blocks of every play -- the confirmatory table only, scored once;
   validation and test interleave the plays passage by passage, so that the first evaluation
   tokens come from all four;
 * other play: *Twelfth Night* -- reported, not tested;
@@ -28,9 +30,11 @@ from pathlib import Path
 DOMAIN = ("hamlet", "macbeth", "othello", "julius_caesar")
 VALID, TEST = "tempest", "twelfth_night"
 OOD_KB = 96
-SCHEMES = ("blocks", "plays")
-BLOCKS, VALID_BLOCKS, TEST_BLOCKS = 20, (4, 14), (9, 19)
-SPLITS = {"blocks": ("domain", "slice", "valid", "test", "other_play", "ood"),
+SCHEMES = ("blocks4", "blocks", "plays")
+BLOCKS = 20
+HELD_OUT = {"blocks4": ((4, 14), (1, 11)), "blocks": ((4, 14), (9, 19))}  # (validation, test)
+SPLITS = {"blocks4": ("domain", "slice", "valid", "test", "other_play", "ood"),
+          "blocks": ("domain", "slice", "valid", "test", "other_play", "ood"),
           "plays": ("domain", "slice", "valid", "test", "ood")}
 
 
@@ -50,15 +54,17 @@ def ood_passages(max_chars: int = 600, limit_kb: int = OOD_KB) -> list[str]:
     return out
 
 
-def held_out_blocks(docs: list[str]) -> tuple[list[str], list[str], list[str]]:
+def held_out_blocks(docs: list[str], scheme: str = "blocks4"
+                    ) -> tuple[list[str], list[str], list[str]]:
     """One play's passages as (train, validation, test): ``BLOCKS`` contiguous blocks of equal
-    passage count (the last ones one shorter), blocks ``VALID_BLOCKS`` / ``TEST_BLOCKS`` held
-    out, in order."""
+    passage count (the last ones one shorter), the scheme's validation and test blocks
+    (``HELD_OUT``) held out, in order."""
+    valid, test = HELD_OUT[scheme]
     bounds = [round(i * len(docs) / BLOCKS) for i in range(BLOCKS + 1)]
     block = [docs[bounds[i]:bounds[i + 1]] for i in range(BLOCKS)]
     pick = lambda ids: [d for i in ids for d in block[i]]  # noqa: E731
-    held = set(VALID_BLOCKS) | set(TEST_BLOCKS)
-    return pick(i for i in range(BLOCKS) if i not in held), pick(VALID_BLOCKS), pick(TEST_BLOCKS)
+    held = set(valid) | set(test)
+    return pick(i for i in range(BLOCKS) if i not in held), pick(valid), pick(test)
 
 
 def interleave(groups: list[list[str]]) -> list[str]:
@@ -66,7 +72,7 @@ def interleave(groups: list[list[str]]) -> list[str]:
     return [g[i] for i in range(max(map(len, groups), default=0)) for g in groups if i < len(g)]
 
 
-def texts(slice_kb: int, scheme: str = "blocks") -> dict[str, list[str]]:
+def texts(slice_kb: int, scheme: str = "blocks4") -> dict[str, list[str]]:
     from xdistill.tiny import passages
 
     if scheme not in SCHEMES:
@@ -75,7 +81,7 @@ def texts(slice_kb: int, scheme: str = "blocks") -> dict[str, list[str]]:
         domain = [p for play in DOMAIN for p in passages(plays=[play])]
         held = {"valid": passages(plays=[VALID]), "test": passages(plays=[TEST])}
     else:
-        parts = [held_out_blocks(passages(plays=[play])) for play in DOMAIN]
+        parts = [held_out_blocks(passages(plays=[play]), scheme) for play in DOMAIN]
         domain = [p for train, _, _ in parts for p in train]
         held = {"valid": interleave([v for _, v, _ in parts]),
                 "test": interleave([t for _, _, t in parts]),
@@ -85,7 +91,7 @@ def texts(slice_kb: int, scheme: str = "blocks") -> dict[str, list[str]]:
     return {"domain": domain, "slice": domain[::every], **held, "ood": ood_passages()}
 
 
-def prepare_splits(root: Path, slice_kb: int, scheme: str = "blocks") -> dict:
+def prepare_splits(root: Path, slice_kb: int, scheme: str = "blocks4") -> dict:
     """Arrow folders of every split under ``root/data_<scheme>`` (``data_v2`` for ``plays``;
     reused when present), their sizes in KB, text digests, and the validation/test passages for
     the agreement metric."""

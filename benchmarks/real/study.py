@@ -1,39 +1,45 @@
 """The real-model evidence protocol (``benchmarks/real/PROTOCOL.md``), stage by stage.
 
-    .venv/bin/python benchmarks/real/study.py --out runs/real_a2             # every stage in order
-    .venv/bin/python benchmarks/real/study.py --out runs/real_a2 --stage teacher
-    .venv/bin/python benchmarks/real/study.py --out runs/real_v2 --scheme plays   # as first written
+    .venv/bin/python benchmarks/real/study.py                                # amendment 4, every stage
+    .venv/bin/python benchmarks/real/study.py --stage teacher
+    .venv/bin/python benchmarks/real/study.py --scheme blocks                # amendment 2 (as run)
+    .venv/bin/python benchmarks/real/study.py --scheme plays                 # as first written
     .venv/bin/python benchmarks/real/study.py --out /tmp/rs --smoke          # 2-step plumbing check
 
-Stages (each one's choices go to ``<out>/study.json`` and ``evidence/study.json``; every run is
-cached by its configuration, so the study can span several sessions; ``all`` runs the stages not
-recorded yet). On a new machine (an empty ``--out``) the recorded stages come from the records,
-each finished run's result is restored from ``<records>/runs/`` (committed), and the chosen
-teacher is rebuilt (the same adaptation up to its step, checked against its recorded score).
-The texts follow ``--scheme`` (``splits.py``): ``blocks`` (amendment 2, the default; records in
-``evidence/a2/``) holds out blocks of the four domain plays for validation and test; ``plays``
-(as first written; records in ``evidence/``) validates on *The Tempest* and tests on *Twelfth
-Night*.
+Stages (each one's choices go to ``<out>/study.json`` and the records' ``study.json``; every run
+is cached by its configuration, so the study can span several sessions; ``all`` runs the stages
+not recorded yet). On a new machine (an empty ``--out``) the recorded stages come from the
+records, each finished run's result is restored from ``<records>/runs/`` (committed), and the
+chosen teacher is rebuilt (the same adaptation, checked against its recorded score).
+
+``--scheme`` picks the amendment (``AMENDMENTS``: texts, records, run folder, confirmation seeds,
+the dtype every ``auto`` resolves to, the teacher and on-policy rules): ``blocks4`` (amendment 4,
+the default; ``evidence/a4/``, ``runs/real_a4``) holds out blocks 4 and 14 (validation) and 1 and
+11 (test) of the four domain plays; ``blocks`` (amendment 2; ``evidence/a2/``) blocks 4 and 14
+and 9 and 19; ``plays`` (as first written; ``evidence/``) validates on *The Tempest* and tests on
+*Twelfth Night*.
 
 1. ``ce_lr``     CE-only at each rate of ``LR_GRID``, seeds 0-1, scored on validation; the best
                  mean validation bits per byte picks CE's rate.
-2. ``teacher``   Gemma-3-270M adapted by CE on the domain at a constant rate, scored on
-                 validation and exported at each of ``ADAPT_CHECKS``; the teacher is the first
-                 that leads CE-only's validation bits per byte by >= ``LEAD``, and the adaptation
-                 stops there (``blocks``); if none does, the best-scoring check (``blocks``; the
-                 last one under ``plays``), the shortfall reported.
+2. ``teacher``   Gemma-3-270M adapted by CE on the domain (``teachers.py``): at a constant rate,
+                 checked at each of ``ADAPT_CHECKS`` (amendments 0-2), or one cosine-decayed
+                 adaptation per candidate of ``TEACHER_CANDIDATES`` (amendment 4); its lead over
+                 CE-only is reported against ``teachers.LEAD``.
 3. ``pkl_lr``    P-KL to that teacher at each rate of ``LR_GRID``, seeds 0-1, validation; picks
-                 the distillation arms' rate.
+                 the distillation arms' rate (amendment 4: the student's samples of validation
+                 prompts judged by the teacher too, for stage 3a's degeneration line).
 4. ``op_lr``     on-policy k1 to that teacher (``onpolicy_arms.py``: prompts cut from the
                  student's slice, as many sampled student tokens as an off-policy arm trains on)
                  at each rate of ``LR_GRID``, seeds 0-1, validation; picks the on-policy arms' rate
-                 (PROTOCOL.md, amendment 1).
+                 by validation bits per byte (amendment 1) or, under amendment 4, by the teacher's
+                 bits per byte on the student's samples of validation prompts, rates that
+                 degenerate excluded (:func:`best_on_samples`).
 5. ``smoothing`` CE + label smoothing at CE's rate, each eps of ``LS_GRID``, seeds 0-1.
-6. ``confirm``   every arm of ``CONFIRM_ARMS``, seeds 100-104 (never used before), scored once on
+6. ``confirm``   every arm of ``CONFIRM_ARMS`` on the amendment's fresh seeds, scored once on
                  the test split, plus the other play and the out-of-domain text and the student's
                  samples of test prompts judged by the teacher (``samples.py``) at the end; the
                  table (Welch and paired t, Holm over each family's comparisons) is generated from
-                 the committed ``evidence/results.json``.
+                 the committed ``results.json``.
 """
 
 from __future__ import annotations
@@ -42,13 +48,14 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import distill  # this script's folder is on the path when it runs
 import onpolicy_arms
 import splits
+import teachers
 
 HERE = Path(__file__).resolve().parent
 
@@ -56,19 +63,39 @@ RECORDS = HERE / "evidence"
 LR_GRID = (3e-5, 1e-4, 3e-4)
 LS_GRID = (0.05, 0.1, 0.2)
 ADAPT_CHECKS = (60, 120, 240, 480)
-ADAPT_CHECKPOINT_EVERY = 30   # adaptation steps between checkpoints (~4 min each here)
-LEAD = 0.15
-TEACHER_TOL = 2e-3       # bits/byte: a rebuilt teacher must score its recorded validation figure
-AMENDMENT = "a2"         # the blocks scheme's records: evidence/a2/, runs/real_a2
+TEACHER_CANDIDATES = ((3e-5, 240), (1e-4, 240), (3e-5, 480), (1e-4, 480))  # amendment 4
 TUNE_SEEDS = (0, 1)
-CONFIRM_SEEDS = (100, 101, 102, 103, 104)
 CONFIRM_ARMS = ("ce", "ce_ls", "pkl", "pkl_stock", "self_kl", "multi", "alm",
                 *onpolicy_arms.ONPOLICY_ARMS)
 STAGES = ("ce_lr", "teacher", "pkl_lr", "op_lr", "smoothing", "confirm")
 # what each stage's rule reads (PROTOCOL.md): label smoothing is tuned at CE-only's rate, so it
-# needs stage 1 only and may run while the teacher stages wait
+# needs stage 1 only and may run while the teacher stages wait; amendment 4's on-policy rule
+# reads P-KL's repetition (stage 3)
 NEEDS = {"ce_lr": (), "teacher": ("ce_lr",), "pkl_lr": ("ce_lr", "teacher"),
          "op_lr": ("ce_lr", "teacher"), "smoothing": ("ce_lr",), "confirm": STAGES[:-1]}
+REPETITION_FLOOR = 0.02   # amendment 4: the degeneration line is max(2 x P-KL's, this)
+
+
+@dataclass(frozen=True)
+class Amendment:
+    """What a ``--scheme`` runs (PROTOCOL.md)."""
+
+    records: str                   # folder of the records under evidence/ ("" = evidence/)
+    out: str                       # default run folder
+    confirm_seeds: tuple[int, ...]  # the confirmation's fresh seeds
+    auto_dtype: str                # what every ``auto`` dtype of the study's runs resolves to
+    teacher: str                   # stage 2's rule (teachers.py): "constant" or "cosine"
+    op_rule: str                   # stage 3a's measure: "text" (bpb) or "samples" (teacher's)
+
+
+AMENDMENTS = {
+    "plays": Amendment("", "runs/real_v2", (100, 101, 102, 103, 104), "float32", "constant",
+                       "text"),
+    "blocks": Amendment("a2", "runs/real_a2", (100, 101, 102, 103, 104), "float32",
+                        "constant", "text"),
+    "blocks4": Amendment("a4", "runs/real_a4", (110, 111, 112, 113, 114), "bfloat16",
+                         "cosine", "samples"),
+}
 SAMPLE_PROMPTS, SAMPLE_SEED = 32, 4321   # test prompts the student continues (samples.py)
 say = distill.say
 
@@ -77,29 +104,32 @@ def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=None,
-                   help="run folder (default runs/real_a2, or runs/real_v2 with --scheme plays)")
-    p.add_argument("--scheme", choices=splits.SCHEMES, default="blocks",
-                   help="texts (splits.py): held-out blocks of the domain plays (amendment 2) or "
-                        "other plays (as first written)")
+                   help="run folder (default: the amendment's, e.g. runs/real_a4)")
+    p.add_argument("--scheme", choices=tuple(AMENDMENTS), default="blocks4",
+                   help="the amendment (texts: splits.py): held-out blocks of the domain plays "
+                        "(blocks4: amendment 4; blocks: amendment 2) or other plays (plays: as "
+                        "first written)")
     p.add_argument("--stage", choices=STAGES + ("all",), default="all")
     p.add_argument("--smoke", action="store_true",
                    help="2 steps, 2-step adaptation, 1 eval batch: checks the plumbing only")
     args = p.parse_args(argv)
+    args.amendment = am = AMENDMENTS[args.scheme]
     if args.out is None:
-        args.out = Path("runs/real_v2" if args.scheme == "plays" else f"runs/real_{AMENDMENT}")
+        args.out = Path(am.out)
     base = distill.parse(["--steps", "60", "--eval-every", "20", "--eval-batches", "8",
                           "--agree-passages", "16", "--teacher-lr", "3e-5"])
     for k, v in vars(base).items():
         if not hasattr(args, k):          # --out is the study's own
             setattr(args, k, v)
-    args.checks, args.tune_seeds, args.confirm_seeds = ADAPT_CHECKS, TUNE_SEEDS, CONFIRM_SEEDS
+    args.checks, args.candidates = ADAPT_CHECKS, TEACHER_CANDIDATES
+    args.tune_seeds, args.confirm_seeds = TUNE_SEEDS, am.confirm_seeds
     if args.smoke:
         args.steps, args.eval_every, args.eval_batches, args.agree_passages = 2, 0, 1, 2
-        args.checks, args.tune_seeds, args.confirm_seeds = (1, 2), (0,), (100,)
+        args.checks, args.candidates = (1, 2), ((1e-4, 1), (3e-5, 2))
+        args.tune_seeds, args.confirm_seeds = (0,), am.confirm_seeds[:1]
     args.lr_grid, args.ls_grid = ((1e-4,), (0.1,)) if args.smoke else (LR_GRID, LS_GRID)
     args.sample_prompts = 2 if args.smoke else SAMPLE_PROMPTS
-    records = RECORDS if args.scheme == "plays" else RECORDS / AMENDMENT
-    args.records = records if not args.smoke else args.out / "evidence"
+    args.records = RECORDS / am.records if not args.smoke else args.out / "evidence"
     return args
 
 
@@ -142,19 +172,40 @@ def run(arm: str, seed: int, args, a: dict, root: Path) -> dict:
 
 def grid(args, a: dict, arm: str, values, key: str, seeds, ev: dict, stage: str) -> dict:
     """``arm`` at each value of ``key`` (``lr`` or ``label_smoothing``), validation bits per byte
-    per seed; raw runs kept under ``<out>/<stage>/<key><value>``."""
+    per seed (and, for runs with samples, the teacher's bits per byte on them and their
+    repetition); raw runs kept under ``<out>/<stage>/<key><value>``."""
     table = {}
     for v in values:
         root = args.out / stage / f"{key}{v:g}"
         runs = {s: run(arm, s, args, {**a, key: v, "eval": ev}, root) for s in seeds}
         bpbs = [r["curve"][-1]["bpb"] for r in runs.values()]
         table[f"{v:g}"] = {"bpb": bpbs, "mean": statistics.fmean(bpbs), "runs": runs}
+        if all("samples" in r for r in runs.values()):
+            for name in ("teacher_bpb_on_samples", "repetition"):
+                table[f"{v:g}"][name] = statistics.fmean(r["samples"][name]
+                                                         for r in runs.values())
     return table
 
 
 def best(table: dict) -> float:
     """The grid value with the lowest mean validation bits per byte (ties: the smaller value)."""
     return min((float(k) for k in table), key=lambda v: (table[f"{v:g}"]["mean"], v))
+
+
+def degeneration_line(pkl_repetition: float) -> float:
+    """Amendment 4: a repetition above this on validation samples is degeneration."""
+    return max(2 * pkl_repetition, REPETITION_FLOOR)
+
+
+def best_on_samples(table: dict, line: float) -> float:
+    """Amendment 4's on-policy rate: among the values whose mean repetition on the validation
+    samples is at most ``line``, the lowest mean teacher bits per byte on those samples (ties:
+    the smaller value); when every value degenerates, the smallest."""
+    values = sorted(float(k) for k in table)
+    ok = [v for v in values if table[f"{v:g}"]["repetition"] <= line]
+    if not ok:
+        return values[0]
+    return min(ok, key=lambda v: (table[f"{v:g}"]["teacher_bpb_on_samples"], v))
 
 
 def save(args, state: dict, name: str, raw) -> None:
@@ -164,87 +215,47 @@ def save(args, state: dict, name: str, raw) -> None:
         (folder / "study.json").write_text(json.dumps(state, indent=1))
 
 
-def tune(args, state, stage: str, arm: str, a: dict, values, key: str, ev: dict) -> float:
-    """One tuning stage: ``arm`` over ``values`` of ``key`` on validation, the best value (by
-    :func:`best`) recorded in ``state[stage]`` with its grid, the raw runs saved."""
+def tune(args, state, stage: str, arm: str, a: dict, values, key: str, ev: dict,
+         choose=best) -> float:
+    """One tuning stage: ``arm`` over ``values`` of ``key`` on validation, the value ``choose``
+    picks from the grid recorded in ``state[stage]`` with its grid, the raw runs saved."""
     table = grid(args, a, arm, values, key, args.tune_seeds, ev["valid"], stage)
-    chosen = best(table)
+    chosen = choose(table)
     state[stage] = {"chosen": chosen, "valid_bpb": table[f"{chosen:g}"]["mean"],
-                    "grid": {k: {"bpb": v["bpb"], "mean": v["mean"]} for k, v in table.items()}}
+                    "grid": {k: {n: x for n, x in v.items() if n != "runs"}
+                             for k, v in table.items()}}
     save(args, state, stage, table)
     say(f"[study] {stage}: {key} {chosen:g} (validation bpb {state[stage]['valid_bpb']:.4f})")
     return chosen
+
+
+def sample_spec(args, teacher: str, texts: list[str]) -> dict:
+    """The student's samples of the first prompts of ``texts``, judged by ``teacher``."""
+    return {"prompts": onpolicy_arms.prompts(texts, args.sample_prompts),
+            "new_tokens": onpolicy_arms.NEW_TOKENS, "seed": SAMPLE_SEED, "teacher": teacher,
+            "teacher_add_bos": True}
+
+
+def tuning_samples(args, state, data: dict) -> dict:
+    """Amendment 4's tuning runs of stages 3 and 3a also sample validation prompts."""
+    if args.amendment.op_rule != "samples":
+        return {}
+    return {"samples": sample_spec(args, state["teacher"]["chosen"]["model"],
+                                   data["valid_texts"])}
 
 
 def stage_ce_lr(args, state, a, ev) -> None:
     tune(args, state, "ce_lr", "ce", a, args.lr_grid, "lr", ev)
 
 
-def adapt_teacher(args, ev, data, checks, stop_bpb=None, name: str = "adapted") -> list[dict]:
-    """Gemma-3-270M adapted by CE on the domain (constant rate), scored on validation and
-    exported at each of ``checks`` under ``<out>/teacher_v2`` (resumable; cached by its job in
-    ``<name>.json``); its checks."""
-    out = args.out / "teacher_v2"
-    cfg = distill.teacher_config(args, {"domain": data["domain"]}, out)
-    cfg["scheduler"] = {"kind": "constant", "warmup_steps": max(1, args.checks[0] // 6)}
-    cfg["train"]["steps"] = max(checks)
-    # resumable (distill_eval.adapt): a killed adaptation restarts from its last checkpoint
-    cfg["checkpoint"] = {"every": ADAPT_CHECKPOINT_EVERY, "keep_last": 1, "resume": "auto",
-                         "export_hf": False}
-    job = {"cfg": cfg, "checks": list(checks), "eval": ev["valid"], "out": str(out)}
-    if name != "adapted":                      # (the stage's own job keeps its digest)
-        job["result"] = f"{name}.json"
-    if stop_bpb is not None:
-        job["stop_bpb"] = stop_bpb
-    res_path = out / f"{name}.json"
-    if not (res_path.exists() and json.loads(res_path.read_text()).get("digest")
-            == distill._digest(job)):
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "job.json").write_text(json.dumps(job))
-        say(f"[teacher] adapting Gemma-3-270M on the domain, checks at {list(checks)}")
-        distill.stream([sys.executable, str(HERE / "distill_eval.py"), "adapt",
-                        str(out / "job.json")], out / "adapt.log", "teacher", max(checks))
-    return json.loads(res_path.read_text())["checks"]
-
-
 def stage_teacher(args, state, a, ev, data) -> None:
-    target = state["ce_lr"]["valid_bpb"] - LEAD
-    checks = adapt_teacher(args, ev, data, args.checks,
-                           None if args.scheme == "plays" else target)   # amendment 2: stop
-    hit = [c for c in checks if c["bpb"] <= target]
-    fallback = checks[-1] if args.scheme == "plays" else min(checks, key=lambda c: c["bpb"])
-    pick = hit[0] if hit else fallback
-    state["teacher"] = {"checks": checks, "target_bpb": target, "chosen": pick,
-                        "lead": state["ce_lr"]["valid_bpb"] - pick["bpb"], "met": bool(hit)}
-    save(args, state, "teacher", checks)
-    say(f"[study] teacher: {pick['step']} adaptation steps, validation bpb {pick['bpb']:.4f}, "
-        f"lead {state['teacher']['lead']:.4f} over CE-only ({'met' if hit else 'NOT met'})")
+    teacher = teachers.stage(args, state, ev, data, args.amendment.teacher)
+    save(args, state, "teacher", teacher["checks"])
 
 
-def ensure_teacher(args, state, ev, data) -> None:
-    """The chosen teacher's weights, rebuilt when its folder was lost (a new machine): the same
-    adaptation up to the chosen step (a constant rate: the steps after it do not change it),
-    which must score the recorded validation bits per byte again (``TEACHER_TOL``)."""
-    pick = state["teacher"]["chosen"]
-    if Path(pick["model"]).is_dir():
-        return
-    if Path(pick["model"]).parent != args.out / "teacher_v2":
-        raise SystemExit(f"[study] the records' teacher {pick['model']} is not under --out "
-                         f"{args.out}: run the study with the --out it was recorded with")
-    say(f"[study] the chosen teacher {pick['model']} is missing: rebuilding it")
-    checks = adapt_teacher(args, ev, data, [c for c in args.checks if c <= pick["step"]],
-                           name="rebuilt")
-    again = next(c for c in checks if c["step"] == pick["step"])
-    if abs(again["bpb"] - pick["bpb"]) > TEACHER_TOL or again["model"] != pick["model"]:
-        raise SystemExit(f"[study] the rebuilt teacher scores {again['bpb']:.6f} bits/byte on "
-                         f"validation at step {pick['step']}, the records say "
-                         f"{pick['bpb']:.6f} (tolerance {TEACHER_TOL}): not the same teacher")
-    say(f"[study] teacher rebuilt: validation bpb {again['bpb']:.6f} (recorded "
-        f"{pick['bpb']:.6f})")
-
-
-def stage_pkl_lr(args, state, a, ev) -> None:
-    a = {**a, "teacher": state["teacher"]["chosen"]["model"]}
+def stage_pkl_lr(args, state, a, ev, data) -> None:
+    a = {**a, "teacher": state["teacher"]["chosen"]["model"],
+         **tuning_samples(args, state, data)}
     tune(args, state, "pkl_lr", "pkl", a, args.lr_grid, "lr", ev)
 
 
@@ -255,8 +266,19 @@ def onpolicy_assets(args, state, a: dict, data: dict) -> dict:
 
 
 def stage_op_lr(args, state, a, ev, data) -> None:
-    tune(args, state, "op_lr", "op_k1", onpolicy_assets(args, state, a, data), args.lr_grid,
-         "lr", ev)
+    a = {**onpolicy_assets(args, state, a, data), **tuning_samples(args, state, data)}
+    if args.amendment.op_rule != "samples":
+        tune(args, state, "op_lr", "op_k1", a, args.lr_grid, "lr", ev)
+        return
+    pkl = state["pkl_lr"]["grid"][f"{state['pkl_lr']['chosen']:g}"]
+    line = degeneration_line(pkl["repetition"])
+    chosen = tune(args, state, "op_lr", "op_k1", a, args.lr_grid, "lr", ev,
+                  lambda table: best_on_samples(table, line))
+    state["op_lr"]["degeneration_line"] = line
+    save(args, state, "op_lr_rule", {"line": line, "pkl_repetition": pkl["repetition"],
+                                     "chosen": chosen})
+    say(f"[study] op_lr by the teacher's bits per byte on validation samples: lr {chosen:g} "
+        f"(repetition line {line:.3f})")
 
 
 def stage_smoothing(args, state, a, ev) -> None:
@@ -267,10 +289,7 @@ def stage_smoothing(args, state, a, ev) -> None:
 def stage_confirm(args, state, a, ev, data) -> None:
     from distill_report import write_report
 
-    teacher = state["teacher"]["chosen"]["model"]
-    samples = {"prompts": onpolicy_arms.prompts(data["test_texts"], args.sample_prompts),
-               "new_tokens": onpolicy_arms.NEW_TOKENS, "seed": SAMPLE_SEED, "teacher": teacher,
-               "teacher_add_bos": True}
+    samples = sample_spec(args, state["teacher"]["chosen"]["model"], data["test_texts"])
     a = {**onpolicy_assets(args, state, a, data), "label_smoothing":
          state["smoothing"]["chosen"], "eval": ev["test"],
          "final_evals": {k: ev[k] for k in ("other_play", "ood") if k in ev},
@@ -289,10 +308,12 @@ def stage_confirm(args, state, a, ev, data) -> None:
     meta = {"command": "python benchmarks/real/study.py --stage confirm", "rates": rates,
             "hardware": hardware(), "protocol": "benchmarks/real/PROTOCOL.md",
             "data": {k: v for k, v in data.items() if k.endswith(("_kb", "_sha256"))},
-            "args": vars(args) | {"out": str(args.out), "records": str(args.records)},
+            "args": vars(args) | {"out": str(args.out), "records": str(args.records),
+                                  "amendment": asdict(args.amendment)},
             "study": state, "wall_s": sum(r["seconds"] for arm in results.values()
                                           for r in arm.values()),
-            "data_text": data_text(args, data), "start": start}
+            "data_text": data_text(args, data), "start": start,
+            "vs_pkl_on_samples": args.amendment.op_rule == "samples"}   # amendment 4
     write_report(results, meta, args.records)
     state["confirm"] = {"arms": list(CONFIRM_ARMS), "seeds": list(args.confirm_seeds),
                         "rates": rates}
@@ -315,8 +336,9 @@ def data_text(args, data: dict) -> str:
         held = (f"decisions on *{splits.VALID}*, this table on the test play *{splits.TEST}* "
                 f"({data['test_kb']:.0f} KB")
     else:
-        held = (f"decisions on blocks {splits.VALID_BLOCKS} of {splits.BLOCKS} of every domain "
-                f"play ({data['valid_kb']:.0f} KB), this table on blocks {splits.TEST_BLOCKS} "
+        valid, test = splits.HELD_OUT[data["scheme"]]
+        held = (f"decisions on blocks {valid} of {splits.BLOCKS} of every domain "
+                f"play ({data['valid_kb']:.0f} KB), this table on blocks {test} "
                 f"({data['test_kb']:.0f} KB, never seen by the teacher or the student), the other "
                 f"play *{splits.TEST}* reported ({data['other_play_kb']:.0f} KB")
     return (f"Data: domain {data['domain_kb']:.0f} KB ({', '.join(splits.DOMAIN)}), student slice "
@@ -340,20 +362,27 @@ def load_state(args) -> dict:
     return state
 
 
-def pin_float32() -> None:
-    """Every ``auto`` dtype of the study's runs (teachers and students) resolves to float32, in
-    this process and the runs it starts: stages 1-3 were recorded where ``auto`` meant float32,
-    and a machine whose CPU now gets bfloat16 under ``auto`` must still compute the same study
-    (the rebuilt teacher's check, comparable stages). An explicit ``XDISTILL_AUTO_DTYPE`` wins."""
+def pin_auto_dtype(dtype: str) -> None:
+    """Every ``auto`` dtype of the study's runs (teachers and students) resolves to ``dtype``
+    (the amendment's), in this process and the runs it starts: amendments 0-2 were recorded
+    where ``auto`` meant float32, and a machine whose CPU now gets bfloat16 under ``auto`` must
+    still compute the same study (the rebuilt teacher's check, comparable stages); amendment 4
+    runs in bfloat16 mixed precision on every machine. An explicit ``XDISTILL_AUTO_DTYPE`` wins."""
     from xdistill.precision import ENV_OVERRIDE  # deferred: the package, after the path is set
 
-    if os.environ.setdefault(ENV_OVERRIDE, "float32") != "float32":
-        say(f"[study] {ENV_OVERRIDE}={os.environ[ENV_OVERRIDE]}: not the recorded float32")
+    if os.environ.setdefault(ENV_OVERRIDE, dtype) != dtype:
+        say(f"[study] {ENV_OVERRIDE}={os.environ[ENV_OVERRIDE]}: not the protocol's {dtype}")
+
+
+def needs(args, name: str) -> tuple[str, ...]:
+    """The stages ``name``'s rule reads (``NEEDS``; amendment 4's on-policy rule reads P-KL's)."""
+    extra = ("pkl_lr",) if name == "op_lr" and args.amendment.op_rule == "samples" else ()
+    return NEEDS[name] + extra
 
 
 def main(argv=None) -> int:
     args = parse(argv)
-    pin_float32()
+    pin_auto_dtype(args.amendment.auto_dtype)
     args.out.mkdir(parents=True, exist_ok=True)
     state = load_state(args)
     t0 = time.perf_counter()
@@ -365,12 +394,12 @@ def main(argv=None) -> int:
         say(f"[study] recorded already: {', '.join(n for n in STAGES if n in state)} "
             f"(--stage NAME runs one again, from its cached runs)")
     for name in names:
-        missing = [s for s in NEEDS[name] if s not in state]
+        missing = [s for s in needs(args, name) if s not in state]
         if missing:
             raise SystemExit(f"[study] stage {name!r} needs {', '.join(missing)} first")
         if name in ("pkl_lr", "op_lr", "confirm"):
-            ensure_teacher(args, state, ev, data)
-        extra = (data,) if name in ("teacher", "op_lr", "confirm") else ()
+            teachers.ensure(args, state, ev, data)
+        extra = (data,) if name in ("teacher", "pkl_lr", "op_lr", "confirm") else ()
         globals()[f"stage_{name}"](args, state, a, ev, *extra)
     say(f"[study] done in {(time.perf_counter() - t0) / 60:.1f} min")
     return 0

@@ -87,3 +87,30 @@ def test_amendment_two_columns_and_the_gap_closed(tmp_path):
     meta["start"]["figures"][report.TEACHER_FIGURE] = 1.83
     text = report.write_report(results, meta, tmp_path / "behind").read_text()
     assert "the teacher does not lead CE only, so no gap is defined" in text and "- `pkl`:" not in text
+
+
+def test_amendment_four_tests_on_policy_against_p_kl_on_its_own_objective(tmp_path):
+    """Amendment 4: the teacher's bits per byte on the student's samples compares each on-policy
+    arm with P-KL as well as with CE only, Holm over all five; without the flag (amendment 2's
+    table, regenerated) the family is the three comparisons against CE only."""
+    base = {0: 1.80, 1: 1.82, 2: 1.81, 3: 1.83, 4: 1.79}
+    results = {"ce": _runs(base), "pkl": _runs({s: b - 0.01 for s, b in base.items()}),
+               "op_k1": _runs({s: b + 0.3 for s, b in base.items()}),
+               "op_k1_byte_mean_clip": _runs({s: b + 0.3 for s, b in base.items()})}
+    teacher_bpb = {"ce": 1.90, "pkl": 2.00, "op_k1": 1.60, "op_k1_byte_mean_clip": 1.95}
+    for arm, runs in results.items():
+        for s, r in runs.items():
+            r["samples"] = {"teacher_bpb_on_samples": teacher_bpb[arm] + 0.01 * s,
+                            "repetition": 0.01}
+    meta = {"command": "study", "hardware": "test", "wall_s": 60.0, "data_text": "Data: a4.",
+            "start": {"figures": {report.TEACHER_FIGURE: 1.69}}}
+    a2 = report.write_report(results, meta, tmp_path / "a2").read_text()
+    assert "against CE only:" in a2 and "| op_k1 vs pkl | 5 / 5 |" in a2   # test bpb only
+    assert a2.count("| op_k1 vs pkl |") == 1
+    a4 = report.write_report(results, {**meta, "vs_pkl_on_samples": True},
+                             tmp_path / "a4").read_text()
+    assert "against CE only and P-KL:" in a4
+    assert a4.count("| op_k1 vs pkl |") == 2 and a4.count("| op_k1_byte_mean_clip vs pkl |") == 2
+    on_samples = a4[a4.index("against CE only and P-KL:"):]
+    row = next(line for line in on_samples.splitlines() if line.startswith("| op_k1 vs pkl"))
+    assert "better (Holm p < 0.05)" in row                   # 1.60 against 2.00 on every seed

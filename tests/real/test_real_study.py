@@ -31,7 +31,11 @@ def test_smoke_study_runs_every_stage_and_generates_the_table(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     state = json.loads((tmp_path / "study.json").read_text())
     assert set(state) == {"ce_lr", "teacher", "pkl_lr", "op_lr", "smoothing", "confirm"}
+    # amendment 4 (the default): one cosine candidate per (rate, length), the on-policy rate by
+    # the teacher's bits per byte on validation samples under a degeneration line
     assert [c["step"] for c in state["teacher"]["checks"]] == [1, 2]
+    assert state["teacher"]["rule"] == "cosine" and state["op_lr"]["degeneration_line"] >= 0.02
+    assert "teacher_bpb_on_samples" in state["pkl_lr"]["grid"]["0.0001"]
     raw = json.loads((tmp_path / "evidence" / "results.json").read_text())
     assert sorted(raw["runs"]) == sorted(state["confirm"]["arms"])
     assert all("ood" in r["final"] for arm in raw["runs"].values() for r in arm.values())
@@ -46,3 +50,5 @@ def test_smoke_study_runs_every_stage_and_generates_the_table(tmp_path):
     assert all(s["teacher_bpb_on_samples"] > 0 and 0 <= s["repetition"] <= 1 for s in samples)
     assert "| op_k1 vs pkl |" in text and "teacher bpb on samples" in text
     assert "| op_k1 vs ce |" in text  # the on-policy objective, family C
+    assert "against CE only and P-KL" in text and text.count("| op_k1 vs pkl |") == 2
+    assert raw["meta"]["args"]["confirm_seeds"] == [110]

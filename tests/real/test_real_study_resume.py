@@ -77,21 +77,22 @@ def test_a_lost_teacher_is_rebuilt_and_checked_against_its_record(study, tmp_pat
     state = {"teacher": {"chosen": {"step": 240, "bpb": 1.5618355, "model": model}}}
     calls = []
 
-    def fake_adapt(args_, ev, data, checks, stop_bpb=None, name="adapted"):
+    def fake_adapt(args_, ev, data, checks, stop_bpb=None, name="adapted", schedule=None,
+                   folder="teacher_v2"):
         calls.append((list(checks), stop_bpb, name))
         return [{"step": c, "bpb": bpb if c == 240 else 1.7,
                  "model": str(args.out / "teacher_v2" / f"step{c}")} for c in checks]
 
-    monkeypatch.setattr(study, "adapt_teacher", fake_adapt)
+    monkeypatch.setattr(study.teachers, "adapt", fake_adapt)
     if ok:
-        study.ensure_teacher(args, state, {}, {})
+        study.teachers.ensure(args, state, {}, {})
     else:
         with pytest.raises(SystemExit, match=r"scores 1\.600000 .* records say 1\.56183"):
-            study.ensure_teacher(args, state, {}, {})
+            study.teachers.ensure(args, state, {}, {})
     # the same adaptation up to the chosen step, no early stop, its own result file
     assert calls == [([60, 120, 240], None, "rebuilt")]
     Path(model).mkdir(parents=True)                              # present: nothing to rebuild
-    study.ensure_teacher(args, state, {}, {})
+    study.teachers.ensure(args, state, {}, {})
     assert len(calls) == 1
 
 
@@ -100,21 +101,27 @@ def test_a_teacher_recorded_under_another_out_is_a_clear_error(study, tmp_path):
     state = {"teacher": {"chosen": {"step": 240, "bpb": 1.56,
                                     "model": "/elsewhere/teacher_v2/step240"}}}
     with pytest.raises(SystemExit, match="not under --out"):
-        study.ensure_teacher(args, state, {}, {})
+        study.teachers.ensure(args, state, {}, {})
     assert (REAL_SCRIPTS / "evidence" / "a2" / "study.json").exists()
 
 
-def test_the_study_pins_auto_to_float32(study, monkeypatch):
-    """Stages 1-3 were recorded where dtype auto meant float32; a CPU that now gets bfloat16 under
-    auto still runs the study in float32 (the runs it starts inherit the pin); an explicit
-    override is kept."""
+def test_the_study_pins_auto_to_the_amendments_dtype(study, monkeypatch):
+    """Amendment 2's stages were recorded where dtype auto meant float32; a CPU that now gets
+    bfloat16 under auto still runs them in float32 (the runs it starts inherit the pin), and
+    amendment 4 runs in bfloat16 on every CPU; an explicit override is kept."""
     from xdistill import precision
 
     monkeypatch.delenv(precision.ENV_OVERRIDE, raising=False)
     monkeypatch.setattr(precision, "cpu_bf16_units", lambda: {"amx": True, "avx512_bf16": True})
     assert precision.resolve_compute_dtype("auto", "cpu", "x") == torch.bfloat16
-    study.pin_float32()
+    assert study.AMENDMENTS["blocks"].auto_dtype == "float32"
+    study.pin_auto_dtype("float32")
     assert precision.resolve_compute_dtype("auto", "cpu", "x") == torch.float32
     monkeypatch.setenv(precision.ENV_OVERRIDE, "bfloat16")
-    study.pin_float32()
+    study.pin_auto_dtype("float32")
     assert os.environ[precision.ENV_OVERRIDE] == "bfloat16"
+    monkeypatch.delenv(precision.ENV_OVERRIDE)
+    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: {"amx": False, "avx512_bf16": False})
+    assert study.AMENDMENTS["blocks4"].auto_dtype == "bfloat16"
+    study.pin_auto_dtype("bfloat16")
+    assert precision.resolve_compute_dtype("auto", "cpu", "x") == torch.bfloat16
